@@ -1,0 +1,56 @@
+use std::fmt;
+
+/// The result type of pocket-core and of the engines' trait methods.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, in terms a caller can act on.
+///
+/// Engines map their own failures into these kinds; each variant carries the numbers or
+/// names needed to say what was wrong and what is allowed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A request's arguments are invalid (bad option value, empty prompt, ...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The prompt plus the requested generation does not fit the session's context.
+    #[error(
+        "context overflow: {needed} tokens needed but the context holds {limit} \
+         (prompt {prompt} tokens); shorten the prompt or raise the context size"
+    )]
+    ContextOverflow {
+        /// Tokens the operation would need in the context.
+        needed: usize,
+        /// The context capacity.
+        limit: usize,
+        /// Tokens the prompt alone takes.
+        prompt: usize,
+    },
+    /// A layer plan does not fit the model it is used with.
+    #[error("layer plan: {0}")]
+    LayerPlan(String),
+    /// The operation is not supported by this model or engine.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The engine failed while running (allocation, backend or graph failure).
+    #[error("engine: {0}")]
+    Engine(String),
+    /// The tokenizer could not encode or decode.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// The request was cancelled by its caller.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl Error {
+    /// An [`Error::InvalidArgument`] from anything printable.
+    pub fn invalid(msg: impl fmt::Display) -> Self {
+        Error::InvalidArgument(msg.to_string())
+    }
+
+    /// An [`Error::Engine`] from anything printable.
+    pub fn engine(msg: impl fmt::Display) -> Self {
+        Error::Engine(msg.to_string())
+    }
+}

@@ -1,0 +1,1 @@
+//! The plain generation loop (placeholder until written).

@@ -1,0 +1,36 @@
+//! The engine-agnostic core of pocketd.
+//!
+//! Engines (ggml for decoders, tract for encoder-decoders) implement two traits:
+//! [`Model`], loaded read-only weights, and [`Session`], one conversation's state (its KV
+//! cache). Everything above the engines — sampling, stop conditions, the generation loop and
+//! (next) speculative decoding — is written against these traits only, so it never knows
+//! which engine runs underneath.
+//!
+//! ```
+//! use pocket_core::LayerPlan;
+//!
+//! // A 30-layer model drafting with layers 10..20 skipped.
+//! let plan = LayerPlan::full(30).unwrap().without(10..20).unwrap();
+//! assert_eq!(plan.count(), 20);
+//! assert!(plan.runs(9) && !plan.runs(10));
+//! ```
+#![deny(missing_docs)]
+
+mod error;
+pub mod generate;
+mod model;
+mod plan;
+pub mod sampling;
+pub mod stop;
+mod tokenizer;
+
+pub use error::{Error, Result};
+pub use model::{
+    Footprint, KvType, Logits, Model, ModelInfo, ModelKind, Rows, Session, SessionConfig,
+    default_threads,
+};
+pub use plan::{LayerPlan, MAX_LAYERS};
+pub use tokenizer::{ChatMessage, Tokenizer};
+
+/// A token id in a model's vocabulary.
+pub type Token = u32;

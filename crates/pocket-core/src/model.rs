@@ -1,0 +1,255 @@
+//! The engine boundary: [`Model`] and [`Session`].
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, LayerPlan, Result, Token, Tokenizer};
+
+/// Decoder-only or encoder-decoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// A decoder-only transformer (llama, qwen2, gemma3, ...).
+    Decoder,
+    /// An encoder-decoder transformer (T5, ...): [`Session::encode`] comes first.
+    EncoderDecoder,
+}
+
+/// What a loaded model is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    /// Display name (from the file's metadata or its file name).
+    pub name: String,
+    /// Architecture as the file names it (`llama`, `qwen2`, ...).
+    pub architecture: String,
+    /// Decoder or encoder-decoder.
+    pub kind: ModelKind,
+    /// Number of transformer layers (of the decoder, for encoder-decoders).
+    pub n_layers: usize,
+    /// Embedding width.
+    pub n_embd: usize,
+    /// Vocabulary size: the length of one row of logits.
+    pub n_vocab: usize,
+    /// The context length the model was trained for.
+    pub n_ctx_train: usize,
+    /// Bytes of the weights file(s).
+    pub weights_bytes: u64,
+}
+
+/// Element type of the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvType {
+    /// 32-bit floats.
+    F32,
+    /// 16-bit floats: the reference for the quantized types.
+    #[default]
+    F16,
+    /// 8-bit blocks of 32 with one f16 scale (ggml q8_0): 34 bytes per 32 values.
+    Q8_0,
+    /// 4-bit blocks of 32 with one f16 scale (ggml q4_0): 18 bytes per 32 values.
+    Q4_0,
+}
+
+impl KvType {
+    /// All KV types, in order of decreasing precision.
+    pub const ALL: [KvType; 4] = [KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q4_0];
+
+    /// Bytes that `n` values take (n a multiple of 32 for the quantized types).
+    pub fn bytes_for(self, n: usize) -> usize {
+        match self {
+            KvType::F32 => n * 4,
+            KvType::F16 => n * 2,
+            KvType::Q8_0 => n / 32 * 34,
+            KvType::Q4_0 => n / 32 * 18,
+        }
+    }
+
+    /// The name used on the command line and in config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
+        }
+    }
+}
+
+impl fmt::Display for KvType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for KvType {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        KvType::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| Error::invalid(format!("unknown KV type {s:?}; use f32, f16, q8_0 or q4_0")))
+    }
+}
+
+/// How a session is set up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionConfig {
+    /// Element type of the KV cache.
+    pub kv: KvType,
+    /// Most tokens the session may hold (prompt + generated). The cache grows towards this,
+    /// it is not allocated up front.
+    pub n_ctx: usize,
+    /// Most tokens one forward pass processes; longer inputs are split. Also the compute
+    /// buffer's size: 1 + the longest draft for speculation, larger for fast prefill.
+    pub n_batch: usize,
+    /// CPU threads for the forward pass.
+    pub threads: usize,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig { kv: KvType::F16, n_ctx: 4096, n_batch: 256, threads: default_threads() }
+    }
+}
+
+/// The CPU threads to use by default: every core the process may run on.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// The memory a session would take, predicted before anything is allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Footprint {
+    /// Weights held in anonymous memory (copies the engine made, e.g. repacked tensors).
+    pub weights_anon_bytes: u64,
+    /// Weights read through the file mapping (resident in the page cache while in use).
+    pub weights_mapped_bytes: u64,
+    /// KV cache bytes per token held, over all layers, K and V.
+    pub kv_bytes_per_token: u64,
+    /// The KV cache grows in blocks of this many tokens.
+    pub kv_block_tokens: u64,
+    /// The compute buffer for one forward pass of `n_batch` tokens.
+    pub compute_bytes: u64,
+    /// Bytes of one row of logits.
+    pub logits_row_bytes: u64,
+}
+
+impl Footprint {
+    /// KV bytes the session holds when it holds `tokens` tokens (rounded up to blocks).
+    pub fn kv_bytes(&self, tokens: u64) -> u64 {
+        let block = self.kv_block_tokens.max(1);
+        tokens.div_ceil(block) * block * self.kv_bytes_per_token
+    }
+}
+
+/// Which rows of a forward pass to return logits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rows {
+    /// None: the pass only fills the KV cache (prefill of all but the last token).
+    None,
+    /// The last row: plain decoding.
+    Last,
+    /// The last `n` rows of the pass: verification of `n - 1` drafted tokens.
+    Tail(usize),
+}
+
+impl Rows {
+    /// How many rows this asks for out of a pass of `batch` tokens.
+    pub fn count(self, batch: usize) -> Result<usize> {
+        let n = match self {
+            Rows::None => 0,
+            Rows::Last => 1,
+            Rows::Tail(n) => n,
+        };
+        if n > batch {
+            return Err(Error::invalid(format!(
+                "asked for logits of {n} rows of a pass of {batch} tokens"
+            )));
+        }
+        Ok(n)
+    }
+}
+
+/// Logits of the rows a [`Session::decode`] asked for, borrowed from the session.
+#[derive(Debug, Clone, Copy)]
+pub struct Logits<'a> {
+    data: &'a [f32],
+    n_vocab: usize,
+}
+
+impl<'a> Logits<'a> {
+    /// Wrap `data`, `rows × n_vocab` values, row-major.
+    pub fn new(data: &'a [f32], n_vocab: usize) -> Self {
+        debug_assert!(n_vocab > 0 && data.len() % n_vocab == 0);
+        Logits { data, n_vocab }
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.data.len() / self.n_vocab
+    }
+
+    /// Row `i` (0 = the first row asked for).
+    pub fn row(&self, i: usize) -> &'a [f32] {
+        &self.data[i * self.n_vocab..(i + 1) * self.n_vocab]
+    }
+
+    /// The last row.
+    pub fn last(&self) -> &'a [f32] {
+        self.row(self.rows() - 1)
+    }
+}
+
+/// Loaded weights, shared and read-only; sessions are made from it.
+pub trait Model: Send + Sync {
+    /// What the model is.
+    fn info(&self) -> &ModelInfo;
+
+    /// The model's tokenizer and chat template.
+    fn tokenizer(&self) -> &dyn Tokenizer;
+
+    /// The memory a session with `config` would take, computed without allocating it.
+    fn footprint(&self, config: &SessionConfig) -> Result<Footprint>;
+
+    /// A new, empty session.
+    fn session(&self, config: &SessionConfig) -> Result<Box<dyn Session>>;
+}
+
+/// One conversation's state: the tokens held and their KV cache.
+///
+/// Positions decoded with a partial [`LayerPlan`] have no KV in the layers the plan skips.
+/// The next pass with a different plan (e.g. the full plan that verifies a draft) therefore
+/// first recomputes those positions from the tokens the session keeps, in the same batch:
+/// the rows asked for count from the end of that whole batch, so `Rows::Tail(k + 1)` after
+/// drafting `k` tokens one by one returns exactly the verification rows.
+pub trait Session: Send {
+    /// Tokens held (the next token's position).
+    fn len(&self) -> usize;
+
+    /// Whether the session holds no tokens.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The session's configuration.
+    fn config(&self) -> &SessionConfig;
+
+    /// Run the encoder over `tokens` (encoder-decoder models only).
+    fn encode(&mut self, _tokens: &[Token]) -> Result<()> {
+        Err(Error::Unsupported("this model has no encoder".into()))
+    }
+
+    /// Append `tokens` at the current length, running the layers in `plan`, and return the
+    /// logits of `rows`.
+    fn decode(&mut self, tokens: &[Token], plan: &LayerPlan, rows: Rows) -> Result<Logits<'_>>;
+
+    /// Drop every token from position `len` on.
+    fn truncate(&mut self, len: usize) -> Result<()>;
+
+    /// Bytes this session holds now (KV cache, compute and logits buffers).
+    fn memory(&self) -> u64;
+}

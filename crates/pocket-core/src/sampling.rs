@@ -1,0 +1,1 @@
+//! Sampling (placeholder until written).

@@ -1,0 +1,1 @@
+//! Stop conditions and text streaming (placeholder until written).

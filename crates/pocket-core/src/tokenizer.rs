@@ -1,0 +1,32 @@
+//! Text in and out of token ids.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Result, Token};
+
+/// One message of a chat conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+/// A model's tokenizer and chat template.
+pub trait Tokenizer: Send + Sync {
+    /// Token ids of `text`; `add_special` adds the model's BOS (or equivalent) if it uses one.
+    fn encode(&self, text: &str, add_special: bool) -> Result<Vec<Token>>;
+
+    /// The bytes a token stands for. Not always valid UTF-8 on its own: a character can be
+    /// split across tokens, so text is assembled from bytes (see [`crate::stop::TextStream`]).
+    fn piece(&self, token: Token) -> Vec<u8>;
+
+    /// Whether `token` ends generation (end of sequence or end of turn).
+    fn is_end(&self, token: Token) -> bool;
+
+    /// Render `messages` with the model's chat template, ending with the assistant's turn
+    /// opened when `add_assistant` is set. An error if the model has no chat template.
+    fn apply_chat_template(&self, messages: &[ChatMessage], add_assistant: bool)
+    -> Result<String>;
+}
