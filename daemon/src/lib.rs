@@ -1,1 +1,6 @@
-//! pocketd
+//! pocketd: the daemon and the `pocket` command-line client.
+//!
+//! The binaries are thin: `pocket`'s subcommands live in [`cli`], one module each.
+#![deny(missing_docs)]
+
+pub mod cli;

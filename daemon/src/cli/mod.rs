@@ -1,0 +1,31 @@
+//! The `pocket` command line: one module per subcommand, each with its raw flags (`Args`)
+//! and a `run` function.
+
+use clap::{Parser, Subcommand};
+
+pub mod pull;
+
+/// `pocket`: run and benchmark models on this machine, and talk to pocketd.
+#[derive(Debug, Parser)]
+#[command(name = "pocket", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// `pocket`'s subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Fetch a model named by a manifest into the models directory (sha256-verified).
+    Pull(pull::Args),
+}
+
+impl Cli {
+    /// Run the chosen subcommand.
+    pub fn run(self) -> anyhow::Result<()> {
+        match self.command {
+            Command::Pull(args) => pull::run(args),
+        }
+    }
+}
