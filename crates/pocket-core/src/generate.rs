@@ -1,1 +1,626 @@
-//! The plain generation loop (placeholder until written).
+//! The plain generation loop.
+//!
+//! Each step has the shape speculative decoding will fill in: *propose* tokens after the
+//! pending one (plain decoding proposes none) → *decode* them with the full plan in one
+//! pass → *accept* what the logits agree with and sample the next pending token.
+
+use std::ops::ControlFlow;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::sampling::{Sampler, SamplingConfig};
+use crate::stop::{StopConfig, StopReason, TextStream};
+use crate::{Error, LayerPlan, Logits, ModelInfo, Result, Rows, Session, Token, Tokenizer};
+
+/// What to generate from.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GenerateRequest {
+    /// Tokens to append to the session before generating (the whole prompt for a new
+    /// session, the next turn for a continuing chat).
+    pub prompt: Vec<Token>,
+    /// How tokens are chosen.
+    pub sampling: SamplingConfig,
+    /// When to stop.
+    pub stop: StopConfig,
+}
+
+/// One step of progress, passed to the caller as it happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Event<'a> {
+    /// The token just generated; `None` for the last event, which releases text held back
+    /// (a possible start of a stop string, or an incomplete character) at the end.
+    pub token: Option<Token>,
+    /// Text this step made final; often empty (part of a character, or held back).
+    pub text: &'a str,
+}
+
+/// The result of [`generate`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Generation {
+    /// The generated tokens: every token sampled, the end token not included.
+    pub tokens: Vec<Token>,
+    /// The text of the events concatenated: up to (not including) a stop string.
+    pub text: String,
+    /// Why generation ended.
+    pub stop: StopReason,
+    /// The stop string that ended generation, when `stop` is [`StopReason::StopString`].
+    pub stop_string: Option<String>,
+    /// Tokens of the request's prompt.
+    pub prompt_tokens: usize,
+    /// Seconds from the start of the prompt's decode until the first token was sampled.
+    pub prefill_seconds: f64,
+    /// Seconds from the first token's sampling until the last token's: the span in which
+    /// `tokens[1..]` were produced (event callbacks included).
+    pub decode_seconds: f64,
+}
+
+impl Generation {
+    /// Prompt tokens per second of prefill (0 when nothing was timed).
+    pub fn prefill_tok_per_s(&self) -> f64 {
+        rate(self.prompt_tokens, self.prefill_seconds)
+    }
+
+    /// Generated tokens per second after the first: `tokens.len() - 1` over
+    /// `decode_seconds` (0 when fewer than two tokens were generated).
+    pub fn decode_tok_per_s(&self) -> f64 {
+        rate(self.tokens.len().saturating_sub(1), self.decode_seconds)
+    }
+}
+
+fn rate(tokens: usize, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        tokens as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+/// Generate from `request.prompt`, appended to what `session` already holds.
+///
+/// `info` is the model the session belongs to. Every token is reported to `on_event` as
+/// it is sampled; returning [`ControlFlow::Break`] ends generation with
+/// [`StopReason::Cancelled`]. A last event with no token releases any text still held back;
+/// its return value is ignored.
+///
+/// Errors before anything is decoded: an empty prompt or an invalid config is
+/// [`Error::InvalidArgument`]; a prompt that leaves no room in the context for one
+/// generated token is [`Error::ContextOverflow`].
+///
+/// On return the session holds the prompt and every generated token except the last one
+/// (decoding it would cost a forward pass whose logits nobody needs); after
+/// [`StopReason::Eos`] it holds them all, the end token not included.
+///
+/// The repetition penalty sees this request's prompt and output, not tokens the session
+/// held before.
+pub fn generate(
+    info: &ModelInfo,
+    session: &mut dyn Session,
+    tokenizer: &dyn Tokenizer,
+    request: &GenerateRequest,
+    on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+) -> Result<Generation> {
+    let mut sampler = Sampler::new(request.sampling.clone())?;
+    request.stop.validate()?;
+    if request.prompt.is_empty() {
+        return Err(Error::invalid(
+            "the prompt is empty; it needs at least one token",
+        ));
+    }
+    let plan = LayerPlan::full(info.n_layers)?;
+    let n_ctx = session.config().n_ctx;
+    let held = session.len();
+    let needed = held + request.prompt.len() + 1;
+    if needed > n_ctx {
+        return Err(Error::ContextOverflow {
+            needed,
+            limit: n_ctx,
+            prompt: request.prompt.len(),
+        });
+    }
+
+    let max_tokens = request.stop.max_tokens;
+    let room = max_tokens.min(n_ctx - held - request.prompt.len() + 1);
+    let mut out = Output {
+        tokenizer,
+        stream: TextStream::new(&request.stop.stop),
+        history: Vec::with_capacity(request.prompt.len() + room),
+        tokens: Vec::with_capacity(room),
+        text: String::new(),
+        max_tokens,
+    };
+    out.history.extend_from_slice(&request.prompt);
+
+    let start = Instant::now();
+    let logits = session.decode(&request.prompt, &plan, Rows::Last)?;
+    let mut next = sampler.sample(last_row(&logits, info)?, &out.history);
+    let first_at = Instant::now();
+    let prefill_seconds = first_at.duration_since(start).as_secs_f64();
+    let mut sampled_at = first_at;
+    // When the last token of `tokens` was sampled (an end token is not one of them).
+    let mut last_at = first_at;
+
+    let stop = if max_tokens == 0 {
+        StopReason::MaxTokens
+    } else {
+        loop {
+            // `next` is sampled but not yet in the session.
+            if !tokenizer.is_end(next) {
+                last_at = sampled_at;
+            }
+            if let Some(reason) = out.emit(next, on_event) {
+                break reason;
+            }
+            if session.len() >= n_ctx {
+                break StopReason::ContextFull;
+            }
+            // Propose: plain decoding drafts nothing; a drafter appends its guesses here.
+            let batch = [next];
+            // Decode: one full-plan pass over the pending token (and the draft).
+            let logits = session.decode(&batch, &plan, Rows::Last)?;
+            // Accept: with a draft, verification of each drafted token goes here; plain
+            // decoding samples the token that follows.
+            next = sampler.sample(last_row(&logits, info)?, &out.history);
+            sampled_at = Instant::now();
+        }
+    };
+
+    let stop_string = out.stream.stopped().map(str::to_owned);
+    let tail = out.stream.finish();
+    if !tail.text.is_empty() {
+        out.text.push_str(tail.text);
+        // Generation is over: a Break here has nothing left to cancel.
+        let _ = on_event(Event {
+            token: None,
+            text: tail.text,
+        });
+    }
+    Ok(Generation {
+        tokens: out.tokens,
+        text: out.text,
+        stop,
+        stop_string,
+        prompt_tokens: request.prompt.len(),
+        prefill_seconds,
+        decode_seconds: last_at.duration_since(first_at).as_secs_f64(),
+    })
+}
+
+/// The generated side of the loop: tokens, text and the stop checks that depend on them.
+struct Output<'t> {
+    tokenizer: &'t dyn Tokenizer,
+    stream: TextStream,
+    /// Prompt and generated tokens, for the repetition penalty.
+    history: Vec<Token>,
+    tokens: Vec<Token>,
+    text: String,
+    max_tokens: usize,
+}
+
+impl Output<'_> {
+    /// Take `token` as generated and report it; why generation must stop, if it must.
+    fn emit(
+        &mut self,
+        token: Token,
+        on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    ) -> Option<StopReason> {
+        if self.tokenizer.is_end(token) {
+            return Some(StopReason::Eos);
+        }
+        self.tokens.push(token);
+        self.history.push(token);
+        let chunk = self.stream.push(&self.tokenizer.piece(token));
+        self.text.push_str(chunk.text);
+        let flow = on_event(Event {
+            token: Some(token),
+            text: chunk.text,
+        });
+        if chunk.stop.is_some() {
+            Some(StopReason::StopString)
+        } else if flow.is_break() {
+            Some(StopReason::Cancelled)
+        } else if self.tokens.len() >= self.max_tokens {
+            Some(StopReason::MaxTokens)
+        } else {
+            None
+        }
+    }
+}
+
+/// The last row of `logits`, checked against the model: an engine bug becomes an error.
+fn last_row<'a>(logits: &Logits<'a>, info: &ModelInfo) -> Result<&'a [f32]> {
+    if logits.rows() == 0 {
+        return Err(Error::engine("decode returned no logits for the last row"));
+    }
+    let row = logits.last();
+    if row.len() != info.n_vocab {
+        return Err(Error::engine(format!(
+            "decode returned a row of {} logits for a vocabulary of {}",
+            row.len(),
+            info.n_vocab
+        )));
+    }
+    Ok(row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ModelKind, SessionConfig};
+
+    const V: usize = 8;
+
+    /// A model whose argmax after token t is (t + 1) % V, with `bias` added to some logits.
+    struct FakeSession {
+        config: SessionConfig,
+        tokens: Vec<Token>,
+        logits: Vec<f32>,
+        bias: Vec<(Token, f32)>,
+        calls: Vec<(Vec<Token>, Rows, bool)>,
+    }
+
+    impl FakeSession {
+        fn new(n_ctx: usize) -> Self {
+            FakeSession {
+                config: SessionConfig {
+                    n_ctx,
+                    ..SessionConfig::default()
+                },
+                tokens: Vec::new(),
+                logits: vec![0.0; V],
+                bias: Vec::new(),
+                calls: Vec::new(),
+            }
+        }
+    }
+
+    impl Session for FakeSession {
+        fn len(&self) -> usize {
+            self.tokens.len()
+        }
+
+        fn config(&self) -> &SessionConfig {
+            &self.config
+        }
+
+        fn decode(&mut self, tokens: &[Token], plan: &LayerPlan, rows: Rows) -> Result<Logits<'_>> {
+            assert!(
+                self.tokens.len() + tokens.len() <= self.config.n_ctx,
+                "context overrun"
+            );
+            self.calls.push((tokens.to_vec(), rows, plan.is_full()));
+            self.tokens.extend_from_slice(tokens);
+            let last = *self.tokens.last().unwrap() as usize;
+            self.logits.fill(0.0);
+            self.logits[(last + 1) % V] = 1.0;
+            for &(t, b) in &self.bias {
+                self.logits[t as usize] += b;
+            }
+            Ok(Logits::new(&self.logits, V))
+        }
+
+        fn truncate(&mut self, len: usize) -> Result<()> {
+            self.tokens.truncate(len);
+            Ok(())
+        }
+
+        fn memory(&self) -> u64 {
+            0
+        }
+    }
+
+    /// Token t is the letter 'a' + t; token 7 is the end token.
+    struct FakeTokenizer {
+        pieces: Vec<Vec<u8>>,
+    }
+
+    impl Default for FakeTokenizer {
+        fn default() -> Self {
+            FakeTokenizer {
+                pieces: (0..V as u8).map(|t| vec![b'a' + t]).collect(),
+            }
+        }
+    }
+
+    impl Tokenizer for FakeTokenizer {
+        fn encode(&self, _text: &str, _add_special: bool) -> Result<Vec<Token>> {
+            unimplemented!("not needed by generate")
+        }
+
+        fn piece(&self, token: Token) -> Vec<u8> {
+            self.pieces[token as usize].clone()
+        }
+
+        fn is_end(&self, token: Token) -> bool {
+            token == 7
+        }
+
+        fn apply_chat_template(
+            &self,
+            _messages: &[crate::ChatMessage],
+            _add_assistant: bool,
+        ) -> Result<String> {
+            unimplemented!("not needed by generate")
+        }
+    }
+
+    fn info() -> ModelInfo {
+        ModelInfo {
+            name: "fake".into(),
+            architecture: "fake".into(),
+            kind: ModelKind::Decoder,
+            n_layers: 4,
+            n_embd: 16,
+            n_vocab: V,
+            n_ctx_train: 64,
+            weights_bytes: 0,
+        }
+    }
+
+    fn request(prompt: &[Token], max_tokens: usize, stop: &[&str]) -> GenerateRequest {
+        GenerateRequest {
+            prompt: prompt.to_vec(),
+            sampling: SamplingConfig::default(),
+            stop: StopConfig {
+                max_tokens,
+                stop: stop.iter().map(|s| s.to_string()).collect(),
+            },
+        }
+    }
+
+    /// Run `generate`, collecting the events.
+    fn run(
+        session: &mut FakeSession,
+        tokenizer: &FakeTokenizer,
+        request: &GenerateRequest,
+    ) -> (Result<Generation>, Vec<(Option<Token>, String)>) {
+        let mut events = Vec::new();
+        let result = generate(&info(), session, tokenizer, request, &mut |e| {
+            events.push((e.token, e.text.to_string()));
+            ControlFlow::Continue(())
+        });
+        (result, events)
+    }
+
+    #[test]
+    fn stops_after_max_tokens() {
+        let mut s = FakeSession::new(64);
+        let (g, events) = run(&mut s, &FakeTokenizer::default(), &request(&[0], 4, &[]));
+        let g = g.unwrap();
+        assert_eq!(g.tokens, vec![1, 2, 3, 4]);
+        assert_eq!(g.text, "bcde");
+        assert_eq!(g.stop, StopReason::MaxTokens);
+        assert_eq!(g.prompt_tokens, 1);
+        let tokens: Vec<_> = events.iter().map(|e| e.0).collect();
+        assert_eq!(tokens, vec![Some(1), Some(2), Some(3), Some(4)]);
+        // The last token is sampled, not decoded.
+        assert_eq!(s.tokens, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn decodes_the_prompt_once_then_one_token_at_a_time() {
+        let mut s = FakeSession::new(64);
+        run(
+            &mut s,
+            &FakeTokenizer::default(),
+            &request(&[3, 0, 1], 3, &[]),
+        )
+        .0
+        .unwrap();
+        assert_eq!(
+            s.calls,
+            vec![
+                (vec![3, 0, 1], Rows::Last, true),
+                (vec![2], Rows::Last, true),
+                (vec![3], Rows::Last, true),
+            ]
+        );
+    }
+
+    #[test]
+    fn zero_max_tokens_only_appends_the_prompt() {
+        let mut s = FakeSession::new(64);
+        let (g, events) = run(&mut s, &FakeTokenizer::default(), &request(&[0, 1], 0, &[]));
+        let g = g.unwrap();
+        assert_eq!((g.tokens.len(), g.stop), (0, StopReason::MaxTokens));
+        assert!(events.is_empty());
+        assert_eq!(s.tokens, vec![0, 1]);
+    }
+
+    #[test]
+    fn stops_at_the_end_token() {
+        let mut s = FakeSession::new(64);
+        let (g, _) = run(&mut s, &FakeTokenizer::default(), &request(&[4], 100, &[]));
+        let g = g.unwrap();
+        // 4 → 5, 6, then 7 is the end token.
+        assert_eq!(
+            (g.tokens, g.text.as_str(), g.stop),
+            (vec![5, 6], "fg", StopReason::Eos)
+        );
+        assert_eq!(s.tokens, vec![4, 5, 6]);
+    }
+
+    #[test]
+    fn stops_at_a_stop_string_and_leaves_it_out() {
+        let mut s = FakeSession::new(64);
+        let (g, events) = run(
+            &mut s,
+            &FakeTokenizer::default(),
+            &request(&[0], 100, &["de"]),
+        );
+        let g = g.unwrap();
+        assert_eq!(g.tokens, vec![1, 2, 3, 4]);
+        assert_eq!(g.text, "bc");
+        assert_eq!(g.stop, StopReason::StopString);
+        assert_eq!(g.stop_string.as_deref(), Some("de"));
+        let texts: Vec<&str> = events.iter().map(|e| e.1.as_str()).collect();
+        assert_eq!(texts, vec!["b", "c", "", ""]);
+    }
+
+    #[test]
+    fn held_back_text_is_released_at_the_end() {
+        let mut s = FakeSession::new(64);
+        let (g, events) = run(
+            &mut s,
+            &FakeTokenizer::default(),
+            &request(&[0], 3, &["dx"]),
+        );
+        let g = g.unwrap();
+        assert_eq!((g.text.as_str(), g.stop), ("bcd", StopReason::MaxTokens));
+        assert_eq!(events.last(), Some(&(None, "d".to_string())));
+    }
+
+    #[test]
+    fn characters_split_across_tokens() {
+        let mut t = FakeTokenizer::default();
+        let e = "é".as_bytes();
+        t.pieces[1] = e[..1].to_vec();
+        t.pieces[2] = e[1..].to_vec();
+        let mut s = FakeSession::new(64);
+        let (g, events) = run(&mut s, &t, &request(&[0], 3, &[]));
+        assert_eq!(g.unwrap().text, "éd");
+        let texts: Vec<&str> = events.iter().map(|e| e.1.as_str()).collect();
+        assert_eq!(texts, vec!["", "é", "d"]);
+    }
+
+    #[test]
+    fn break_cancels() {
+        let mut s = FakeSession::new(64);
+        let mut seen = 0;
+        let g = generate(
+            &info(),
+            &mut s,
+            &FakeTokenizer::default(),
+            &request(&[0], 100, &[]),
+            &mut |_| {
+                seen += 1;
+                if seen == 2 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            },
+        )
+        .unwrap();
+        assert_eq!((g.tokens, g.stop), (vec![1, 2], StopReason::Cancelled));
+    }
+
+    #[test]
+    fn a_prompt_that_does_not_fit_is_an_error_before_any_decode() {
+        let mut s = FakeSession::new(4);
+        let (g, _) = run(
+            &mut s,
+            &FakeTokenizer::default(),
+            &request(&[0, 1, 2, 3], 10, &[]),
+        );
+        assert_eq!(
+            g,
+            Err(Error::ContextOverflow {
+                needed: 5,
+                limit: 4,
+                prompt: 4
+            })
+        );
+        assert!(s.calls.is_empty());
+
+        let mut s = FakeSession::new(4);
+        let (g, _) = run(&mut s, &FakeTokenizer::default(), &request(&[], 10, &[]));
+        assert!(matches!(g, Err(Error::InvalidArgument(_))));
+
+        let mut bad = request(&[0], 10, &[""]);
+        let (g, _) = run(&mut s, &FakeTokenizer::default(), &bad);
+        assert!(matches!(g, Err(Error::InvalidArgument(_))));
+        bad.stop.stop.clear();
+        bad.sampling.top_p = 0.0;
+        let (g, _) = run(&mut s, &FakeTokenizer::default(), &bad);
+        assert!(matches!(g, Err(Error::InvalidArgument(_))));
+        assert!(s.calls.is_empty());
+    }
+
+    #[test]
+    fn stops_when_the_context_is_full() {
+        let mut s = FakeSession::new(6);
+        let (g, _) = run(
+            &mut s,
+            &FakeTokenizer::default(),
+            &request(&[0, 0], 100, &[]),
+        );
+        let g = g.unwrap();
+        // The prompt takes 2 of 6: tokens 1..=4 are decoded, token 5 is sampled last.
+        assert_eq!(
+            (g.tokens, g.stop),
+            (vec![1, 2, 3, 4, 5], StopReason::ContextFull)
+        );
+        assert_eq!(s.len(), 6);
+    }
+
+    #[test]
+    fn a_continuing_chat_appends_the_prompt() {
+        let mut s = FakeSession::new(8);
+        s.tokens = vec![0, 1, 2, 3, 4];
+        let (g, _) = run(
+            &mut s,
+            &FakeTokenizer::default(),
+            &request(&[5, 6, 0], 10, &[]),
+        );
+        assert_eq!(
+            g,
+            Err(Error::ContextOverflow {
+                needed: 9,
+                limit: 8,
+                prompt: 3
+            })
+        );
+
+        let (g, _) = run(
+            &mut s,
+            &FakeTokenizer::default(),
+            &request(&[5, 0], 10, &[]),
+        );
+        let g = g.unwrap();
+        assert_eq!(g.tokens, vec![1, 2]);
+        assert_eq!(g.stop, StopReason::ContextFull);
+        assert_eq!(s.tokens, vec![0, 1, 2, 3, 4, 5, 0, 1]);
+    }
+
+    #[test]
+    fn the_repetition_penalty_sees_the_prompt() {
+        // After the prompt's last token 0 the argmax is 1 (logit 1.0 + bias 1.0 = 2.0), and
+        // token 3 has 1.5. Token 1 is in the prompt: 2.0 / 2 = 1.0 < 1.5, so 3 comes first.
+        let mut s = FakeSession::new(64);
+        s.bias = vec![(1, 1.0), (3, 1.5)];
+        let mut r = request(&[1, 0], 1, &[]);
+        r.sampling.repetition_penalty = 2.0;
+        let (g, _) = run(&mut s, &FakeTokenizer::default(), &r);
+        assert_eq!(g.unwrap().tokens, vec![3]);
+        // Without the penalty, the argmax.
+        let mut s = FakeSession::new(64);
+        s.bias = vec![(1, 1.0), (3, 1.5)];
+        let (g, _) = run(&mut s, &FakeTokenizer::default(), &request(&[1, 0], 1, &[]));
+        assert_eq!(g.unwrap().tokens, vec![1]);
+    }
+
+    #[test]
+    fn rates_are_zero_without_time() {
+        let g = Generation {
+            tokens: vec![1, 2, 3],
+            text: String::new(),
+            stop: StopReason::MaxTokens,
+            stop_string: None,
+            prompt_tokens: 10,
+            prefill_seconds: 0.5,
+            decode_seconds: 0.0,
+        };
+        assert_eq!(g.prefill_tok_per_s(), 20.0);
+        assert_eq!(g.decode_tok_per_s(), 0.0);
+        assert_eq!(
+            Generation {
+                decode_seconds: 0.5,
+                ..g
+            }
+            .decode_tok_per_s(),
+            4.0
+        );
+    }
+}

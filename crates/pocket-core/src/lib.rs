@@ -25,11 +25,14 @@ pub mod stop;
 mod tokenizer;
 
 pub use error::{Error, Result};
+pub use generate::{Event, GenerateRequest, Generation, generate};
 pub use model::{
     Footprint, KvType, Logits, Model, ModelInfo, ModelKind, Rows, Session, SessionConfig,
     default_threads,
 };
 pub use plan::{LayerPlan, MAX_LAYERS};
+pub use sampling::{Distribution, Sampler, SamplingConfig, argmax};
+pub use stop::{Chunk, StopConfig, StopReason, TextStream};
 pub use tokenizer::{ChatMessage, Tokenizer};
 
 /// A token id in a model's vocabulary.

@@ -184,7 +184,7 @@ pub struct Logits<'a> {
 impl<'a> Logits<'a> {
     /// Wrap `data`, `rows × n_vocab` values, row-major.
     pub fn new(data: &'a [f32], n_vocab: usize) -> Self {
-        debug_assert!(n_vocab > 0 && data.len() % n_vocab == 0);
+        debug_assert!(n_vocab > 0 && data.len().is_multiple_of(n_vocab));
         Logits { data, n_vocab }
     }
 
