@@ -1,0 +1,221 @@
+//! Choosing a ggml backend device through ggml's registry, and where weights go on it.
+//!
+//! With the `cuda` or `vulkan` feature, llama-cpp-sys-2 registers those devices in the same
+//! registry; nothing here names a particular backend.
+
+use std::ffi::{CStr, CString};
+use std::ptr::NonNull;
+
+use llama_cpp_sys_2 as sys;
+
+use crate::{Error, Result};
+
+/// Which device to run on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The first GPU in the registry if there is one, else the CPU.
+    #[default]
+    Auto,
+    /// The CPU, with ggml's repacked weight layouts where they apply.
+    Cpu,
+    /// A device by its ggml name (`CUDA0`, `Vulkan0`, ...).
+    Named(String),
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Ok(match s {
+            "auto" | "" => DeviceChoice::Auto,
+            "cpu" | "CPU" => DeviceChoice::Cpu,
+            name => DeviceChoice::Named(name.to_owned()),
+        })
+    }
+}
+
+/// A ggml device and the buffer types weights may use on it, best first.
+pub(crate) struct Device {
+    pub(crate) dev: sys::ggml_backend_dev_t,
+    pub(crate) cpu: sys::ggml_backend_dev_t,
+    pub(crate) name: String,
+    /// Buffer types for weights in order of preference: for the CPU the extra (repacking)
+    /// types first, then plain host memory; for a GPU its own memory.
+    pub(crate) weight_bufts: Vec<sys::ggml_backend_buffer_type_t>,
+}
+
+// SAFETY: device and buffer-type handles are process-wide singletons owned by ggml's registry;
+// they are never freed and their methods are thread-safe queries.
+unsafe impl Send for Device {}
+// SAFETY: as for Send.
+unsafe impl Sync for Device {}
+
+/// The names of the devices ggml's registry knows.
+pub fn device_names() -> Vec<String> {
+    crate::init();
+    // SAFETY: querying the registry; indices are in range and names are static C strings.
+    unsafe {
+        (0..sys::ggml_backend_dev_count())
+            .map(|i| dev_name(sys::ggml_backend_dev_get(i)))
+            .collect()
+    }
+}
+
+fn dev_name(dev: sys::ggml_backend_dev_t) -> String {
+    // SAFETY: dev is a registry device; its name is a static NUL-terminated string.
+    unsafe { CStr::from_ptr(sys::ggml_backend_dev_name(dev)) }.to_string_lossy().into_owned()
+}
+
+impl Device {
+    pub(crate) fn select(choice: &DeviceChoice) -> Result<Device> {
+        crate::init();
+        // SAFETY: registry queries with in-range indices.
+        let devices: Vec<sys::ggml_backend_dev_t> = unsafe {
+            (0..sys::ggml_backend_dev_count()).map(|i| sys::ggml_backend_dev_get(i)).collect()
+        };
+        // SAFETY: registry query.
+        let cpu = unsafe { sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU) };
+        if cpu.is_null() {
+            return Err(Error::Ggml("ggml has no CPU device".into()));
+        }
+        let dev = match choice {
+            DeviceChoice::Cpu => cpu,
+            DeviceChoice::Auto => devices
+                .iter()
+                .copied()
+                // SAFETY: registry devices.
+                .find(|&d| unsafe { sys::ggml_backend_dev_type(d) } == sys::GGML_BACKEND_DEVICE_TYPE_GPU)
+                .unwrap_or(cpu),
+            DeviceChoice::Named(name) => {
+                devices.iter().copied().find(|&d| dev_name(d).eq_ignore_ascii_case(name)).ok_or_else(
+                    || Error::NoDevice { wanted: name.clone(), available: device_names().join(", ") },
+                )?
+            }
+        };
+        let mut weight_bufts = Vec::new();
+        if dev == cpu {
+            weight_bufts.extend(cpu_extra_bufts(cpu));
+        }
+        // SAFETY: registry device.
+        weight_bufts.push(unsafe { sys::ggml_backend_dev_buffer_type(dev) });
+        Ok(Device { dev, cpu, name: dev_name(dev), weight_bufts })
+    }
+
+    /// Whether this is the CPU device (KV cache and weights in host memory).
+    pub(crate) fn is_cpu(&self) -> bool {
+        self.dev == self.cpu
+    }
+
+    /// The first buffer type whose device can run `op` on a weight `w` placed in it.
+    pub(crate) fn weight_buft(
+        &self,
+        w: NonNull<sys::ggml_tensor>,
+        op: WeightOp,
+    ) -> sys::ggml_backend_buffer_type_t {
+        for &buft in &self.weight_bufts {
+            if supports(self.dev, buft, w, op) {
+                return buft;
+            }
+        }
+        // Plain device memory always works for the ops our graph uses.
+        *self.weight_bufts.last().expect("the device's own buffer type is always listed")
+    }
+}
+
+/// The operation a weight feeds: it decides which buffer types can hold the weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WeightOp {
+    /// The token embedding table: rows are gathered.
+    GetRows,
+    /// A projection matrix.
+    MulMat,
+    /// Norm weights and biases: element-wise.
+    Elementwise,
+}
+
+fn cpu_extra_bufts(cpu: sys::ggml_backend_dev_t) -> Vec<sys::ggml_backend_buffer_type_t> {
+    let name = c"ggml_backend_dev_get_extra_bufts";
+    // SAFETY: the CPU device's registry; the proc address, if present, has the documented type
+    // `ggml_backend_dev_get_extra_bufts_t`.
+    unsafe {
+        let reg = sys::ggml_backend_dev_backend_reg(cpu);
+        let f = sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr());
+        if f.is_null() {
+            return Vec::new();
+        }
+        let f: unsafe extern "C" fn(sys::ggml_backend_dev_t) -> *mut sys::ggml_backend_buffer_type_t =
+            std::mem::transmute(f);
+        let mut list = f(cpu);
+        let mut out = Vec::new();
+        while !list.is_null() && !(*list).is_null() {
+            out.push(*list);
+            list = list.add(1);
+        }
+        out
+    }
+}
+
+/// Ask the device whether `op` on weight `w` is supported with `w` in a buffer of `buft`, the
+/// way llama.cpp decides: build the op on a dummy input and point `w` at an empty buffer.
+fn supports(
+    dev: sys::ggml_backend_dev_t,
+    buft: sys::ggml_backend_buffer_type_t,
+    w: NonNull<sys::ggml_tensor>,
+    op: WeightOp,
+) -> bool {
+    if op == WeightOp::Elementwise {
+        // Extra buffer types only speed up matrix products; small tensors stay plain.
+        // SAFETY: registry buffer type.
+        return unsafe { sys::ggml_backend_buft_is_host(buft) } || !is_extra(dev, buft);
+    }
+    // SAFETY: a private no_alloc context holds the dummy op; `w` is a metadata-only tensor from
+    // the GGUF context whose `buffer` field we set for the query and reset before returning.
+    unsafe {
+        let params = sys::ggml_init_params {
+            mem_size: sys::ggml_tensor_overhead() * 8,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        };
+        let ctx = sys::ggml_init(params);
+        if ctx.is_null() {
+            return false;
+        }
+        // Query a copy of the description so the GGUF context's tensor is never touched.
+        let wt = sys::ggml_dup_tensor(ctx, w.as_ptr());
+        let op_tensor = match op {
+            WeightOp::GetRows => {
+                let ids = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, 512);
+                sys::ggml_get_rows(ctx, wt, ids)
+            }
+            _ => {
+                let x = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, (*wt).ne[0], 512);
+                sys::ggml_mul_mat(ctx, wt, x)
+            }
+        };
+        let buf = sys::ggml_backend_buft_alloc_buffer(buft, 0);
+        (*wt).buffer = buf;
+        let ok = !buf.is_null() && sys::ggml_backend_dev_supports_op(dev, op_tensor);
+        (*wt).buffer = std::ptr::null_mut();
+        if !buf.is_null() {
+            sys::ggml_backend_buffer_free(buf);
+        }
+        sys::ggml_free(ctx);
+        ok
+    }
+}
+
+fn is_extra(dev: sys::ggml_backend_dev_t, buft: sys::ggml_backend_buffer_type_t) -> bool {
+    // SAFETY: registry device.
+    buft != unsafe { sys::ggml_backend_dev_buffer_type(dev) }
+}
+
+/// The name of a buffer type, for logs.
+pub(crate) fn buft_name(buft: sys::ggml_backend_buffer_type_t) -> String {
+    // SAFETY: registry buffer type; the name is a static C string.
+    unsafe { CStr::from_ptr(sys::ggml_backend_buft_name(buft)) }.to_string_lossy().into_owned()
+}
+
+/// Turn a Rust string into a C string for ggml names (interior NULs dropped).
+pub(crate) fn cstring(s: &str) -> CString {
+    CString::new(s.replace('\0', "")).unwrap_or_default()
+}

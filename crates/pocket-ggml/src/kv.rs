@@ -1,0 +1,200 @@
+//! The KV cache of one session.
+//!
+//! On the CPU the cache is one anonymous mapping that *reserves* address space for the whole
+//! context but is only backed by memory where tokens have been written: every layer's K and V
+//! is a contiguous `[n_embd_kv, n_ctx]` tensor (so attention reads it as one view, no copies),
+//! and a page becomes resident when the first token in it is written. Truncating releases the
+//! pages past the tokens still held (in blocks), so a session's memory follows its length in
+//! both directions. Accounting is in blocks of [`KV_BLOCK_TOKENS`] tokens.
+//!
+//! On other devices (CUDA, Vulkan) the cache is allocated for the whole context in device
+//! memory for now.
+
+use std::ptr::NonNull;
+
+use llama_cpp_sys_2 as sys;
+use memmap2::{MmapMut, MmapOptions, UncheckedAdvice};
+use pocket_core::KvType;
+
+use crate::device::Device;
+use crate::weights::{Hparams, Tensor};
+use crate::{Error, Result};
+
+/// The KV cache grows and shrinks in blocks of this many tokens.
+pub const KV_BLOCK_TOKENS: usize = 64;
+
+const PAGE: usize = 4096;
+
+/// ggml's element type for a KV type.
+pub(crate) fn ggml_type(kv: KvType) -> sys::ggml_type {
+    match kv {
+        KvType::F32 => sys::GGML_TYPE_F32,
+        KvType::F16 => sys::GGML_TYPE_F16,
+        KvType::Q8_0 => sys::GGML_TYPE_Q8_0,
+        KvType::Q4_0 => sys::GGML_TYPE_Q4_0,
+    }
+}
+
+/// Bytes of one token's K (or V) in one layer.
+pub(crate) fn row_bytes(hp: &Hparams, kv: KvType) -> usize {
+    // SAFETY: a pure size computation.
+    unsafe { sys::ggml_row_size(ggml_type(kv), hp.n_embd_kv() as i64) }
+}
+
+/// KV bytes per token over all layers, K and V.
+pub(crate) fn bytes_per_token(hp: &Hparams, kv: KvType) -> usize {
+    2 * hp.n_layer * row_bytes(hp, kv)
+}
+
+enum Storage {
+    /// Host memory: reserved address space, committed as written.
+    Host { map: MmapMut, region: usize },
+    /// Device memory for the whole context.
+    Device,
+}
+
+pub(crate) struct KvCache {
+    pub(crate) kv: KvType,
+    n_ctx: usize,
+    row_bytes: usize,
+    n_layer: usize,
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    ctx: NonNull<sys::ggml_context>,
+    buffer: NonNull<sys::ggml_backend_buffer>,
+    storage: Storage,
+    /// Tokens of capacity currently committed (a multiple of the block size, or n_ctx).
+    committed: usize,
+}
+
+// SAFETY: the cache is owned by one session, used from one thread at a time; the ggml objects
+// it points to are not shared with other sessions.
+unsafe impl Send for KvCache {}
+
+impl Drop for KvCache {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, freed once; the buffer before the mapping it wraps (the
+        // mapping is dropped after this body runs).
+        unsafe {
+            sys::ggml_backend_buffer_free(self.buffer.as_ptr());
+            sys::ggml_free(self.ctx.as_ptr());
+        }
+    }
+}
+
+impl KvCache {
+    pub(crate) fn new(hp: &Hparams, device: &Device, kv: KvType, n_ctx: usize) -> Result<Self> {
+        let row_bytes = row_bytes(hp, kv);
+        let ty = ggml_type(kv);
+        let n_tensors = 2 * hp.n_layer;
+        // SAFETY: a fresh no_alloc context for the tensor descriptions.
+        let ctx = unsafe {
+            sys::ggml_init(sys::ggml_init_params {
+                mem_size: sys::ggml_tensor_overhead() * (n_tensors + 1),
+                mem_buffer: std::ptr::null_mut(),
+                no_alloc: true,
+            })
+        };
+        let ctx = NonNull::new(ctx).ok_or_else(|| Error::Ggml("ggml_init failed".into()))?;
+        let mut k = Vec::with_capacity(hp.n_layer);
+        let mut v = Vec::with_capacity(hp.n_layer);
+        for _ in 0..hp.n_layer {
+            for list in [&mut k, &mut v] {
+                // SAFETY: ctx has room for n_tensors descriptions.
+                let t = unsafe { sys::ggml_new_tensor_2d(ctx.as_ptr(), ty, hp.n_embd_kv() as i64, n_ctx as i64) };
+                list.push(Tensor(NonNull::new(t).ok_or_else(|| Error::Ggml("ggml_new_tensor failed".into()))?));
+            }
+        }
+        let (buffer, storage) = if device.is_cpu() {
+            let region = (n_ctx * row_bytes).next_multiple_of(PAGE);
+            let mut map = MmapOptions::new()
+                .len(region * n_tensors)
+                .map_anon()
+                .map_err(|e| Error::Ggml(format!("cannot reserve the KV cache: {e}")))?;
+            let base = map.as_mut_ptr();
+            // SAFETY: the mapping lives as long as the buffer (dropped after it, see Drop).
+            let buf = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(base as *mut _, map.len()) };
+            let buf = NonNull::new(buf).ok_or_else(|| Error::Ggml("cannot wrap the KV mapping".into()))?;
+            for (i, t) in k.iter().zip(&v).flat_map(|(a, b)| [a, b]).enumerate() {
+                // SAFETY: each tensor gets its own region inside the mapping, of at least its
+                // size (n_ctx rows of row_bytes).
+                let status = unsafe {
+                    sys::ggml_backend_tensor_alloc(buf.as_ptr(), t.ptr(), base.add(i * region) as *mut _)
+                };
+                if status != sys::GGML_STATUS_SUCCESS {
+                    return Err(Error::Ggml("placing the KV cache failed".into()));
+                }
+            }
+            (buf, Storage::Host { map, region })
+        } else {
+            // SAFETY: registry device; the context holds only the cache's tensors.
+            let buf = unsafe {
+                sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.as_ptr(), sys::ggml_backend_dev_buffer_type(device.dev))
+            };
+            let buf = NonNull::new(buf).ok_or_else(|| {
+                Error::Ggml(format!("cannot allocate a {n_ctx}-token KV cache on {}", device.name))
+            })?;
+            (buf, Storage::Device)
+        };
+        let committed = if matches!(storage, Storage::Device) { n_ctx } else { 0 };
+        Ok(KvCache { kv, n_ctx, row_bytes, n_layer: hp.n_layer, k, v, ctx, buffer, storage, committed })
+    }
+
+    pub(crate) fn k(&self, layer: usize) -> Tensor {
+        self.k[layer]
+    }
+
+    pub(crate) fn v(&self, layer: usize) -> Tensor {
+        self.v[layer]
+    }
+
+    /// Whether K (and so V: both use one type) is stored quantized.
+    pub(crate) fn k_quantized(&self) -> bool {
+        matches!(self.kv, KvType::Q8_0 | KvType::Q4_0)
+    }
+
+    pub(crate) fn v_quantized(&self) -> bool {
+        self.k_quantized()
+    }
+
+    pub(crate) fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    pub(crate) fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Make room for `tokens` tokens (whole blocks). Pages are touched by the writes that follow.
+    pub(crate) fn grow_to(&mut self, tokens: usize) {
+        if tokens > self.committed {
+            self.committed = tokens.next_multiple_of(KV_BLOCK_TOKENS).min(self.n_ctx);
+        }
+    }
+
+    /// Release the blocks past `tokens` tokens.
+    pub(crate) fn shrink_to(&mut self, tokens: usize) {
+        let keep = tokens.next_multiple_of(KV_BLOCK_TOKENS).min(self.n_ctx);
+        if keep >= self.committed {
+            return;
+        }
+        if let Storage::Host { map, region } = &self.storage {
+            let from = (keep * self.row_bytes).next_multiple_of(PAGE);
+            let to = (self.committed * self.row_bytes).next_multiple_of(PAGE).min(*region);
+            if to > from {
+                for i in 0..2 * self.n_layer {
+                    // SAFETY: the range lies inside tensor i's region and holds only positions
+                    // past those kept, which nothing reads again before rewriting them; pages of
+                    // a private anonymous mapping read back as zeros after DONTNEED.
+                    let _ = unsafe { map.unchecked_advise_range(UncheckedAdvice::DontNeed, i * region + from, to - from) };
+                }
+            }
+        }
+        self.committed = keep;
+    }
+
+    /// Bytes committed to the cache now.
+    pub(crate) fn bytes(&self) -> usize {
+        self.committed * self.row_bytes * 2 * self.n_layer
+    }
+}

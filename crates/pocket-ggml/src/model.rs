@@ -1,0 +1,126 @@
+//! A loaded decoder model.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use pocket_core::{Footprint, KvType, Model, ModelInfo, ModelKind, Session, SessionConfig, Tokenizer};
+
+use crate::device::{Device, DeviceChoice};
+use crate::gguf::GgufFile;
+use crate::kv::{self, KV_BLOCK_TOKENS};
+use crate::session::GgmlSession;
+use crate::vocab::Vocab;
+use crate::weights::{Hparams, Weights};
+use crate::Result;
+
+/// How to load a model.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// The device to run on.
+    pub device: DeviceChoice,
+}
+
+/// The parts of a model that sessions share.
+pub(crate) struct Inner {
+    // Field order is drop order: the weights' buffers wrap the file mapping, so they go first.
+    pub(crate) weights: Weights,
+    pub(crate) vocab: Vocab,
+    pub(crate) hp: Hparams,
+    pub(crate) device: Device,
+    pub(crate) info: ModelInfo,
+    pub(crate) file: GgufFile,
+}
+
+/// A decoder model loaded from a GGUF file: weights placed on a device, tokenizer ready.
+///
+/// Cheap to clone (the weights are shared); every [`GgmlSession`] made from it keeps it alive.
+#[derive(Clone)]
+pub struct GgmlModel {
+    inner: Arc<Inner>,
+}
+
+impl GgmlModel {
+    /// Load the model at `path`.
+    pub fn load(path: &Path, options: &LoadOptions) -> Result<Self> {
+        let file = GgufFile::open(path)?;
+        let hp = Hparams::read(&file)?;
+        let device = Device::select(&options.device)?;
+        let weights = Weights::load(&file, &hp, &device)?;
+        let vocab = Vocab::load(path)?;
+        let weights_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let name = if hp.name.is_empty() {
+            path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+        } else {
+            hp.name.clone()
+        };
+        let info = ModelInfo {
+            name,
+            architecture: hp.arch_name.clone(),
+            kind: ModelKind::Decoder,
+            n_layers: hp.n_layer,
+            n_embd: hp.n_embd,
+            n_vocab: hp.n_vocab,
+            n_ctx_train: hp.n_ctx_train,
+            weights_bytes,
+        };
+        tracing::info!(
+            model = %info.name, arch = %info.architecture, device = %device.name,
+            mapped = weights.mapped_bytes, copied = weights.copied_bytes, "loaded model"
+        );
+        Ok(GgmlModel { inner: Arc::new(Inner { weights, vocab, hp, device, info, file }) })
+    }
+
+    /// A new session, as the concrete type (with its engine-specific accessors).
+    pub fn new_session(&self, config: &SessionConfig) -> Result<GgmlSession> {
+        GgmlSession::new(Arc::clone(&self.inner), config)
+    }
+
+    /// KV bytes per token for `kv`, over all layers.
+    pub fn kv_bytes_per_token(&self, kv: KvType) -> usize {
+        kv::bytes_per_token(&self.inner.hp, kv)
+    }
+
+    /// The name of the device the model runs on.
+    pub fn device_name(&self) -> &str {
+        &self.inner.device.name
+    }
+
+    /// The model file.
+    pub fn path(&self) -> &Path {
+        self.inner.file.path()
+    }
+
+    /// The concrete tokenizer (also reachable as `&dyn Tokenizer` through [`Model`]).
+    pub fn vocab(&self) -> &Vocab {
+        &self.inner.vocab
+    }
+}
+
+impl Model for GgmlModel {
+    fn info(&self) -> &ModelInfo {
+        &self.inner.info
+    }
+
+    fn tokenizer(&self) -> &dyn Tokenizer {
+        &self.inner.vocab
+    }
+
+    fn footprint(&self, config: &SessionConfig) -> pocket_core::Result<Footprint> {
+        // The compute buffer is measured the way the session will reserve it; creating the
+        // scheduler is cheap next to loading, and it is what makes the number exact.
+        let session = GgmlSession::new(Arc::clone(&self.inner), config)?;
+        let w = &self.inner.weights;
+        Ok(Footprint {
+            weights_anon_bytes: w.copied_bytes,
+            weights_mapped_bytes: w.mapped_bytes,
+            kv_bytes_per_token: kv::bytes_per_token(&self.inner.hp, config.kv) as u64,
+            kv_block_tokens: KV_BLOCK_TOKENS as u64,
+            compute_bytes: session.compute_bytes() as u64,
+            logits_row_bytes: (self.inner.hp.n_vocab * 4) as u64,
+        })
+    }
+
+    fn session(&self, config: &SessionConfig) -> pocket_core::Result<Box<dyn Session>> {
+        Ok(Box::new(self.new_session(config)?))
+    }
+}

@@ -1,0 +1,163 @@
+//! Parity: our graph against llama.cpp on the same file.
+//!
+//! llama.cpp generates a greedy continuation; our engine is then fed the very same tokens
+//! (teacher forcing, one token per pass as in generation) so every position compares logits
+//! computed from identical inputs, and one disagreement cannot cascade into the next.
+
+use std::path::Path;
+
+use pocket_core::sampling::argmax;
+use pocket_core::{KvType, LayerPlan, Model, Rows, Session, SessionConfig, Token, Tokenizer as _};
+
+use crate::{GgmlModel, LlamaCpp, Result};
+
+/// What to compare.
+#[derive(Debug, Clone)]
+pub struct ParityOptions {
+    /// The prompt.
+    pub prompt: String,
+    /// Tokens of greedy continuation to compare.
+    pub n_tokens: usize,
+    /// CPU threads for both engines.
+    pub threads: usize,
+    /// KV types to run our engine with; the first is compared with llama.cpp, the rest also
+    /// with the first (top-1 agreement).
+    pub kv_types: Vec<KvType>,
+}
+
+/// One compared position.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Position {
+    /// Index in the continuation (0 = the token after the prompt).
+    pub index: usize,
+    /// llama.cpp's top-1 token.
+    pub reference: Token,
+    /// Our top-1 token (with the first KV type).
+    pub ours: Token,
+    /// max |Δlogit| over the vocabulary.
+    pub max_abs_diff: f32,
+}
+
+/// Agreement of one KV type.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KvAgreement {
+    /// The KV type.
+    pub kv: KvType,
+    /// Positions whose top-1 equals llama.cpp's (run with the same KV type).
+    pub top1_vs_llama_cpp: usize,
+    /// Positions whose top-1 equals ours with the first KV type.
+    pub top1_vs_first: usize,
+    /// max |Δlogit| against llama.cpp with the same KV type.
+    pub max_abs_diff: f32,
+}
+
+/// The result of a parity run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ParityReport {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Positions compared.
+    pub n: usize,
+    /// Per position, first KV type.
+    pub positions: Vec<Position>,
+    /// Per KV type.
+    pub kv: Vec<KvAgreement>,
+}
+
+impl ParityReport {
+    /// Top-1 agreements with llama.cpp for the first KV type.
+    pub fn top1(&self) -> usize {
+        self.kv.first().map_or(0, |k| k.top1_vs_llama_cpp)
+    }
+
+    /// max |Δlogit| for the first KV type.
+    pub fn max_abs_diff(&self) -> f32 {
+        self.kv.first().map_or(f32::NAN, |k| k.max_abs_diff)
+    }
+}
+
+/// Run llama.cpp on `path`: greedily, or fed `forced` tokens when given. Returns the
+/// continuation and its logits rows (one per position, each predicting that position).
+fn reference_run(
+    path: &Path,
+    prompt: &[Token],
+    forced: Option<&[Token]>,
+    n: usize,
+    threads: usize,
+    kv: KvType,
+) -> Result<(Vec<Token>, Vec<f32>)> {
+    let mut llama = LlamaCpp::load(path, threads, prompt.len() + n + 8, 512, kv, false)?;
+    let n_vocab = llama.n_vocab();
+    let mut rows = Vec::with_capacity(n * n_vocab);
+    let mut tokens = Vec::with_capacity(n);
+    let mut last = llama.decode(prompt, false)?.to_vec();
+    for i in 0..n {
+        let t = forced.map_or_else(|| argmax(&last), |f| f[i]);
+        rows.extend_from_slice(&last);
+        tokens.push(t);
+        last = llama.decode(&[t], false)?.to_vec();
+    }
+    Ok((tokens, rows))
+}
+
+/// Feed `prompt` then `forced` through our engine and return the logits row of every position.
+fn teacher_forced(model: &GgmlModel, prompt: &[Token], forced: &[Token], threads: usize, kv: KvType) -> Result<Vec<f32>> {
+    let n_vocab = model.info().n_vocab;
+    let config = SessionConfig { kv, n_ctx: prompt.len() + forced.len() + 8, n_batch: 512, threads };
+    let mut session = model.new_session(&config)?;
+    let plan = LayerPlan::full(model.info().n_layers)?;
+    let mut rows = Vec::with_capacity(forced.len() * n_vocab);
+    rows.extend_from_slice(session.decode(prompt, &plan, Rows::Last)?.last());
+    for &t in &forced[..forced.len().saturating_sub(1)] {
+        rows.extend_from_slice(session.decode(&[t], &plan, Rows::Last)?.last());
+    }
+    Ok(rows)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Compare our engine with llama.cpp on the model at `path`.
+pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
+    let model = GgmlModel::load(path, &Default::default())?;
+    let n_vocab = model.info().n_vocab;
+    let prompt = model.tokenizer().encode(&options.prompt, true)?;
+    if prompt.is_empty() {
+        return Err(crate::Error::Ggml("the prompt tokenizes to nothing".into()));
+    }
+    let kv_types = if options.kv_types.is_empty() { vec![KvType::F16] } else { options.kv_types.clone() };
+    let n = options.n_tokens;
+    let mut report = ParityReport { prompt_tokens: prompt.len(), n, positions: Vec::new(), kv: Vec::new() };
+    let mut first_top1: Vec<Token> = Vec::new();
+    // The continuation is llama.cpp's greedy one with the first KV type; every KV type is then
+    // fed those same tokens, so agreement between KV types compares like with like.
+    let mut forced: Vec<Token> = Vec::new();
+    for (k, &kv) in kv_types.iter().enumerate() {
+        let (tokens, reference) =
+            reference_run(path, &prompt, (k > 0).then_some(&forced[..]), n, options.threads, kv)?;
+        if k == 0 {
+            forced = tokens;
+        }
+        let ours = teacher_forced(&model, &prompt, &forced, options.threads, kv)?;
+        let mut agree = KvAgreement { kv, top1_vs_llama_cpp: 0, top1_vs_first: 0, max_abs_diff: 0.0 };
+        let mut tops = Vec::with_capacity(n);
+        for i in 0..n {
+            let (r, o) = (&reference[i * n_vocab..(i + 1) * n_vocab], &ours[i * n_vocab..(i + 1) * n_vocab]);
+            let (rt, ot) = (argmax(r), argmax(o));
+            let d = max_abs_diff(r, o);
+            agree.top1_vs_llama_cpp += usize::from(rt == ot);
+            agree.max_abs_diff = agree.max_abs_diff.max(d);
+            tops.push(ot);
+            if k == 0 {
+                report.positions.push(Position { index: i, reference: rt, ours: ot, max_abs_diff: d });
+            }
+        }
+        if k == 0 {
+            first_top1 = tops.clone();
+        }
+        agree.top1_vs_first = tops.iter().zip(&first_top1).filter(|(a, b)| a == b).count();
+        report.kv.push(agree);
+    }
+    Ok(report)
+}

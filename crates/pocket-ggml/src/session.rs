@@ -1,0 +1,335 @@
+//! A session: its KV cache, its compute machinery (backends, scheduler, thread pool) and the
+//! tokens it holds.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use llama_cpp_sys_2 as sys;
+use pocket_core::{Error as CoreError, LayerPlan, Logits, Rows, Session, SessionConfig, Token};
+
+use crate::graph::{self, PassShape};
+use crate::kv::KvCache;
+use crate::model::Inner;
+use crate::{Error, Result};
+
+/// Most rows of logits one pass computes; a verification asking for more is split into
+/// several passes. Bounds the logits part of the compute buffer (rows × vocabulary × 4 bytes).
+pub const MAX_LOGIT_ROWS: usize = 32;
+
+/// Backends, scheduler and thread pool of one session. Not shared: ggml's CPU backend keeps
+/// per-computation state, so two sessions computing at once need one each.
+struct Compute {
+    sched: NonNull<sys::ggml_backend_sched>,
+    backends: Vec<NonNull<sys::ggml_backend>>,
+    threadpool: NonNull<sys::ggml_threadpool>,
+    graph_mem: Vec<u8>,
+    compute_bytes: usize,
+}
+
+// SAFETY: the scheduler, backends and thread pool belong to this session alone and are used by
+// one thread at a time (a session is `&mut` while it computes); ggml's thread pool threads are
+// its own and do not care which thread submits the graph.
+unsafe impl Send for Compute {}
+
+impl Drop for Compute {
+    fn drop(&mut self) {
+        // SAFETY: all created in `Compute::new`, freed once, the scheduler before the backends it
+        // uses and the backends before the thread pool they run on.
+        unsafe {
+            sys::ggml_backend_sched_free(self.sched.as_ptr());
+            for b in &self.backends {
+                sys::ggml_backend_free(b.as_ptr());
+            }
+            sys::ggml_threadpool_free(self.threadpool.as_ptr());
+        }
+    }
+}
+
+impl Compute {
+    fn new(model: &Inner, kv: &KvCache, config: &SessionConfig) -> Result<Compute> {
+        let hp = &model.hp;
+        let device = &model.device;
+        let threads = config.threads.max(1) as i32;
+        let mut backends = Vec::new();
+        // SAFETY: registry devices; each backend is owned by this Compute and freed in Drop.
+        unsafe {
+            if !device.is_cpu() {
+                let b = sys::ggml_backend_dev_init(device.dev, std::ptr::null());
+                backends.push(NonNull::new(b).ok_or_else(|| Error::Ggml(format!("cannot start {}", device.name)))?);
+            }
+            let cpu = sys::ggml_backend_dev_init(device.cpu, std::ptr::null());
+            backends.push(NonNull::new(cpu).ok_or_else(|| Error::Ggml("cannot start the CPU backend".into()))?);
+        }
+        let cpu = *backends.last().expect("the CPU backend was just pushed");
+        // SAFETY: default parameters for `threads` threads; the pool outlives the backend (Drop).
+        let threadpool = unsafe {
+            let mut params = sys::ggml_threadpool_params_default(threads);
+            let tp = sys::ggml_threadpool_new(&mut params);
+            let tp = NonNull::new(tp).ok_or_else(|| Error::Ggml("cannot start the thread pool".into()))?;
+            sys::ggml_backend_cpu_set_n_threads(cpu.as_ptr(), threads);
+            sys::ggml_backend_cpu_set_threadpool(cpu.as_ptr(), tp.as_ptr());
+            tp
+        };
+        let nodes = graph::graph_nodes(hp);
+        // SAFETY: the backends array is valid for the call; ggml copies it.
+        let sched = unsafe {
+            let mut raw: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.as_ptr()).collect();
+            sys::ggml_backend_sched_new(raw.as_mut_ptr(), std::ptr::null_mut(), raw.len() as i32, nodes, false, true)
+        };
+        let sched = NonNull::new(sched).ok_or_else(|| Error::Ggml("cannot create the scheduler".into()))?;
+        // SAFETY: pure size computations.
+        let graph_mem_size = unsafe {
+            sys::ggml_tensor_overhead() * nodes + sys::ggml_graph_overhead_custom(nodes, false)
+        };
+        let mut compute = Compute { sched, backends, threadpool, graph_mem: vec![0; graph_mem_size], compute_bytes: 0 };
+
+        // Reserve the compute buffers for the largest pass this session will run, so that no
+        // later pass allocates: a full batch at the end of the context, with the most rows.
+        let n_batch = config.n_batch.min(kv.n_ctx());
+        let worst = PassShape { n_tokens: n_batch, pos0: kv.n_ctx() - n_batch, n_out: n_batch.min(MAX_LOGIT_ROWS) };
+        let plan = LayerPlan::full(hp.n_layer).map_err(|e| Error::Ggml(e.to_string()))?;
+        compute.with_graph(model, kv, &plan, worst, |sched, g| {
+            // SAFETY: a graph built for this scheduler's backends.
+            if unsafe { sys::ggml_backend_sched_reserve(sched, g.gf) } {
+                Ok(())
+            } else {
+                Err(Error::Ggml("cannot reserve the compute buffer".into()))
+            }
+        })?;
+        compute.compute_bytes = compute
+            .backends
+            .iter()
+            // SAFETY: backends of this scheduler.
+            .map(|b| unsafe { sys::ggml_backend_sched_get_buffer_size(sched.as_ptr(), b.as_ptr()) })
+            .sum();
+        Ok(compute)
+    }
+
+    /// Build the graph of `shape` in the reusable graph memory and hand it to `f`.
+    fn with_graph<T>(
+        &mut self,
+        model: &Inner,
+        kv: &KvCache,
+        plan: &LayerPlan,
+        shape: PassShape,
+        f: impl FnOnce(*mut sys::ggml_backend_sched, &graph::Graph) -> Result<T>,
+    ) -> Result<T> {
+        // SAFETY: the context lives in graph_mem, which outlives it (freed below, before any
+        // other use of graph_mem); the graph references weights and cache that outlive the call.
+        unsafe {
+            let ctx = sys::ggml_init(sys::ggml_init_params {
+                mem_size: self.graph_mem.len(),
+                mem_buffer: self.graph_mem.as_mut_ptr() as *mut _,
+                no_alloc: true,
+            });
+            if ctx.is_null() {
+                return Err(Error::Ggml("ggml_init failed".into()));
+            }
+            let g = graph::build(ctx, &model.hp, &model.weights, kv, plan, shape);
+            let r = f(self.sched.as_ptr(), &g);
+            sys::ggml_free(ctx);
+            r
+        }
+    }
+}
+
+/// One conversation on a [`crate::GgmlModel`].
+pub struct GgmlSession {
+    model: Arc<Inner>,
+    config: SessionConfig,
+    // Declared before `kv`: the scheduler's graphs reference the cache.
+    compute: Compute,
+    kv: KvCache,
+    /// Every token held, so positions decoded with a partial plan can be recomputed.
+    tokens: Vec<Token>,
+    /// Positions `0..complete_len` have KV in every layer.
+    complete_len: usize,
+    /// The partial plan that positions `complete_len..` were decoded with.
+    partial: Option<LayerPlan>,
+    logits: Vec<f32>,
+    mask: Vec<u16>,
+    scratch_i32: Vec<i32>,
+    /// Hadamard matrices for a quantized cache (K, V), fed to every pass.
+    rotations: (Vec<f32>, Vec<f32>),
+}
+
+impl GgmlSession {
+    pub(crate) fn new(model: Arc<Inner>, config: &SessionConfig) -> Result<Self> {
+        let mut config = config.clone();
+        config.n_ctx = config.n_ctx.clamp(1, model.hp.n_ctx_train);
+        config.n_batch = config.n_batch.clamp(1, config.n_ctx);
+        config.threads = config.threads.max(1);
+        let kv = KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx)?;
+        let compute = Compute::new(&model, &kv, &config)?;
+        let (k_rot, v_rot) = graph::rotation_sizes(&model.hp, kv.k_quantized(), kv.v_quantized());
+        let rotations = (k_rot.map(graph::hadamard).unwrap_or_default(), v_rot.map(graph::hadamard).unwrap_or_default());
+        Ok(GgmlSession {
+            model,
+            config,
+            compute,
+            kv,
+            tokens: Vec::new(),
+            complete_len: 0,
+            partial: None,
+            logits: Vec::new(),
+            mask: Vec::new(),
+            scratch_i32: Vec::new(),
+            rotations,
+        })
+    }
+
+    /// Bytes of the compute buffers reserved for this session.
+    pub fn compute_bytes(&self) -> usize {
+        self.compute.compute_bytes
+    }
+
+    /// Bytes of KV cache committed now.
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.bytes()
+    }
+
+    /// The tokens the session holds.
+    pub fn tokens(&self) -> &[Token] {
+        &self.tokens
+    }
+
+    /// Run one pass over `self.tokens[pos0..pos0 + n_tokens]`, writing the last `n_out` rows of
+    /// logits into `self.logits[row_off * n_vocab..]`.
+    fn pass(&mut self, plan: &LayerPlan, pos0: usize, n_tokens: usize, n_out: usize, row_off: usize) -> Result<()> {
+        let n_vocab = self.model.hp.n_vocab;
+        graph::fill_mask(&mut self.mask, pos0, n_tokens);
+        let shape = PassShape { n_tokens, pos0, n_out };
+        let model = Arc::clone(&self.model);
+        let (tokens, mask, scratch, logits) = (&self.tokens, &self.mask, &mut self.scratch_i32, &mut self.logits);
+        let rotations = &self.rotations;
+        self.compute.with_graph(&model, &self.kv, plan, shape, |sched, g| {
+            // SAFETY: the graph was built for this scheduler; inputs are set with exactly the
+            // sizes their tensors were created with; logits are read into a slice of n_out rows.
+            unsafe {
+                sys::ggml_backend_sched_reset(sched);
+                if !sys::ggml_backend_sched_alloc_graph(sched, g.gf) {
+                    return Err(Error::Ggml("cannot allocate the graph".into()));
+                }
+                scratch.clear();
+                scratch.extend(tokens[pos0..pos0 + n_tokens].iter().map(|&t| t as i32));
+                set_input(g.tokens, scratch);
+                scratch.clear();
+                scratch.extend((pos0..pos0 + n_tokens).map(|p| p as i32));
+                set_input(g.pos, scratch);
+                set_input(g.mask, mask);
+                if let Some(r) = g.k_rot {
+                    set_input(r, &rotations.0);
+                }
+                if let Some(r) = g.v_rot {
+                    set_input(r, &rotations.1);
+                }
+                if let Some(ids) = g.out_ids {
+                    scratch.clear();
+                    scratch.extend((n_tokens - n_out..n_tokens).map(|i| i as i32));
+                    set_input(ids, scratch);
+                }
+                let status = sys::ggml_backend_sched_graph_compute(sched, g.gf);
+                if status != sys::GGML_STATUS_SUCCESS {
+                    return Err(Error::Ggml(format!("graph computation failed (status {status})")));
+                }
+                if let Some(out) = g.logits {
+                    let dst = &mut logits[row_off * n_vocab..(row_off + n_out) * n_vocab];
+                    sys::ggml_backend_tensor_get(out, dst.as_mut_ptr() as *mut _, 0, std::mem::size_of_val(dst));
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Copy `data` into input tensor `t`.
+///
+/// # Safety
+/// `t` must be an allocated tensor of exactly `size_of_val(data)` bytes.
+unsafe fn set_input<T>(t: *mut sys::ggml_tensor, data: &[T]) {
+    // SAFETY: guaranteed by the caller.
+    unsafe { sys::ggml_backend_tensor_set(t, data.as_ptr() as *const _, 0, std::mem::size_of_val(data)) }
+}
+
+impl Session for GgmlSession {
+    fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    fn decode(&mut self, tokens: &[Token], plan: &LayerPlan, rows: Rows) -> pocket_core::Result<Logits<'_>> {
+        let hp = &self.model.hp;
+        let n_vocab = hp.n_vocab;
+        plan.check(hp.n_layer)?;
+        if tokens.is_empty() {
+            return Err(CoreError::invalid("decode needs at least one token"));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(CoreError::invalid(format!("token id {bad} is outside the vocabulary (0..{n_vocab})")));
+        }
+        let old_len = self.tokens.len();
+        let new_len = old_len + tokens.len();
+        if new_len > self.config.n_ctx {
+            return Err(CoreError::ContextOverflow { needed: new_len, limit: self.config.n_ctx, prompt: tokens.len() });
+        }
+        // Positions decoded with another plan are recomputed with this one, in this pass.
+        let start = match self.partial {
+            Some(p) if p != *plan => self.complete_len,
+            _ => old_len,
+        };
+        let batch = new_len - start;
+        let n_rows = rows.count(batch)?;
+        self.kv.grow_to(new_len);
+        self.tokens.extend_from_slice(tokens);
+        self.logits.clear();
+        self.logits.resize(n_rows * n_vocab, 0.0);
+
+        // Split the batch into passes of at most n_batch tokens and MAX_LOGIT_ROWS rows; the
+        // rows asked for are the batch's tail, so in each pass they are that pass's tail.
+        let want_from = batch - n_rows;
+        let (mut c0, mut row_off) = (0, 0);
+        while c0 < batch {
+            let mut c1 = (c0 + self.config.n_batch).min(batch);
+            if c1 > want_from {
+                c1 = c1.min(c0.max(want_from) + MAX_LOGIT_ROWS);
+            }
+            let n_out = c1.saturating_sub(c0.max(want_from));
+            if let Err(e) = self.pass(plan, start + c0, c1 - c0, n_out, row_off) {
+                self.tokens.truncate(old_len);
+                return Err(e.into());
+            }
+            row_off += n_out;
+            c0 = c1;
+        }
+        if plan.is_full() {
+            self.complete_len = new_len;
+            self.partial = None;
+        } else {
+            self.partial = Some(*plan);
+        }
+        Ok(Logits::new(&self.logits, n_vocab))
+    }
+
+    fn truncate(&mut self, len: usize) -> pocket_core::Result<()> {
+        if len > self.tokens.len() {
+            return Err(CoreError::invalid(format!(
+                "cannot truncate a session of {} tokens to {len}",
+                self.tokens.len()
+            )));
+        }
+        self.tokens.truncate(len);
+        self.complete_len = self.complete_len.min(len);
+        if self.complete_len == len {
+            self.partial = None;
+        }
+        self.kv.shrink_to(len);
+        Ok(())
+    }
+
+    fn memory(&self) -> u64 {
+        (self.kv.bytes() + self.compute.compute_bytes + self.logits.capacity() * 4) as u64
+    }
+}
