@@ -1,0 +1,83 @@
+//! This process's memory, from `/proc/self/status`: what `--json` and the benchmark report.
+
+use serde::Serialize;
+
+/// Resident memory of this process now, and its peak.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct MemStats {
+    /// Resident set now (VmRSS).
+    pub rss_bytes: u64,
+    /// Peak resident set since start or the last [`reset_peak`] (VmHWM).
+    pub peak_rss_bytes: u64,
+    /// Resident anonymous memory now (RssAnon): heap, KV cache, repacked weights.
+    pub anon_bytes: u64,
+    /// Resident file-backed memory now (RssFile): mapped weights in the page cache.
+    pub file_bytes: u64,
+}
+
+impl MemStats {
+    /// Read the current figures; zeros where the kernel does not report them.
+    pub fn read() -> MemStats {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map_or(0, |kb| kb * 1024)
+        };
+        MemStats {
+            rss_bytes: field("VmRSS"),
+            peak_rss_bytes: field("VmHWM"),
+            anon_bytes: field("RssAnon"),
+            file_bytes: field("RssFile"),
+        }
+    }
+}
+
+/// Reset the kernel's peak-RSS counter (VmHWM) to the current RSS, so a peak can be measured
+/// for one phase (Linux ≥ 4.0). Returns false where that is not possible.
+pub fn reset_peak() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// Tracks the peak of anonymous and file-backed memory separately by sampling, since the
+/// kernel keeps only the peak of their sum.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct PeakSampler {
+    /// Highest anonymous resident memory seen.
+    pub peak_anon_bytes: u64,
+    /// Highest file-backed resident memory seen.
+    pub peak_file_bytes: u64,
+}
+
+impl PeakSampler {
+    /// Take a sample now.
+    pub fn sample(&mut self) -> MemStats {
+        let m = MemStats::read();
+        self.peak_anon_bytes = self.peak_anon_bytes.max(m.anon_bytes);
+        self.peak_file_bytes = self.peak_file_bytes.max(m.file_bytes);
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_nonzero_figures_on_linux() {
+        let m = MemStats::read();
+        assert!(m.rss_bytes > 0 && m.peak_rss_bytes >= m.rss_bytes);
+        assert!(m.anon_bytes > 0);
+    }
+
+    #[test]
+    fn peak_grows_with_a_touched_allocation() {
+        let before = MemStats::read().peak_rss_bytes;
+        let v = vec![1u8; 64 << 20];
+        let after = MemStats::read().peak_rss_bytes;
+        assert!(after >= before + (60 << 20), "{before} -> {after}");
+        drop(v);
+    }
+}
