@@ -16,6 +16,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod cost;
 mod error;
 pub mod generate;
 mod model;
@@ -27,8 +28,7 @@ mod tokenizer;
 pub use error::{Error, Result};
 pub use generate::{Event, GenerateRequest, Generation, generate};
 pub use model::{
-    Footprint, KvType, Logits, Model, ModelInfo, ModelKind, Rows, Session, SessionConfig,
-    default_threads,
+    Footprint, KvType, Logits, Model, ModelInfo, ModelKind, Rows, Session, SessionConfig, default_threads,
 };
 pub use plan::{LayerPlan, MAX_LAYERS};
 pub use sampling::{Distribution, Sampler, SamplingConfig, argmax};

@@ -166,9 +166,7 @@ impl Rows {
             Rows::Tail(n) => n,
         };
         if n > batch {
-            return Err(Error::invalid(format!(
-                "asked for logits of {n} rows of a pass of {batch} tokens"
-            )));
+            return Err(Error::invalid(format!("asked for logits of {n} rows of a pass of {batch} tokens")));
         }
         Ok(n)
     }

@@ -27,6 +27,5 @@ pub trait Tokenizer: Send + Sync {
 
     /// Render `messages` with the model's chat template, ending with the assistant's turn
     /// opened when `add_assistant` is set. An error if the model has no chat template.
-    fn apply_chat_template(&self, messages: &[ChatMessage], add_assistant: bool)
-    -> Result<String>;
+    fn apply_chat_template(&self, messages: &[ChatMessage], add_assistant: bool) -> Result<String>;
 }

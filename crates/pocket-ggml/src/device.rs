@@ -54,11 +54,7 @@ unsafe impl Sync for Device {}
 pub fn device_names() -> Vec<String> {
     crate::init();
     // SAFETY: querying the registry; indices are in range and names are static C strings.
-    unsafe {
-        (0..sys::ggml_backend_dev_count())
-            .map(|i| dev_name(sys::ggml_backend_dev_get(i)))
-            .collect()
-    }
+    unsafe { (0..sys::ggml_backend_dev_count()).map(|i| dev_name(sys::ggml_backend_dev_get(i))).collect() }
 }
 
 fn dev_name(dev: sys::ggml_backend_dev_t) -> String {
@@ -70,9 +66,8 @@ impl Device {
     pub(crate) fn select(choice: &DeviceChoice) -> Result<Device> {
         crate::init();
         // SAFETY: registry queries with in-range indices.
-        let devices: Vec<sys::ggml_backend_dev_t> = unsafe {
-            (0..sys::ggml_backend_dev_count()).map(|i| sys::ggml_backend_dev_get(i)).collect()
-        };
+        let devices: Vec<sys::ggml_backend_dev_t> =
+            unsafe { (0..sys::ggml_backend_dev_count()).map(|i| sys::ggml_backend_dev_get(i)).collect() };
         // SAFETY: registry query.
         let cpu = unsafe { sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU) };
         if cpu.is_null() {

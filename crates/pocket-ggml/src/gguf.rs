@@ -63,7 +63,9 @@ impl GgufFile {
                 // SAFETY: a non-null context from gguf_init_from_file, freed once.
                 unsafe { sys::gguf_free(gguf) };
             }
-            return Err(corrupt("its header does not parse (cut short or not written by a GGUF writer)".into()));
+            return Err(corrupt(
+                "its header does not parse (cut short or not written by a GGUF writer)".into(),
+            ));
         };
         // SAFETY: mapping a file read-only. The file could be changed by another process while
         // mapped; model files are treated as immutable (as llama.cpp does) and verified by

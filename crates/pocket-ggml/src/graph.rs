@@ -46,7 +46,11 @@ pub(crate) struct Graph {
 /// outlier channels over the block before quantization, which is most of q4_0's error; the
 /// rotation is orthonormal and its own inverse, so attention scores are unchanged, and the
 /// attention output is rotated back.
-pub(crate) fn rotation_sizes(hp: &Hparams, k_quantized: bool, v_quantized: bool) -> (Option<usize>, Option<usize>) {
+pub(crate) fn rotation_sizes(
+    hp: &Hparams,
+    k_quantized: bool,
+    v_quantized: bool,
+) -> (Option<usize>, Option<usize>) {
     let k = (k_quantized && hp.head_dim % 64 == 0).then(|| {
         let mut n = 64;
         while hp.head_dim % (2 * n) == 0 {
@@ -81,7 +85,11 @@ pub(crate) fn hadamard(n: usize) -> Vec<f32> {
 ///
 /// # Safety
 /// `ctx` must be a live context; `x` must be contiguous with a multiple of `n` elements.
-unsafe fn rotate(ctx: *mut sys::ggml_context, x: *mut sys::ggml_tensor, rot: *mut sys::ggml_tensor) -> *mut sys::ggml_tensor {
+unsafe fn rotate(
+    ctx: *mut sys::ggml_context,
+    x: *mut sys::ggml_tensor,
+    rot: *mut sys::ggml_tensor,
+) -> *mut sys::ggml_tensor {
     // SAFETY: guaranteed by the caller.
     unsafe {
         let n = (*rot).ne[0];
@@ -131,8 +139,10 @@ pub(crate) unsafe fn build(
             input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, shape.n_out as i64), c"inp_out_ids")
         });
         let (k_rot_n, v_rot_n) = rotation_sizes(hp, kv.k_quantized(), kv.v_quantized());
-        let k_rot = k_rot_n.map(|n| input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, n as i64, n as i64), c"k_rot"));
-        let v_rot = v_rot_n.map(|n| input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, n as i64, n as i64), c"v_rot"));
+        let k_rot = k_rot_n
+            .map(|n| input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, n as i64, n as i64), c"k_rot"));
+        let v_rot = v_rot_n
+            .map(|n| input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, n as i64, n as i64), c"v_rot"));
         let rope_freqs = w.rope_freqs.map_or(std::ptr::null_mut(), Tensor::ptr);
         let rope = |x: *mut sys::ggml_tensor| {
             sys::ggml_rope_ext(

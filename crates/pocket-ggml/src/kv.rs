@@ -101,8 +101,11 @@ impl KvCache {
         for _ in 0..hp.n_layer {
             for list in [&mut k, &mut v] {
                 // SAFETY: ctx has room for n_tensors descriptions.
-                let t = unsafe { sys::ggml_new_tensor_2d(ctx.as_ptr(), ty, hp.n_embd_kv() as i64, n_ctx as i64) };
-                list.push(Tensor(NonNull::new(t).ok_or_else(|| Error::Ggml("ggml_new_tensor failed".into()))?));
+                let t =
+                    unsafe { sys::ggml_new_tensor_2d(ctx.as_ptr(), ty, hp.n_embd_kv() as i64, n_ctx as i64) };
+                list.push(Tensor(
+                    NonNull::new(t).ok_or_else(|| Error::Ggml("ggml_new_tensor failed".into()))?,
+                ));
             }
         }
         let (buffer, storage) = if device.is_cpu() {
@@ -129,7 +132,10 @@ impl KvCache {
         } else {
             // SAFETY: registry device; the context holds only the cache's tensors.
             let buf = unsafe {
-                sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.as_ptr(), sys::ggml_backend_dev_buffer_type(device.dev))
+                sys::ggml_backend_alloc_ctx_tensors_from_buft(
+                    ctx.as_ptr(),
+                    sys::ggml_backend_dev_buffer_type(device.dev),
+                )
             };
             let buf = NonNull::new(buf).ok_or_else(|| {
                 Error::Ggml(format!("cannot allocate a {n_ctx}-token KV cache on {}", device.name))
@@ -186,7 +192,9 @@ impl KvCache {
                     // SAFETY: the range lies inside tensor i's region and holds only positions
                     // past those kept, which nothing reads again before rewriting them; pages of
                     // a private anonymous mapping read back as zeros after DONTNEED.
-                    let _ = unsafe { map.unchecked_advise_range(UncheckedAdvice::DontNeed, i * region + from, to - from) };
+                    let _ = unsafe {
+                        map.unchecked_advise_range(UncheckedAdvice::DontNeed, i * region + from, to - from)
+                    };
                 }
             }
         }

@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use pocket_core::{Footprint, KvType, Model, ModelInfo, ModelKind, Session, SessionConfig, Tokenizer};
 
+use crate::Result;
 use crate::device::{Device, DeviceChoice};
 use crate::gguf::GgufFile;
 use crate::kv::{self, KV_BLOCK_TOKENS};
 use crate::session::GgmlSession;
 use crate::vocab::Vocab;
 use crate::weights::{Hparams, Weights};
-use crate::Result;
 
 /// How to load a model.
 #[derive(Debug, Clone, Default)]
@@ -42,10 +42,19 @@ pub struct GgmlModel {
 impl GgmlModel {
     /// Load the model at `path`.
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Self> {
+        Self::load_with_progress(path, options, &mut |_, _| {})
+    }
+
+    /// Load the model at `path`, calling `progress(done, total)` (bytes of weights placed).
+    pub fn load_with_progress(
+        path: &Path,
+        options: &LoadOptions,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self> {
         let file = GgufFile::open(path)?;
         let hp = Hparams::read(&file)?;
         let device = Device::select(&options.device)?;
-        let weights = Weights::load(&file, &hp, &device)?;
+        let weights = Weights::load(&file, &hp, &device, progress)?;
         let vocab = Vocab::load(path)?;
         let weights_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         let name = if hp.name.is_empty() {

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use pocket_core::sampling::argmax;
-use pocket_core::{KvType, LayerPlan, Model, Rows, Session, SessionConfig, Token, Tokenizer as _};
+use pocket_core::{KvType, LayerPlan, Model, Rows, Session, SessionConfig, Token};
 
 use crate::{GgmlModel, LlamaCpp, Result};
 
@@ -101,7 +101,13 @@ fn reference_run(
 }
 
 /// Feed `prompt` then `forced` through our engine and return the logits row of every position.
-fn teacher_forced(model: &GgmlModel, prompt: &[Token], forced: &[Token], threads: usize, kv: KvType) -> Result<Vec<f32>> {
+fn teacher_forced(
+    model: &GgmlModel,
+    prompt: &[Token],
+    forced: &[Token],
+    threads: usize,
+    kv: KvType,
+) -> Result<Vec<f32>> {
     let n_vocab = model.info().n_vocab;
     let config = SessionConfig { kv, n_ctx: prompt.len() + forced.len() + 8, n_batch: 512, threads };
     let mut session = model.new_session(&config)?;

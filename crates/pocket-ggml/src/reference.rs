@@ -36,7 +36,14 @@ impl Drop for LlamaCpp {
 
 impl LlamaCpp {
     /// Load `path` with a context of `n_ctx` tokens.
-    pub fn load(path: &Path, threads: usize, n_ctx: usize, n_batch: usize, kv: KvType, gpu: bool) -> Result<Self> {
+    pub fn load(
+        path: &Path,
+        threads: usize,
+        n_ctx: usize,
+        n_batch: usize,
+        kv: KvType,
+        gpu: bool,
+    ) -> Result<Self> {
         crate::init();
         let cpath = cstring(&path.to_string_lossy());
         let fail = |what: &str| Error::Ggml(format!("llama.cpp could not {what} {}", path.display()));
@@ -48,7 +55,8 @@ impl LlamaCpp {
         };
         let model = NonNull::new(model).ok_or_else(|| fail("load"))?;
         // SAFETY: a loaded model.
-        let n_vocab = unsafe { sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(model.as_ptr())) } as usize;
+        let n_vocab =
+            unsafe { sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(model.as_ptr())) } as usize;
         // SAFETY: default parameters adjusted field by field for a loaded model.
         let ctx = unsafe {
             let mut p = sys::llama_context_default_params();

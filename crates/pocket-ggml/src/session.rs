@@ -55,10 +55,13 @@ impl Compute {
         unsafe {
             if !device.is_cpu() {
                 let b = sys::ggml_backend_dev_init(device.dev, std::ptr::null());
-                backends.push(NonNull::new(b).ok_or_else(|| Error::Ggml(format!("cannot start {}", device.name)))?);
+                backends.push(
+                    NonNull::new(b).ok_or_else(|| Error::Ggml(format!("cannot start {}", device.name)))?,
+                );
             }
             let cpu = sys::ggml_backend_dev_init(device.cpu, std::ptr::null());
-            backends.push(NonNull::new(cpu).ok_or_else(|| Error::Ggml("cannot start the CPU backend".into()))?);
+            backends
+                .push(NonNull::new(cpu).ok_or_else(|| Error::Ggml("cannot start the CPU backend".into()))?);
         }
         let cpu = *backends.last().expect("the CPU backend was just pushed");
         // SAFETY: default parameters for `threads` threads; the pool outlives the backend (Drop).
@@ -74,19 +77,27 @@ impl Compute {
         // SAFETY: the backends array is valid for the call; ggml copies it.
         let sched = unsafe {
             let mut raw: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.as_ptr()).collect();
-            sys::ggml_backend_sched_new(raw.as_mut_ptr(), std::ptr::null_mut(), raw.len() as i32, nodes, false, true)
+            sys::ggml_backend_sched_new(
+                raw.as_mut_ptr(),
+                std::ptr::null_mut(),
+                raw.len() as i32,
+                nodes,
+                false,
+                true,
+            )
         };
         let sched = NonNull::new(sched).ok_or_else(|| Error::Ggml("cannot create the scheduler".into()))?;
         // SAFETY: pure size computations.
-        let graph_mem_size = unsafe {
-            sys::ggml_tensor_overhead() * nodes + sys::ggml_graph_overhead_custom(nodes, false)
-        };
-        let mut compute = Compute { sched, backends, threadpool, graph_mem: vec![0; graph_mem_size], compute_bytes: 0 };
+        let graph_mem_size =
+            unsafe { sys::ggml_tensor_overhead() * nodes + sys::ggml_graph_overhead_custom(nodes, false) };
+        let mut compute =
+            Compute { sched, backends, threadpool, graph_mem: vec![0; graph_mem_size], compute_bytes: 0 };
 
         // Reserve the compute buffers for the largest pass this session will run, so that no
         // later pass allocates: a full batch at the end of the context, with the most rows.
         let n_batch = config.n_batch.min(kv.n_ctx());
-        let worst = PassShape { n_tokens: n_batch, pos0: kv.n_ctx() - n_batch, n_out: n_batch.min(MAX_LOGIT_ROWS) };
+        let worst =
+            PassShape { n_tokens: n_batch, pos0: kv.n_ctx() - n_batch, n_out: n_batch.min(MAX_LOGIT_ROWS) };
         let plan = LayerPlan::full(hp.n_layer).map_err(|e| Error::Ggml(e.to_string()))?;
         compute.with_graph(model, kv, &plan, worst, |sched, g| {
             // SAFETY: a graph built for this scheduler's backends.
@@ -162,7 +173,8 @@ impl GgmlSession {
         let kv = KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx)?;
         let compute = Compute::new(&model, &kv, &config)?;
         let (k_rot, v_rot) = graph::rotation_sizes(&model.hp, kv.k_quantized(), kv.v_quantized());
-        let rotations = (k_rot.map(graph::hadamard).unwrap_or_default(), v_rot.map(graph::hadamard).unwrap_or_default());
+        let rotations =
+            (k_rot.map(graph::hadamard).unwrap_or_default(), v_rot.map(graph::hadamard).unwrap_or_default());
         Ok(GgmlSession {
             model,
             config,
@@ -195,12 +207,20 @@ impl GgmlSession {
 
     /// Run one pass over `self.tokens[pos0..pos0 + n_tokens]`, writing the last `n_out` rows of
     /// logits into `self.logits[row_off * n_vocab..]`.
-    fn pass(&mut self, plan: &LayerPlan, pos0: usize, n_tokens: usize, n_out: usize, row_off: usize) -> Result<()> {
+    fn pass(
+        &mut self,
+        plan: &LayerPlan,
+        pos0: usize,
+        n_tokens: usize,
+        n_out: usize,
+        row_off: usize,
+    ) -> Result<()> {
         let n_vocab = self.model.hp.n_vocab;
         graph::fill_mask(&mut self.mask, pos0, n_tokens);
         let shape = PassShape { n_tokens, pos0, n_out };
         let model = Arc::clone(&self.model);
-        let (tokens, mask, scratch, logits) = (&self.tokens, &self.mask, &mut self.scratch_i32, &mut self.logits);
+        let (tokens, mask, scratch, logits) =
+            (&self.tokens, &self.mask, &mut self.scratch_i32, &mut self.logits);
         let rotations = &self.rotations;
         self.compute.with_graph(&model, &self.kv, plan, shape, |sched, g| {
             // SAFETY: the graph was built for this scheduler; inputs are set with exactly the
@@ -234,7 +254,12 @@ impl GgmlSession {
                 }
                 if let Some(out) = g.logits {
                     let dst = &mut logits[row_off * n_vocab..(row_off + n_out) * n_vocab];
-                    sys::ggml_backend_tensor_get(out, dst.as_mut_ptr() as *mut _, 0, std::mem::size_of_val(dst));
+                    sys::ggml_backend_tensor_get(
+                        out,
+                        dst.as_mut_ptr() as *mut _,
+                        0,
+                        std::mem::size_of_val(dst),
+                    );
                 }
             }
             Ok(())
@@ -268,12 +293,18 @@ impl Session for GgmlSession {
             return Err(CoreError::invalid("decode needs at least one token"));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(CoreError::invalid(format!("token id {bad} is outside the vocabulary (0..{n_vocab})")));
+            return Err(CoreError::invalid(format!(
+                "token id {bad} is outside the vocabulary (0..{n_vocab})"
+            )));
         }
         let old_len = self.tokens.len();
         let new_len = old_len + tokens.len();
         if new_len > self.config.n_ctx {
-            return Err(CoreError::ContextOverflow { needed: new_len, limit: self.config.n_ctx, prompt: tokens.len() });
+            return Err(CoreError::ContextOverflow {
+                needed: new_len,
+                limit: self.config.n_ctx,
+                prompt: tokens.len(),
+            });
         }
         // Positions decoded with another plan are recomputed with this one, in this pass.
         let start = match self.partial {

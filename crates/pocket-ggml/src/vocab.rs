@@ -123,7 +123,11 @@ impl Tokenizer for Vocab {
         unsafe { sys::llama_vocab_is_eog(self.vocab, token as sys::llama_token) }
     }
 
-    fn apply_chat_template(&self, messages: &[ChatMessage], add_assistant: bool) -> pocket_core::Result<String> {
+    fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_assistant: bool,
+    ) -> pocket_core::Result<String> {
         let template = self
             .template
             .as_ref()
@@ -154,8 +158,9 @@ impl Tokenizer for Vocab {
             }
             if (n as usize) <= buf.len() {
                 buf.truncate(n as usize);
-                return String::from_utf8(buf)
-                    .map_err(|_| pocket_core::Error::Tokenizer("chat template produced invalid UTF-8".into()));
+                return String::from_utf8(buf).map_err(|_| {
+                    pocket_core::Error::Tokenizer("chat template produced invalid UTF-8".into())
+                });
             }
             buf.resize(n as usize, 0);
         }

@@ -59,9 +59,8 @@ pub(crate) struct Hparams {
 impl Hparams {
     pub(crate) fn read(f: &GgufFile) -> Result<Self> {
         let bad = |reason: String| Error::BadModel { path: f.path().to_owned(), reason };
-        let arch_name = f
-            .get_str("general.architecture")
-            .ok_or_else(|| bad("no general.architecture key".into()))?;
+        let arch_name =
+            f.get_str("general.architecture").ok_or_else(|| bad("no general.architecture key".into()))?;
         let arch = match arch_name.as_str() {
             "llama" => Arch::Llama,
             "qwen2" => Arch::Qwen2,
@@ -78,14 +77,10 @@ impl Hparams {
         let n_layer = req("block_count")?;
         let n_embd = req("embedding_length")?;
         let n_head = req("attention.head_count")?;
-        let n_head_kv = f
-            .get_u64(&format!("{a}.attention.head_count_kv"))
-            .map(|v| v as usize)
-            .unwrap_or(n_head);
-        let head_dim = f
-            .get_u64(&format!("{a}.attention.key_length"))
-            .map(|v| v as usize)
-            .unwrap_or(n_embd / n_head);
+        let n_head_kv =
+            f.get_u64(&format!("{a}.attention.head_count_kv")).map(|v| v as usize).unwrap_or(n_head);
+        let head_dim =
+            f.get_u64(&format!("{a}.attention.key_length")).map(|v| v as usize).unwrap_or(n_embd / n_head);
         let n_vocab = f
             .get_u64(&format!("{a}.vocab_size"))
             .map(|v| v as usize)
@@ -201,14 +196,21 @@ struct Wanted {
 
 impl Weights {
     /// Place the weights of `f` on `device`.
-    pub(crate) fn load(f: &GgufFile, hp: &Hparams, device: &Device) -> Result<Weights> {
+    /// `progress(done, total)` is called in bytes as tensors are placed.
+    pub(crate) fn load(
+        f: &GgufFile,
+        hp: &Hparams,
+        device: &Device,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Weights> {
         let mut wanted: Vec<Wanted> = Vec::new();
         let mut want = |name: String, op, required| wanted.push(Wanted { file_name: name, op, required });
         want("token_embd.weight".into(), WeightOp::GetRows, true);
         want("output_norm.weight".into(), WeightOp::Elementwise, true);
         // Tied embeddings: the output projection reads the embedding table as a matrix, so it
         // is a second tensor over the same bytes, placed for a matrix product.
-        let output_name = if f.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
+        let output_name =
+            if f.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
         want(output_name.into(), WeightOp::MulMat, true);
         want("rope_freqs.weight".into(), WeightOp::Elementwise, false);
         for i in 0..hp.n_layer {
@@ -259,6 +261,11 @@ impl Weights {
             }
         }
 
+        let total: u64 = groups
+            .iter()
+            .flat_map(|(_, list)| list.iter())
+            .map(|&(i, _)| f.tensor_bytes(&wanted[i].file_name).map_or(0, |b| b.len() as u64))
+            .sum();
         let mut weights_contexts = Vec::new();
         let mut buffers = Vec::new();
         let mut copied_bytes = 0u64;
@@ -319,13 +326,13 @@ impl Weights {
                         return Err(Error::Ggml(format!("placing {} failed", wanted[i].file_name)));
                     }
                     mapped_bytes += bytes.len() as u64;
+                    progress(mapped_bytes + copied_bytes, total);
                 }
             } else {
                 // SAFETY: ctx holds only this group's descriptions; ggml allocates one buffer.
                 let buf = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx.as_ptr(), *buft) };
-                let buf = NonNull::new(buf).ok_or_else(|| {
-                    Error::Ggml(format!("cannot allocate weights in {}", buft_name(*buft)))
-                })?;
+                let buf = NonNull::new(buf)
+                    .ok_or_else(|| Error::Ggml(format!("cannot allocate weights in {}", buft_name(*buft))))?;
                 buffers.push(buf);
                 for &(i, t) in &tensors {
                     let bytes = f.tensor_bytes(&wanted[i].file_name).expect("tensor exists");
@@ -335,6 +342,7 @@ impl Weights {
                         sys::ggml_backend_tensor_set(t.as_ptr(), bytes.as_ptr() as *const _, 0, bytes.len())
                     };
                     copied_bytes += bytes.len() as u64;
+                    progress(mapped_bytes + copied_bytes, total);
                     let offset = bytes.as_ptr() as usize - f.mmap().as_ptr() as usize;
                     // SAFETY: the range is inside the mapping and nothing borrows it any more:
                     // dropping pages of a read-only file mapping only makes later reads fault

@@ -5,8 +5,7 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("POCKET_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("POCKET_LOG").unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();

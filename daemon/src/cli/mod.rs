@@ -3,7 +3,10 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod common;
+pub mod parity;
 pub mod pull;
+pub mod run;
 
 /// `pocket`: run and benchmark models on this machine, and talk to pocketd.
 #[derive(Debug, Parser)]
@@ -19,6 +22,10 @@ pub struct Cli {
 pub enum Command {
     /// Fetch a model named by a manifest into the models directory (sha256-verified).
     Pull(pull::Args),
+    /// Generate text in this process (no daemon needed).
+    Run(run::Args),
+    /// Compare our forward graph with llama.cpp's on the same model file.
+    Parity(parity::Args),
 }
 
 impl Cli {
@@ -26,6 +33,8 @@ impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Pull(args) => pull::run(args),
+            Command::Run(args) => run::run(args),
+            Command::Parity(args) => parity::run(args),
         }
     }
 }

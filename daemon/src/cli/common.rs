@@ -1,0 +1,59 @@
+//! Pieces several subcommands share: finding and loading a model.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use pocket_ggml::{GgmlModel, LoadOptions};
+
+/// Flags that choose a model.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelArgs {
+    /// The model: a manifest name (`pocket pull --list`), a file in the models directory, or
+    /// a path to a GGUF file.
+    #[arg(short = 'm', long = "model", default_value = pocket_models::default_model())]
+    pub model: String,
+    /// Where pulled models live.
+    #[arg(long, env = "POCKET_MODELS_DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// The ggml device: `auto` (a GPU if there is one), `cpu`, or a device name.
+    #[arg(long, default_value = "auto")]
+    pub device: pocket_ggml::DeviceChoice,
+}
+
+impl ModelArgs {
+    /// The model file these flags name.
+    pub fn resolve(&self) -> anyhow::Result<PathBuf> {
+        let dir = pocket_models::models_dir(self.models_dir.as_deref());
+        Ok(pocket_models::resolve(&self.model, &dir)?.path)
+    }
+
+    /// Resolve and load the model, with a progress bar on stderr if loading takes over a second.
+    pub fn load(&self) -> anyhow::Result<GgmlModel> {
+        let path = self.resolve()?;
+        load_model(&path, &LoadOptions { device: self.device.clone() })
+    }
+}
+
+/// Load `path`; a progress bar appears on stderr when loading takes longer than a second.
+pub fn load_model(path: &Path, options: &LoadOptions) -> anyhow::Result<GgmlModel> {
+    let start = Instant::now();
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
+    bar.set_style(
+        ProgressStyle::with_template("loading {msg} {wide_bar} {bytes}/{total_bytes}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    let mut shown = false;
+    let model = GgmlModel::load_with_progress(path, options, &mut |done, total| {
+        if !shown && start.elapsed() > Duration::from_secs(1) {
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+            shown = true;
+        }
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    model.with_context(|| format!("loading {}", path.display()))
+}

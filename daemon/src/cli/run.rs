@@ -1,0 +1,179 @@
+//! `pocket run`: generate in this process, without a daemon.
+
+use std::io::Write;
+use std::ops::ControlFlow;
+
+use anyhow::Context;
+use pocket_core::{
+    ChatMessage, GenerateRequest, KvType, Model, SamplingConfig, SessionConfig, StopConfig, default_threads,
+    generate,
+};
+use serde::Serialize;
+
+use super::common::ModelArgs;
+use crate::mem::{MemStats, PeakSampler};
+
+/// Flags of `pocket run`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt (`-` reads it from standard input).
+    prompt: String,
+    /// Wrap the prompt in the model's chat template, as a user message.
+    #[arg(long)]
+    chat: bool,
+    /// A system message to put before the prompt (with `--chat`).
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(short = 'n', long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Stop when this text appears (not included in the output); may be repeated.
+    #[arg(long)]
+    stop: Vec<String>,
+    /// KV cache type: f16, q8_0 or q4_0.
+    #[arg(long, default_value = "f16")]
+    kv: KvType,
+    /// Context size in tokens (capped at the model's training context).
+    #[arg(long, default_value_t = 4096)]
+    ctx_size: usize,
+    /// CPU threads (default: all cores this process may use).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Print one JSON object with the text and statistics instead of streaming the text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Sampling flags, shared with other subcommands.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 picks the most likely token every time (greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Keep the most likely tokens whose probabilities add up to p (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Drop tokens less likely than min-p times the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Penalise tokens seen in the last 64 tokens (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Seed of the sampler's random numbers.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl SamplingArgs {
+    /// The sampler configuration these flags describe.
+    pub fn config(&self) -> SamplingConfig {
+        SamplingConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            seed: self.seed,
+            ..SamplingConfig::default()
+        }
+    }
+}
+
+/// What `--json` prints.
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    model: &'a str,
+    device: &'a str,
+    kv: KvType,
+    threads: usize,
+    text: &'a str,
+    stop: &'a str,
+    prompt_tokens: usize,
+    generated_tokens: usize,
+    prefill_tok_per_s: f64,
+    decode_tok_per_s: f64,
+    kv_bytes: usize,
+    kv_bytes_per_token: usize,
+    peak_rss_bytes: u64,
+    peak_anon_bytes: u64,
+    peak_file_bytes: u64,
+}
+
+/// Run `pocket run`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let prompt = if args.prompt == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading the prompt from stdin")?
+    } else {
+        args.prompt.clone()
+    };
+    let model = args.model.load()?;
+    let tokenizer = model.tokenizer();
+    let text = if args.chat {
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(ChatMessage { role: "system".into(), content: system.clone() });
+        }
+        messages.push(ChatMessage { role: "user".into(), content: prompt });
+        tokenizer.apply_chat_template(&messages, true)?
+    } else {
+        prompt
+    };
+    let tokens = tokenizer.encode(&text, true)?;
+    let threads = args.threads.unwrap_or_else(default_threads);
+    let config = SessionConfig { kv: args.kv, n_ctx: args.ctx_size, threads, ..SessionConfig::default() };
+    let mut session = model.new_session(&config)?;
+    let request = GenerateRequest {
+        prompt: tokens,
+        sampling: args.sampling.config(),
+        stop: StopConfig { max_tokens: args.max_tokens, stop: args.stop.clone() },
+    };
+
+    let mut peaks = PeakSampler::default();
+    peaks.sample();
+    let mut stdout = std::io::stdout().lock();
+    let mut n = 0usize;
+    let generation = generate(model.info(), &mut session, tokenizer, &request, &mut |event| {
+        n += 1;
+        if n % 16 == 0 {
+            peaks.sample();
+        }
+        if !args.json && !event.text.is_empty() {
+            // A closed stdout (`| head`) ends generation instead of failing it.
+            if stdout.write_all(event.text.as_bytes()).and_then(|_| stdout.flush()).is_err() {
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    })?;
+    peaks.sample();
+
+    if args.json {
+        let report = Report {
+            model: &model.info().name,
+            device: model.device_name(),
+            kv: args.kv,
+            threads,
+            text: &generation.text,
+            stop: generation.stop.as_str(),
+            prompt_tokens: generation.prompt_tokens,
+            generated_tokens: generation.tokens.len(),
+            prefill_tok_per_s: generation.prefill_tok_per_s(),
+            decode_tok_per_s: generation.decode_tok_per_s(),
+            kv_bytes: session.kv_bytes(),
+            kv_bytes_per_token: model.kv_bytes_per_token(args.kv),
+            peak_rss_bytes: MemStats::read().peak_rss_bytes,
+            peak_anon_bytes: peaks.peak_anon_bytes,
+            peak_file_bytes: peaks.peak_file_bytes,
+        };
+        serde_json::to_writer_pretty(&mut stdout, &report)?;
+    }
+    writeln!(stdout)?;
+    Ok(())
+}
