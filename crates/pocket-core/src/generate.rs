@@ -70,11 +70,7 @@ impl Generation {
 }
 
 fn rate(tokens: usize, seconds: f64) -> f64 {
-    if seconds > 0.0 {
-        tokens as f64 / seconds
-    } else {
-        0.0
-    }
+    if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 }
 }
 
 /// Generate from `request.prompt`, appended to what `session` already holds.
@@ -104,20 +100,14 @@ pub fn generate(
     let mut sampler = Sampler::new(request.sampling.clone())?;
     request.stop.validate()?;
     if request.prompt.is_empty() {
-        return Err(Error::invalid(
-            "the prompt is empty; it needs at least one token",
-        ));
+        return Err(Error::invalid("the prompt is empty; it needs at least one token"));
     }
     let plan = LayerPlan::full(info.n_layers)?;
     let n_ctx = session.config().n_ctx;
     let held = session.len();
     let needed = held + request.prompt.len() + 1;
     if needed > n_ctx {
-        return Err(Error::ContextOverflow {
-            needed,
-            limit: n_ctx,
-            prompt: request.prompt.len(),
-        });
+        return Err(Error::ContextOverflow { needed, limit: n_ctx, prompt: request.prompt.len() });
     }
 
     let max_tokens = request.stop.max_tokens;
@@ -171,10 +161,7 @@ pub fn generate(
     if !tail.text.is_empty() {
         out.text.push_str(tail.text);
         // Generation is over: a Break here has nothing left to cancel.
-        let _ = on_event(Event {
-            token: None,
-            text: tail.text,
-        });
+        let _ = on_event(Event { token: None, text: tail.text });
     }
     Ok(Generation {
         tokens: out.tokens,
@@ -212,10 +199,7 @@ impl Output<'_> {
         self.history.push(token);
         let chunk = self.stream.push(&self.tokenizer.piece(token));
         self.text.push_str(chunk.text);
-        let flow = on_event(Event {
-            token: Some(token),
-            text: chunk.text,
-        });
+        let flow = on_event(Event { token: Some(token), text: chunk.text });
         if chunk.stop.is_some() {
             Some(StopReason::StopString)
         } else if flow.is_break() {
@@ -263,10 +247,7 @@ mod tests {
     impl FakeSession {
         fn new(n_ctx: usize) -> Self {
             FakeSession {
-                config: SessionConfig {
-                    n_ctx,
-                    ..SessionConfig::default()
-                },
+                config: SessionConfig { n_ctx, ..SessionConfig::default() },
                 tokens: Vec::new(),
                 logits: vec![0.0; V],
                 bias: Vec::new(),
@@ -285,10 +266,7 @@ mod tests {
         }
 
         fn decode(&mut self, tokens: &[Token], plan: &LayerPlan, rows: Rows) -> Result<Logits<'_>> {
-            assert!(
-                self.tokens.len() + tokens.len() <= self.config.n_ctx,
-                "context overrun"
-            );
+            assert!(self.tokens.len() + tokens.len() <= self.config.n_ctx, "context overrun");
             self.calls.push((tokens.to_vec(), rows, plan.is_full()));
             self.tokens.extend_from_slice(tokens);
             let last = *self.tokens.last().unwrap() as usize;
@@ -317,9 +295,7 @@ mod tests {
 
     impl Default for FakeTokenizer {
         fn default() -> Self {
-            FakeTokenizer {
-                pieces: (0..V as u8).map(|t| vec![b'a' + t]).collect(),
-            }
+            FakeTokenizer { pieces: (0..V as u8).map(|t| vec![b'a' + t]).collect() }
         }
     }
 
@@ -362,10 +338,7 @@ mod tests {
         GenerateRequest {
             prompt: prompt.to_vec(),
             sampling: SamplingConfig::default(),
-            stop: StopConfig {
-                max_tokens,
-                stop: stop.iter().map(|s| s.to_string()).collect(),
-            },
+            stop: StopConfig { max_tokens, stop: stop.iter().map(|s| s.to_string()).collect() },
         }
     }
 
@@ -401,20 +374,10 @@ mod tests {
     #[test]
     fn decodes_the_prompt_once_then_one_token_at_a_time() {
         let mut s = FakeSession::new(64);
-        run(
-            &mut s,
-            &FakeTokenizer::default(),
-            &request(&[3, 0, 1], 3, &[]),
-        )
-        .0
-        .unwrap();
+        run(&mut s, &FakeTokenizer::default(), &request(&[3, 0, 1], 3, &[])).0.unwrap();
         assert_eq!(
             s.calls,
-            vec![
-                (vec![3, 0, 1], Rows::Last, true),
-                (vec![2], Rows::Last, true),
-                (vec![3], Rows::Last, true),
-            ]
+            vec![(vec![3, 0, 1], Rows::Last, true), (vec![2], Rows::Last, true), (vec![3], Rows::Last, true),]
         );
     }
 
@@ -434,21 +397,14 @@ mod tests {
         let (g, _) = run(&mut s, &FakeTokenizer::default(), &request(&[4], 100, &[]));
         let g = g.unwrap();
         // 4 → 5, 6, then 7 is the end token.
-        assert_eq!(
-            (g.tokens, g.text.as_str(), g.stop),
-            (vec![5, 6], "fg", StopReason::Eos)
-        );
+        assert_eq!((g.tokens, g.text.as_str(), g.stop), (vec![5, 6], "fg", StopReason::Eos));
         assert_eq!(s.tokens, vec![4, 5, 6]);
     }
 
     #[test]
     fn stops_at_a_stop_string_and_leaves_it_out() {
         let mut s = FakeSession::new(64);
-        let (g, events) = run(
-            &mut s,
-            &FakeTokenizer::default(),
-            &request(&[0], 100, &["de"]),
-        );
+        let (g, events) = run(&mut s, &FakeTokenizer::default(), &request(&[0], 100, &["de"]));
         let g = g.unwrap();
         assert_eq!(g.tokens, vec![1, 2, 3, 4]);
         assert_eq!(g.text, "bc");
@@ -461,11 +417,7 @@ mod tests {
     #[test]
     fn held_back_text_is_released_at_the_end() {
         let mut s = FakeSession::new(64);
-        let (g, events) = run(
-            &mut s,
-            &FakeTokenizer::default(),
-            &request(&[0], 3, &["dx"]),
-        );
+        let (g, events) = run(&mut s, &FakeTokenizer::default(), &request(&[0], 3, &["dx"]));
         let g = g.unwrap();
         assert_eq!((g.text.as_str(), g.stop), ("bcd", StopReason::MaxTokens));
         assert_eq!(events.last(), Some(&(None, "d".to_string())));
@@ -488,20 +440,10 @@ mod tests {
     fn break_cancels() {
         let mut s = FakeSession::new(64);
         let mut seen = 0;
-        let g = generate(
-            &info(),
-            &mut s,
-            &FakeTokenizer::default(),
-            &request(&[0], 100, &[]),
-            &mut |_| {
-                seen += 1;
-                if seen == 2 {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
-                }
-            },
-        )
+        let g = generate(&info(), &mut s, &FakeTokenizer::default(), &request(&[0], 100, &[]), &mut |_| {
+            seen += 1;
+            if seen == 2 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        })
         .unwrap();
         assert_eq!((g.tokens, g.stop), (vec![1, 2], StopReason::Cancelled));
     }
@@ -509,19 +451,8 @@ mod tests {
     #[test]
     fn a_prompt_that_does_not_fit_is_an_error_before_any_decode() {
         let mut s = FakeSession::new(4);
-        let (g, _) = run(
-            &mut s,
-            &FakeTokenizer::default(),
-            &request(&[0, 1, 2, 3], 10, &[]),
-        );
-        assert_eq!(
-            g,
-            Err(Error::ContextOverflow {
-                needed: 5,
-                limit: 4,
-                prompt: 4
-            })
-        );
+        let (g, _) = run(&mut s, &FakeTokenizer::default(), &request(&[0, 1, 2, 3], 10, &[]));
+        assert_eq!(g, Err(Error::ContextOverflow { needed: 5, limit: 4, prompt: 4 }));
         assert!(s.calls.is_empty());
 
         let mut s = FakeSession::new(4);
@@ -541,17 +472,10 @@ mod tests {
     #[test]
     fn stops_when_the_context_is_full() {
         let mut s = FakeSession::new(6);
-        let (g, _) = run(
-            &mut s,
-            &FakeTokenizer::default(),
-            &request(&[0, 0], 100, &[]),
-        );
+        let (g, _) = run(&mut s, &FakeTokenizer::default(), &request(&[0, 0], 100, &[]));
         let g = g.unwrap();
         // The prompt takes 2 of 6: tokens 1..=4 are decoded, token 5 is sampled last.
-        assert_eq!(
-            (g.tokens, g.stop),
-            (vec![1, 2, 3, 4, 5], StopReason::ContextFull)
-        );
+        assert_eq!((g.tokens, g.stop), (vec![1, 2, 3, 4, 5], StopReason::ContextFull));
         assert_eq!(s.len(), 6);
     }
 
@@ -559,25 +483,10 @@ mod tests {
     fn a_continuing_chat_appends_the_prompt() {
         let mut s = FakeSession::new(8);
         s.tokens = vec![0, 1, 2, 3, 4];
-        let (g, _) = run(
-            &mut s,
-            &FakeTokenizer::default(),
-            &request(&[5, 6, 0], 10, &[]),
-        );
-        assert_eq!(
-            g,
-            Err(Error::ContextOverflow {
-                needed: 9,
-                limit: 8,
-                prompt: 3
-            })
-        );
+        let (g, _) = run(&mut s, &FakeTokenizer::default(), &request(&[5, 6, 0], 10, &[]));
+        assert_eq!(g, Err(Error::ContextOverflow { needed: 9, limit: 8, prompt: 3 }));
 
-        let (g, _) = run(
-            &mut s,
-            &FakeTokenizer::default(),
-            &request(&[5, 0], 10, &[]),
-        );
+        let (g, _) = run(&mut s, &FakeTokenizer::default(), &request(&[5, 0], 10, &[]));
         let g = g.unwrap();
         assert_eq!(g.tokens, vec![1, 2]);
         assert_eq!(g.stop, StopReason::ContextFull);
@@ -614,13 +523,6 @@ mod tests {
         };
         assert_eq!(g.prefill_tok_per_s(), 20.0);
         assert_eq!(g.decode_tok_per_s(), 0.0);
-        assert_eq!(
-            Generation {
-                decode_seconds: 0.5,
-                ..g
-            }
-            .decode_tok_per_s(),
-            4.0
-        );
+        assert_eq!(Generation { decode_seconds: 0.5, ..g }.decode_tok_per_s(), 4.0);
     }
 }

@@ -65,16 +65,10 @@ impl SamplingConfig {
         }
         // Written so that NaN fails each check.
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            problems.push(format!(
-                "top_p must be in (0, 1] (1 = off), not {}",
-                self.top_p
-            ));
+            problems.push(format!("top_p must be in (0, 1] (1 = off), not {}", self.top_p));
         }
         if !(self.min_p >= 0.0 && self.min_p < 1.0) {
-            problems.push(format!(
-                "min_p must be in [0, 1) (0 = off), not {}",
-                self.min_p
-            ));
+            problems.push(format!("min_p must be in [0, 1) (0 = off), not {}", self.min_p));
         }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
             problems.push(format!(
@@ -82,11 +76,7 @@ impl SamplingConfig {
                 self.repetition_penalty
             ));
         }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::invalid(problems.join("; ")))
-        }
+        if problems.is_empty() { Ok(()) } else { Err(Error::invalid(problems.join("; "))) }
     }
 
     /// Whether sampling always picks the (penalised) argmax: temperature 0, or top-k 1.
@@ -133,10 +123,7 @@ impl Distribution {
 
     /// The probability of `token` (0 if it has no entry). A linear scan.
     pub fn prob(&self, token: Token) -> f32 {
-        self.entries
-            .iter()
-            .find(|e| e.0 == token)
-            .map_or(0.0, |e| e.1)
+        self.entries.iter().find(|e| e.0 == token).map_or(0.0, |e| e.1)
     }
 
     /// Remove every entry, keeping the buffer.
@@ -232,11 +219,8 @@ impl Sampler {
         let mut dist = std::mem::take(&mut self.dist);
         self.distribution(logits, history, &mut dist);
         // A greedy distribution is one token: drawing it would only spend randomness.
-        let token = if self.config.is_greedy() {
-            dist.entries.first().map_or(0, |e| e.0)
-        } else {
-            self.draw(&dist)
-        };
+        let token =
+            if self.config.is_greedy() { dist.entries.first().map_or(0, |e| e.0) } else { self.draw(&dist) };
         self.dist = dist;
         token
     }
@@ -257,13 +241,7 @@ impl Sampler {
                 .map(|(i, &l)| (i as Token, if l.is_nan() { f32::NEG_INFINITY } else { l })),
         );
         if c.penalises() {
-            penalise(
-                e,
-                &mut self.seen,
-                history,
-                c.repeat_last_n,
-                c.repetition_penalty,
-            );
+            penalise(e, &mut self.seen, history, c.repeat_last_n, c.repetition_penalty);
         }
         if e.is_empty() {
             return;
@@ -291,11 +269,7 @@ impl Sampler {
             top_p(e, &mut sorted, c.top_p);
         }
         if c.min_p > 0.0 {
-            let max = if sorted > 0 {
-                e[0].1
-            } else {
-                e.iter().fold(0.0, |m, x| x.1.max(m))
-            };
+            let max = if sorted > 0 { e[0].1 } else { e.iter().fold(0.0, |m, x| x.1.max(m)) };
             let threshold = c.min_p * max;
             e.retain(|x| x.1 >= threshold);
         }
@@ -353,11 +327,7 @@ fn softmax(e: &mut [(Token, f32)]) {
     // (every token when all are -inf).
     let infinite = max.is_infinite();
     for x in e.iter_mut() {
-        x.1 = if infinite {
-            if x.1 == max { 1.0 } else { 0.0 }
-        } else {
-            (x.1 - max).exp()
-        };
+        x.1 = if infinite { if x.1 == max { 1.0 } else { 0.0 } } else { (x.1 - max).exp() };
     }
     normalize(e);
 }
@@ -399,11 +369,7 @@ mod tests {
     }
 
     fn temp(t: f32) -> SamplingConfig {
-        SamplingConfig {
-            temperature: t,
-            seed: 7,
-            ..SamplingConfig::default()
-        }
+        SamplingConfig { temperature: t, seed: 7, ..SamplingConfig::default() }
     }
 
     fn dist_of(s: &mut Sampler, logits: &[f32], history: &[Token]) -> Vec<(Token, f32)> {
@@ -454,15 +420,8 @@ mod tests {
     // Pinned: a change here changes every seeded output users have seen.
     #[test]
     fn golden_tokens_for_a_fixed_seed() {
-        let config = SamplingConfig {
-            temperature: 0.8,
-            seed: 42,
-            ..SamplingConfig::default()
-        };
-        assert_eq!(
-            golden(config, &[]),
-            [3, 5, 3, 3, 3, 1, 3, 5, 5, 3, 3, 5, 5, 3, 5, 1]
-        );
+        let config = SamplingConfig { temperature: 0.8, seed: 42, ..SamplingConfig::default() };
+        assert_eq!(golden(config, &[]), [3, 5, 3, 3, 3, 1, 3, 5, 5, 3, 3, 5, 5, 3, 5, 1]);
         let filtered = SamplingConfig {
             temperature: 1.3,
             top_k: 5,
@@ -474,25 +433,15 @@ mod tests {
         };
         // Penalised: 3 → 2.31, 5 → 1.92; top-k drops token 4; top-p and min-p keep the other
         // five (the four largest carry 0.92 < 0.95). Token 4 must never appear.
-        assert_eq!(
-            golden(filtered, &[3, 3, 5]),
-            [1, 2, 5, 3, 3, 1, 5, 3, 2, 3, 5, 1, 3, 3, 3, 0]
-        );
+        assert_eq!(golden(filtered, &[3, 3, 5]), [1, 2, 5, 3, 3, 1, 5, 3, 2, 3, 5, 1, 3, 3, 3, 0]);
     }
 
     #[test]
     fn top_k_1_is_greedy() {
         let logits = [0.3, 1.7, -0.2, 1.6, 0.9];
-        let config = SamplingConfig {
-            temperature: 1.5,
-            top_k: 1,
-            ..temp(1.0)
-        };
+        let config = SamplingConfig { temperature: 1.5, top_k: 1, ..temp(1.0) };
         for seed in 0..20 {
-            let mut s = sampler(SamplingConfig {
-                seed,
-                ..config.clone()
-            });
+            let mut s = sampler(SamplingConfig { seed, ..config.clone() });
             assert_eq!(s.sample(&logits, &[]), argmax(&logits));
         }
         // Also through the filter itself, with a temperature that would otherwise sample.
@@ -505,10 +454,7 @@ mod tests {
     fn top_k_keeps_the_k_largest() {
         // Ties at the cut go to the lower id.
         let logits = [1.0, 4.0, 2.0, 4.0, 2.0, 0.0];
-        let mut s = sampler(SamplingConfig {
-            top_k: 3,
-            ..temp(1.0)
-        });
+        let mut s = sampler(SamplingConfig { top_k: 3, ..temp(1.0) });
         let d = dist_of(&mut s, &logits, &[]);
         assert_eq!(d.iter().map(|e| e.0).collect::<Vec<_>>(), vec![1, 2, 3]);
     }
@@ -519,28 +465,13 @@ mod tests {
         let logits = [0.5f32.ln(), 0.25f32.ln(), 0.15f32.ln(), 0.1f32.ln()];
         // Cumulative: 0.5, 0.75, 0.90, 1.0. p = 0.7 is first reached at 0.75: {0, 1},
         // renormalised to 0.5/0.75 and 0.25/0.75.
-        let mut s = sampler(SamplingConfig {
-            top_p: 0.7,
-            ..temp(1.0)
-        });
-        assert_probs(
-            &dist_of(&mut s, &logits, &[]),
-            &[(0, 2.0 / 3.0), (1, 1.0 / 3.0)],
-        );
+        let mut s = sampler(SamplingConfig { top_p: 0.7, ..temp(1.0) });
+        assert_probs(&dist_of(&mut s, &logits, &[]), &[(0, 2.0 / 3.0), (1, 1.0 / 3.0)]);
         // p = 0.8 needs the third token: 0.5/0.9, 0.25/0.9, 0.15/0.9.
-        let mut s = sampler(SamplingConfig {
-            top_p: 0.8,
-            ..temp(1.0)
-        });
-        assert_probs(
-            &dist_of(&mut s, &logits, &[]),
-            &[(0, 0.5 / 0.9), (1, 0.25 / 0.9), (2, 0.15 / 0.9)],
-        );
+        let mut s = sampler(SamplingConfig { top_p: 0.8, ..temp(1.0) });
+        assert_probs(&dist_of(&mut s, &logits, &[]), &[(0, 0.5 / 0.9), (1, 0.25 / 0.9), (2, 0.15 / 0.9)]);
         // p = 0.4 keeps the most likely token alone.
-        let mut s = sampler(SamplingConfig {
-            top_p: 0.4,
-            ..temp(1.0)
-        });
+        let mut s = sampler(SamplingConfig { top_p: 0.4, ..temp(1.0) });
         assert_probs(&dist_of(&mut s, &logits, &[]), &[(0, 1.0)]);
     }
 
@@ -548,22 +479,14 @@ mod tests {
     fn top_p_over_a_large_vocabulary_grows_its_sorted_prefix() {
         // 1000 tokens with logits 0..1000 scaled so the top 200 carry most mass: the kept
         // set crosses several chunks. Check against a full sort.
-        let logits: Vec<f32> = (0..1000)
-            .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
-            .collect();
-        let mut s = sampler(SamplingConfig {
-            top_p: 0.95,
-            ..temp(1.0)
-        });
+        let logits: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 1000) as f32 / 100.0).collect();
+        let mut s = sampler(SamplingConfig { top_p: 0.95, ..temp(1.0) });
         let got = dist_of(&mut s, &logits, &[]);
 
         let max = logits.iter().cloned().fold(f32::MIN, f32::max);
         let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
-        let mut probs: Vec<(Token, f64)> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as Token, f64::from((l - max).exp()) / sum))
-            .collect();
+        let mut probs: Vec<(Token, f64)> =
+            logits.iter().enumerate().map(|(i, &l)| (i as Token, f64::from((l - max).exp()) / sum)).collect();
         probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let mut cum = 0.0;
         let keep = probs
@@ -574,10 +497,7 @@ mod tests {
             })
             .unwrap()
             + 1;
-        assert!(
-            keep > 2 * TOP_P_CHUNK,
-            "the example should cross chunks, keeps {keep}"
-        );
+        assert!(keep > 2 * TOP_P_CHUNK, "the example should cross chunks, keeps {keep}");
         let mut want: Vec<Token> = probs[..keep].iter().map(|p| p.0).collect();
         want.sort();
         assert_eq!(got.iter().map(|e| e.0).collect::<Vec<_>>(), want);
@@ -588,19 +508,10 @@ mod tests {
         // Probabilities 0.5, 0.25, 0.15, 0.1. min_p = 0.29: threshold 0.29 * 0.5 = 0.145,
         // so 0.15 stays and 0.1 goes; renormalised over 0.9.
         let logits = [0.5f32.ln(), 0.25f32.ln(), 0.15f32.ln(), 0.1f32.ln()];
-        let mut s = sampler(SamplingConfig {
-            min_p: 0.29,
-            ..temp(1.0)
-        });
-        assert_probs(
-            &dist_of(&mut s, &logits, &[]),
-            &[(0, 0.5 / 0.9), (1, 0.25 / 0.9), (2, 0.15 / 0.9)],
-        );
+        let mut s = sampler(SamplingConfig { min_p: 0.29, ..temp(1.0) });
+        assert_probs(&dist_of(&mut s, &logits, &[]), &[(0, 0.5 / 0.9), (1, 0.25 / 0.9), (2, 0.15 / 0.9)]);
         // min_p = 0.6: threshold 0.3, only 0.5 stays.
-        let mut s = sampler(SamplingConfig {
-            min_p: 0.6,
-            ..temp(1.0)
-        });
+        let mut s = sampler(SamplingConfig { min_p: 0.6, ..temp(1.0) });
         assert_probs(&dist_of(&mut s, &logits, &[]), &[(0, 1.0)]);
     }
 
@@ -609,10 +520,7 @@ mod tests {
         // Logits 2, 1, 0 at temperature 0.5 become 4, 2, 0: probabilities
         // e^4, e^2, 1 over 54.598 + 7.389 + 1 = 62.987: 0.8668, 0.1173, 0.0159.
         // top_p 0.9 then needs tokens 0 and 1 (0.8668 < 0.9 <= 0.9841).
-        let mut s = sampler(SamplingConfig {
-            top_p: 0.9,
-            ..temp(0.5)
-        });
+        let mut s = sampler(SamplingConfig { top_p: 0.9, ..temp(0.5) });
         let d = dist_of(&mut s, &[2.0, 1.0, 0.0], &[]);
         let z = 4f32.exp() + 2f32.exp();
         assert_probs(&d, &[(0, 4f32.exp() / z), (1, 2f32.exp() / z)]);
@@ -623,30 +531,16 @@ mod tests {
         // Token 1 leads with 2.0; token 2 has 1.5. Token 1 was seen: 2.0 / 1.5 = 1.33 < 1.5,
         // so token 2 wins. Token 3 (-1.0, also seen) goes to -1.5, never above.
         let logits = [0.0, 2.0, 1.5, -1.0];
-        let config = SamplingConfig {
-            repetition_penalty: 1.5,
-            ..SamplingConfig::default()
-        };
+        let config = SamplingConfig { repetition_penalty: 1.5, ..SamplingConfig::default() };
         let mut s = sampler(config.clone());
         assert_eq!(s.sample(&logits, &[3, 1, 1]), 2);
         // Only the last `repeat_last_n` tokens count: token 1 is outside a window of 2.
-        let mut s = sampler(SamplingConfig {
-            repeat_last_n: 2,
-            ..config.clone()
-        });
+        let mut s = sampler(SamplingConfig { repeat_last_n: 2, ..config.clone() });
         assert_eq!(s.sample(&logits, &[1, 3, 0]), 1);
         // Seen twice, penalised once: 2.0 / 1.5 / 1.5 = 0.89 would lose to token 0 too.
-        let mut s = sampler(SamplingConfig {
-            repetition_penalty: 1.5,
-            ..temp(1.0)
-        });
+        let mut s = sampler(SamplingConfig { repetition_penalty: 1.5, ..temp(1.0) });
         let d = dist_of(&mut s, &logits, &[1, 1, 3]);
-        let w = [
-            0f32.exp(),
-            (2.0f32 / 1.5).exp(),
-            1.5f32.exp(),
-            (-1.5f32).exp(),
-        ];
+        let w = [0f32.exp(), (2.0f32 / 1.5).exp(), 1.5f32.exp(), (-1.5f32).exp()];
         let z: f32 = w.iter().sum();
         let want: Vec<(Token, f32)> = (0..4).map(|i| (i as Token, w[i] / z)).collect();
         assert_probs(&d, &want);
@@ -698,16 +592,9 @@ mod tests {
 
     #[test]
     fn infinite_and_nan_logits_do_not_panic() {
-        let mut s = sampler(SamplingConfig {
-            top_k: 2,
-            top_p: 0.5,
-            ..temp(1.0)
-        });
+        let mut s = sampler(SamplingConfig { top_k: 2, top_p: 0.5, ..temp(1.0) });
         assert_eq!(s.sample(&[f32::NAN, f32::INFINITY, 0.0], &[]), 1);
-        let mut s = sampler(SamplingConfig {
-            min_p: 0.1,
-            ..temp(1.0)
-        });
+        let mut s = sampler(SamplingConfig { min_p: 0.1, ..temp(1.0) });
         let t = s.sample(&[f32::NEG_INFINITY, f32::NEG_INFINITY], &[]);
         assert!(t < 2);
         assert_eq!(s.sample(&[], &[]), 0);
@@ -720,68 +607,16 @@ mod tests {
             other => panic!("expected an error, got {other:?}"),
         };
         let d = SamplingConfig::default();
-        assert!(
-            bad(SamplingConfig {
-                temperature: -0.1,
-                ..d.clone()
-            })
-            .contains(">= 0")
-        );
-        assert!(
-            bad(SamplingConfig {
-                temperature: f32::NAN,
-                ..d.clone()
-            })
-            .contains("finite")
-        );
-        assert!(
-            bad(SamplingConfig {
-                top_p: 0.0,
-                ..d.clone()
-            })
-            .contains("(0, 1]")
-        );
-        assert!(
-            bad(SamplingConfig {
-                top_p: 1.5,
-                ..d.clone()
-            })
-            .contains("(0, 1]")
-        );
-        assert!(
-            bad(SamplingConfig {
-                min_p: 1.0,
-                ..d.clone()
-            })
-            .contains("[0, 1)")
-        );
-        assert!(
-            bad(SamplingConfig {
-                min_p: -0.5,
-                ..d.clone()
-            })
-            .contains("[0, 1)")
-        );
-        assert!(
-            bad(SamplingConfig {
-                repetition_penalty: 0.0,
-                ..d.clone()
-            })
-            .contains("> 0")
-        );
-        let both = bad(SamplingConfig {
-            top_p: 2.0,
-            min_p: 2.0,
-            ..d.clone()
-        });
+        assert!(bad(SamplingConfig { temperature: -0.1, ..d.clone() }).contains(">= 0"));
+        assert!(bad(SamplingConfig { temperature: f32::NAN, ..d.clone() }).contains("finite"));
+        assert!(bad(SamplingConfig { top_p: 0.0, ..d.clone() }).contains("(0, 1]"));
+        assert!(bad(SamplingConfig { top_p: 1.5, ..d.clone() }).contains("(0, 1]"));
+        assert!(bad(SamplingConfig { min_p: 1.0, ..d.clone() }).contains("[0, 1)"));
+        assert!(bad(SamplingConfig { min_p: -0.5, ..d.clone() }).contains("[0, 1)"));
+        assert!(bad(SamplingConfig { repetition_penalty: 0.0, ..d.clone() }).contains("> 0"));
+        let both = bad(SamplingConfig { top_p: 2.0, min_p: 2.0, ..d.clone() });
         assert!(both.contains("top_p") && both.contains("min_p"), "{both}");
-        assert!(
-            Sampler::new(SamplingConfig {
-                top_p: f32::NAN,
-                ..d.clone()
-            })
-            .is_err()
-        );
+        assert!(Sampler::new(SamplingConfig { top_p: f32::NAN, ..d.clone() }).is_err());
         assert!(d.validate().is_ok() && d.is_greedy());
     }
 }

@@ -58,10 +58,7 @@ pub struct StopConfig {
 
 impl Default for StopConfig {
     fn default() -> Self {
-        StopConfig {
-            max_tokens: 256,
-            stop: Vec::new(),
-        }
+        StopConfig { max_tokens: 256, stop: Vec::new() }
     }
 }
 
@@ -110,10 +107,7 @@ impl TextStream {
     /// A stream watching for `stop` strings (empty ones are ignored; see
     /// [`StopConfig::validate`]).
     pub fn new(stop: &[String]) -> Self {
-        TextStream {
-            stop: stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
-            ..Self::default()
-        }
+        TextStream { stop: stop.iter().filter(|s| !s.is_empty()).cloned().collect(), ..Self::default() }
     }
 
     /// Add the bytes of the next token and get the text this completes.
@@ -123,10 +117,7 @@ impl TextStream {
     pub fn push(&mut self, bytes: &[u8]) -> Chunk<'_> {
         self.out.clear();
         if self.is_done() {
-            return Chunk {
-                text: "",
-                stop: None,
-            };
+            return Chunk { text: "", stop: None };
         }
         self.bytes.extend_from_slice(bytes);
         self.decode(false);
@@ -138,10 +129,7 @@ impl TextStream {
     pub fn finish(&mut self) -> Chunk<'_> {
         self.out.clear();
         if self.is_done() {
-            return Chunk {
-                text: "",
-                stop: None,
-            };
+            return Chunk { text: "", stop: None };
         }
         self.decode(true);
         self.finished = true;
@@ -169,8 +157,7 @@ impl TextStream {
                 continue;
             }
             let at_end = used + invalid.len() == self.bytes.len();
-            let incomplete =
-                matches!(std::str::from_utf8(invalid), Err(e) if e.error_len().is_none());
+            let incomplete = matches!(std::str::from_utf8(invalid), Err(e) if e.error_len().is_none());
             if at_end && incomplete && !last {
                 break;
             }
@@ -198,22 +185,12 @@ impl TextStream {
             self.out.push_str(&self.held[..start]);
             self.held.clear();
             self.stopped = Some(i);
-            return Chunk {
-                text: &self.out,
-                stop: Some(&self.stop[i]),
-            };
+            return Chunk { text: &self.out, stop: Some(&self.stop[i]) };
         }
-        let keep_from = if last {
-            self.held.len()
-        } else {
-            self.holdback_start()
-        };
+        let keep_from = if last { self.held.len() } else { self.holdback_start() };
         self.out.push_str(&self.held[..keep_from]);
         self.held.drain(..keep_from);
-        Chunk {
-            text: &self.out,
-            stop: None,
-        }
+        Chunk { text: &self.out, stop: None }
     }
 
     /// Where the longest suffix of `held` that is a proper prefix of a stop string begins.
@@ -313,13 +290,7 @@ mod tests {
         assert_eq!((c.text, c.stop), ("", Some("</s>")));
         assert_eq!(s.stopped(), Some("</s>"));
         assert_eq!(s.push(b"later").text, "");
-        assert_eq!(
-            s.finish(),
-            Chunk {
-                text: "",
-                stop: None
-            }
-        );
+        assert_eq!(s.finish(), Chunk { text: "", stop: None });
     }
 
     #[test]
@@ -349,10 +320,7 @@ mod tests {
 
     #[test]
     fn empty_stop_strings_are_rejected() {
-        let config = StopConfig {
-            max_tokens: 5,
-            stop: strings(&["a", ""]),
-        };
+        let config = StopConfig { max_tokens: 5, stop: strings(&["a", ""]) };
         assert!(matches!(config.validate(), Err(Error::InvalidArgument(m)) if m.contains("1")));
         assert!(StopConfig::default().validate().is_ok());
         // The stream itself ignores them rather than stopping at once.
@@ -370,9 +338,7 @@ mod tests {
         stop.iter()
             .filter_map(|s| text.find(s.as_str()).map(|at| (at + s.len(), at, s)))
             .min_by_key(|h| (h.0, h.1))
-            .map_or((text.to_string(), None), |(_, at, s)| {
-                (text[..at].to_string(), Some(s.clone()))
-            })
+            .map_or((text.to_string(), None), |(_, at, s)| (text[..at].to_string(), Some(s.clone())))
     }
 
     proptest! {
