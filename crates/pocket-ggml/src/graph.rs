@@ -17,15 +17,28 @@ pub(crate) fn graph_nodes(hp: &Hparams) -> usize {
     (64 * hp.n_layer + 256).next_power_of_two()
 }
 
-/// The shape of one forward pass.
-#[derive(Debug, Clone, Copy)]
+/// Attention reads the cache in lengths padded to this many positions (masked past the tokens
+/// held), as llama.cpp does: a decode step's graph then keeps its shape for this many steps and
+/// is reused instead of rebuilt.
+pub(crate) const KV_PAD: usize = 256;
+
+/// The shape of one forward pass: everything the graph's structure depends on. Positions are
+/// inputs, not part of the shape, so consecutive decode steps share a graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PassShape {
     /// Tokens in the pass.
     pub(crate) n_tokens: usize,
-    /// Position of the first token.
-    pub(crate) pos0: usize,
+    /// Cache positions attention reads: the tokens held after the pass, padded to [`KV_PAD`].
+    pub(crate) n_kv: usize,
     /// Rows of logits wanted: the last `n_out` tokens of the pass (0 = fill the cache only).
     pub(crate) n_out: usize,
+}
+
+impl PassShape {
+    /// The shape of a pass of `n_tokens` tokens starting at `pos0` in a cache of `n_ctx`.
+    pub(crate) fn new(pos0: usize, n_tokens: usize, n_out: usize, n_ctx: usize) -> Self {
+        PassShape { n_tokens, n_kv: (pos0 + n_tokens).next_multiple_of(KV_PAD).min(n_ctx), n_out }
+    }
 }
 
 /// A built graph and its input and output tensors.
@@ -34,6 +47,8 @@ pub(crate) struct Graph {
     pub(crate) tokens: *mut sys::ggml_tensor,
     pub(crate) pos: *mut sys::ggml_tensor,
     pub(crate) mask: *mut sys::ggml_tensor,
+    /// Cache rows the pass writes K and V to (its positions).
+    pub(crate) kv_idxs: *mut sys::ggml_tensor,
     pub(crate) out_ids: Option<*mut sys::ggml_tensor>,
     /// Hadamard rotations applied around a quantized K (and Q) and V cache.
     pub(crate) k_rot: Option<*mut sys::ggml_tensor>,
@@ -115,7 +130,7 @@ pub(crate) unsafe fn build(
     shape: PassShape,
 ) -> Graph {
     let n_tokens = shape.n_tokens as i64;
-    let n_kv = (shape.pos0 + shape.n_tokens) as i64;
+    let n_kv = shape.n_kv as i64;
     let head_dim = hp.head_dim as i64;
     let n_head = hp.n_head as i64;
     let n_head_kv = hp.n_head_kv as i64;
@@ -135,6 +150,7 @@ pub(crate) unsafe fn build(
         let tokens = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tokens), c"inp_tokens");
         let pos = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tokens), c"inp_pos");
         let mask = input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F16, n_kv, n_tokens), c"kq_mask");
+        let kv_idxs = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I64, n_tokens), c"kv_idxs");
         let out_ids = (shape.n_out > 0 && shape.n_out < shape.n_tokens).then(|| {
             input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, shape.n_out as i64), c"inp_out_ids")
         });
@@ -195,11 +211,11 @@ pub(crate) unsafe fn build(
             }
             let (k_cache, v_cache) = (kv.k(il).ptr(), kv.v(il).ptr());
             let row = kv.row_bytes();
-            let k_dst = sys::ggml_view_2d(ctx, k_cache, n_embd_kv, n_tokens, row, shape.pos0 * row);
-            let v_dst = sys::ggml_view_2d(ctx, v_cache, n_embd_kv, n_tokens, row, shape.pos0 * row);
+            let k_rows = sys::ggml_reshape_2d(ctx, k, n_embd_kv, n_tokens);
+            let v_rows = sys::ggml_reshape_2d(ctx, v, n_embd_kv, n_tokens);
             // Added to the graph before the attention that reads the cache, so they run first.
-            sys::ggml_build_forward_expand(gf, sys::ggml_cpy(ctx, k, k_dst));
-            sys::ggml_build_forward_expand(gf, sys::ggml_cpy(ctx, v, v_dst));
+            sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, k_cache, k_rows, kv_idxs));
+            sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, v_cache, v_rows, kv_idxs));
             if il == last_layer && shape.n_out == 0 {
                 // Nothing reads this layer's output: the pass only fills the cache.
                 break;
@@ -254,15 +270,15 @@ pub(crate) unsafe fn build(
             sys::ggml_build_forward_expand(gf, logits);
             logits
         });
-        Graph { gf, tokens, pos, mask, out_ids, k_rot, v_rot, logits }
+        Graph { gf, tokens, pos, mask, kv_idxs, out_ids, k_rot, v_rot, logits }
     }
 }
 
-/// Fill the causal mask of a pass: query `i` (at `pos0 + i`) sees cache positions `0..=pos0 + i`.
-pub(crate) fn fill_mask(mask: &mut Vec<u16>, pos0: usize, n_tokens: usize) {
+/// Fill the causal mask of a pass: query `i` (at `pos0 + i`) sees cache positions `0..=pos0 + i`
+/// of the `n_kv` it reads; the padding past them is masked.
+pub(crate) fn fill_mask(mask: &mut Vec<u16>, pos0: usize, n_tokens: usize, n_kv: usize) {
     const ZERO: u16 = 0x0000;
     const NEG_INF: u16 = 0xFC00; // f16 −∞
-    let n_kv = pos0 + n_tokens;
     mask.clear();
     mask.resize(n_kv * n_tokens, NEG_INF);
     for i in 0..n_tokens {

@@ -24,6 +24,16 @@ struct Compute {
     threadpool: NonNull<sys::ggml_threadpool>,
     graph_mem: Vec<u8>,
     compute_bytes: usize,
+    /// The last graph, built and allocated: consecutive passes of one shape and plan (decode
+    /// steps) reuse it, skipping graph construction and scheduling.
+    cached: Option<CachedGraph>,
+}
+
+struct CachedGraph {
+    ctx: NonNull<sys::ggml_context>,
+    shape: PassShape,
+    plan: LayerPlan,
+    graph: graph::Graph,
 }
 
 // SAFETY: the scheduler, backends and thread pool belong to this session alone and are used by
@@ -33,6 +43,7 @@ unsafe impl Send for Compute {}
 
 impl Drop for Compute {
     fn drop(&mut self) {
+        self.drop_cached();
         // SAFETY: all created in `Compute::new`, freed once, the scheduler before the backends it
         // uses and the backends before the thread pool they run on.
         unsafe {
@@ -90,23 +101,30 @@ impl Compute {
         // SAFETY: pure size computations.
         let graph_mem_size =
             unsafe { sys::ggml_tensor_overhead() * nodes + sys::ggml_graph_overhead_custom(nodes, false) };
-        let mut compute =
-            Compute { sched, backends, threadpool, graph_mem: vec![0; graph_mem_size], compute_bytes: 0 };
+        let mut compute = Compute {
+            sched,
+            backends,
+            threadpool,
+            graph_mem: vec![0; graph_mem_size],
+            compute_bytes: 0,
+            cached: None,
+        };
 
         // Reserve the compute buffers for the largest pass this session will run, so that no
         // later pass allocates: a full batch at the end of the context, with the most rows.
         let n_batch = config.n_batch.min(kv.n_ctx());
-        let worst =
-            PassShape { n_tokens: n_batch, pos0: kv.n_ctx() - n_batch, n_out: n_batch.min(MAX_LOGIT_ROWS) };
+        let worst = PassShape::new(kv.n_ctx() - n_batch, n_batch, n_batch.min(MAX_LOGIT_ROWS), kv.n_ctx());
         let plan = LayerPlan::full(hp.n_layer).map_err(|e| Error::Ggml(e.to_string()))?;
-        compute.with_graph(model, kv, &plan, worst, |sched, g| {
-            // SAFETY: a graph built for this scheduler's backends.
-            if unsafe { sys::ggml_backend_sched_reserve(sched, g.gf) } {
-                Ok(())
-            } else {
-                Err(Error::Ggml("cannot reserve the compute buffer".into()))
-            }
-        })?;
+        let (ctx, g) = compute.build(model, kv, &plan, worst)?;
+        // SAFETY: a graph built for this scheduler's backends; its context is freed right after.
+        let reserved = unsafe {
+            let ok = sys::ggml_backend_sched_reserve(sched.as_ptr(), g.gf);
+            sys::ggml_free(ctx.as_ptr());
+            ok
+        };
+        if !reserved {
+            return Err(Error::Ggml("cannot reserve the compute buffer".into()));
+        }
         compute.compute_bytes = compute
             .backends
             .iter()
@@ -116,30 +134,62 @@ impl Compute {
         Ok(compute)
     }
 
-    /// Build the graph of `shape` in the reusable graph memory and hand it to `f`.
-    fn with_graph<T>(
+    /// Build the graph of `shape` in the graph memory (which must not hold a live graph).
+    fn build(
         &mut self,
         model: &Inner,
         kv: &KvCache,
         plan: &LayerPlan,
         shape: PassShape,
-        f: impl FnOnce(*mut sys::ggml_backend_sched, &graph::Graph) -> Result<T>,
-    ) -> Result<T> {
-        // SAFETY: the context lives in graph_mem, which outlives it (freed below, before any
-        // other use of graph_mem); the graph references weights and cache that outlive the call.
+    ) -> Result<(NonNull<sys::ggml_context>, graph::Graph)> {
+        debug_assert!(self.cached.is_none());
+        // SAFETY: the context lives in graph_mem, which outlives it (the context is freed before
+        // graph_mem is reused or dropped); the graph references weights and a cache that outlive
+        // it.
         unsafe {
             let ctx = sys::ggml_init(sys::ggml_init_params {
                 mem_size: self.graph_mem.len(),
                 mem_buffer: self.graph_mem.as_mut_ptr() as *mut _,
                 no_alloc: true,
             });
-            if ctx.is_null() {
-                return Err(Error::Ggml("ggml_init failed".into()));
+            let ctx = NonNull::new(ctx).ok_or_else(|| Error::Ggml("ggml_init failed".into()))?;
+            let g = graph::build(ctx.as_ptr(), &model.hp, &model.weights, kv, plan, shape);
+            Ok((ctx, g))
+        }
+    }
+
+    /// The graph for `shape` and `plan`, allocated and ready for its inputs: the cached one if
+    /// it matches, else a new one.
+    fn graph(
+        &mut self,
+        model: &Inner,
+        kv: &KvCache,
+        plan: &LayerPlan,
+        shape: PassShape,
+    ) -> Result<&graph::Graph> {
+        let hit = self.cached.as_ref().is_some_and(|c| c.shape == shape && c.plan == *plan);
+        if !hit {
+            self.drop_cached();
+            let (ctx, graph) = self.build(model, kv, plan, shape)?;
+            // SAFETY: a graph built for this scheduler's backends.
+            let ok = unsafe {
+                sys::ggml_backend_sched_reset(self.sched.as_ptr());
+                sys::ggml_backend_sched_alloc_graph(self.sched.as_ptr(), graph.gf)
+            };
+            if !ok {
+                // SAFETY: the context was created by `build` and nothing else refers to it.
+                unsafe { sys::ggml_free(ctx.as_ptr()) };
+                return Err(Error::Ggml("cannot allocate the graph".into()));
             }
-            let g = graph::build(ctx, &model.hp, &model.weights, kv, plan, shape);
-            let r = f(self.sched.as_ptr(), &g);
-            sys::ggml_free(ctx);
-            r
+            self.cached = Some(CachedGraph { ctx, shape, plan: *plan, graph });
+        }
+        Ok(&self.cached.as_ref().expect("cached just above").graph)
+    }
+
+    fn drop_cached(&mut self) {
+        if let Some(c) = self.cached.take() {
+            // SAFETY: the context was created by `build`; its graph is no longer used.
+            unsafe { sys::ggml_free(c.ctx.as_ptr()) };
         }
     }
 }
@@ -216,54 +266,44 @@ impl GgmlSession {
         row_off: usize,
     ) -> Result<()> {
         let n_vocab = self.model.hp.n_vocab;
-        graph::fill_mask(&mut self.mask, pos0, n_tokens);
-        let shape = PassShape { n_tokens, pos0, n_out };
-        let model = Arc::clone(&self.model);
-        let (tokens, mask, scratch, logits) =
-            (&self.tokens, &self.mask, &mut self.scratch_i32, &mut self.logits);
-        let rotations = &self.rotations;
-        self.compute.with_graph(&model, &self.kv, plan, shape, |sched, g| {
-            // SAFETY: the graph was built for this scheduler; inputs are set with exactly the
-            // sizes their tensors were created with; logits are read into a slice of n_out rows.
-            unsafe {
-                sys::ggml_backend_sched_reset(sched);
-                if !sys::ggml_backend_sched_alloc_graph(sched, g.gf) {
-                    return Err(Error::Ggml("cannot allocate the graph".into()));
-                }
+        let shape = PassShape::new(pos0, n_tokens, n_out, self.kv.n_ctx());
+        graph::fill_mask(&mut self.mask, pos0, n_tokens, shape.n_kv);
+        let sched = self.compute.sched;
+        let g = self.compute.graph(&self.model, &self.kv, plan, shape)?;
+        let scratch = &mut self.scratch_i32;
+        // SAFETY: the graph is allocated on this session's scheduler; every input is set with
+        // exactly the size its tensor was created with; logits are read into n_out rows.
+        unsafe {
+            scratch.clear();
+            scratch.extend(self.tokens[pos0..pos0 + n_tokens].iter().map(|&t| t as i32));
+            set_input(g.tokens, scratch);
+            scratch.clear();
+            scratch.extend((pos0..pos0 + n_tokens).map(|p| p as i32));
+            set_input(g.pos, scratch);
+            let idxs: Vec<i64> = (pos0..pos0 + n_tokens).map(|p| p as i64).collect();
+            set_input(g.kv_idxs, &idxs);
+            set_input(g.mask, &self.mask);
+            if let Some(ids) = g.out_ids {
                 scratch.clear();
-                scratch.extend(tokens[pos0..pos0 + n_tokens].iter().map(|&t| t as i32));
-                set_input(g.tokens, scratch);
-                scratch.clear();
-                scratch.extend((pos0..pos0 + n_tokens).map(|p| p as i32));
-                set_input(g.pos, scratch);
-                set_input(g.mask, mask);
-                if let Some(r) = g.k_rot {
-                    set_input(r, &rotations.0);
-                }
-                if let Some(r) = g.v_rot {
-                    set_input(r, &rotations.1);
-                }
-                if let Some(ids) = g.out_ids {
-                    scratch.clear();
-                    scratch.extend((n_tokens - n_out..n_tokens).map(|i| i as i32));
-                    set_input(ids, scratch);
-                }
-                let status = sys::ggml_backend_sched_graph_compute(sched, g.gf);
-                if status != sys::GGML_STATUS_SUCCESS {
-                    return Err(Error::Ggml(format!("graph computation failed (status {status})")));
-                }
-                if let Some(out) = g.logits {
-                    let dst = &mut logits[row_off * n_vocab..(row_off + n_out) * n_vocab];
-                    sys::ggml_backend_tensor_get(
-                        out,
-                        dst.as_mut_ptr() as *mut _,
-                        0,
-                        std::mem::size_of_val(dst),
-                    );
-                }
+                scratch.extend((n_tokens - n_out..n_tokens).map(|i| i as i32));
+                set_input(ids, scratch);
             }
-            Ok(())
-        })
+            if let Some(r) = g.k_rot {
+                set_input(r, &self.rotations.0);
+            }
+            if let Some(r) = g.v_rot {
+                set_input(r, &self.rotations.1);
+            }
+            let status = sys::ggml_backend_sched_graph_compute(sched.as_ptr(), g.gf);
+            if status != sys::GGML_STATUS_SUCCESS {
+                return Err(Error::Ggml(format!("graph computation failed (status {status})")));
+            }
+            if let Some(out) = g.logits {
+                let dst = &mut self.logits[row_off * n_vocab..(row_off + n_out) * n_vocab];
+                sys::ggml_backend_tensor_get(out, dst.as_mut_ptr() as *mut _, 0, std::mem::size_of_val(dst));
+            }
+        }
+        Ok(())
     }
 }
 
