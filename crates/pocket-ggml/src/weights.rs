@@ -270,6 +270,7 @@ impl Weights {
         let mut buffers = Vec::new();
         let mut copied_bytes = 0u64;
         let mut mapped_bytes = 0u64;
+        let mut counted_tied: *const u8 = std::ptr::null();
         // SAFETY: registry device.
         let cpu_buft = unsafe { sys::ggml_backend_dev_buffer_type(device.cpu) };
         for (buft, list) in &groups {
@@ -325,7 +326,13 @@ impl Weights {
                     if status != sys::GGML_STATUS_SUCCESS {
                         return Err(Error::Ggml(format!("placing {} failed", wanted[i].file_name)));
                     }
-                    mapped_bytes += bytes.len() as u64;
+                    // A tied embedding is two tensors over one range: count its bytes once.
+                    if !std::ptr::eq(bytes.as_ptr(), counted_tied) {
+                        mapped_bytes += bytes.len() as u64;
+                    }
+                    if wanted[i].file_name == "token_embd.weight" {
+                        counted_tied = bytes.as_ptr();
+                    }
                     progress(mapped_bytes + copied_bytes, total);
                 }
             } else {
