@@ -3,5 +3,6 @@
 //! The binaries are thin: `pocket`'s subcommands live in [`cli`], one module each.
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod cli;
 pub mod mem;

@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod bench;
 pub mod common;
 pub mod parity;
 pub mod pull;
@@ -26,6 +27,8 @@ pub enum Command {
     Run(run::Args),
     /// Compare our forward graph with llama.cpp's on the same model file.
     Parity(parity::Args),
+    /// Benchmark our engine against llama.cpp on a workload (tok/s, memory, cost curve).
+    Bench(bench::Args),
 }
 
 impl Cli {
@@ -35,6 +38,7 @@ impl Cli {
             Command::Pull(args) => pull::run(args),
             Command::Run(args) => run::run(args),
             Command::Parity(args) => parity::run(args),
+            Command::Bench(args) => bench::run(args),
         }
     }
 }

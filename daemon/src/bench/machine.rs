@@ -1,0 +1,206 @@
+//! Facts about the machine and the model file that the results record.
+
+use std::io::Read;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use super::Error;
+
+/// The CPU's model name from `/proc/cpuinfo`: `model name` on x86, `Model` or `Hardware` on
+/// ARM boards (which often have no per-core name); the architecture if none is there.
+pub(crate) fn cpu_name() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    ["model name", "Model", "Hardware"]
+        .iter()
+        .find_map(|key| {
+            info.lines().find_map(|line| {
+                let (k, v) = line.split_once(':')?;
+                (k.trim() == *key && !v.trim().is_empty()).then(|| v.trim().to_owned())
+            })
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_owned())
+}
+
+/// The sha256 of the file at `path`, hex.
+pub(crate) fn sha256_file(path: &Path) -> Result<String, Error> {
+    let io = |error| Error::Io { action: "hash the model file", path: path.to_owned(), error };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex(&hasher.finalize()))
+}
+
+/// The sha256 of token ids written as little-endian u32s, hex: equal outputs, equal hashes,
+/// whatever machine produced them.
+pub(crate) fn sha256_tokens(tokens: &[u32]) -> String {
+    let mut hasher = Sha256::new();
+    for t in tokens {
+        hasher.update(t.to_le_bytes());
+    }
+    hex(&hasher.finalize())
+}
+
+/// CPU time counters, to tell how much of the machine other processes took during a run: on
+/// a shared machine (or a board running other services) a benchmark competing for its
+/// cores measures the competition, and with spinning thread pools not proportionally.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CpuTimes {
+    /// Ticks of every CPU, busy or idle (`/proc/stat`, user to steal).
+    total: u64,
+    /// Ticks of every CPU busy, for anyone (steal included: another VM had the core).
+    busy: u64,
+    /// Ticks this process ran (user + system).
+    own: u64,
+    /// CPUs counted in `total`.
+    cpus: u64,
+}
+
+impl CpuTimes {
+    /// Read the counters now; `None` where `/proc` does not have them.
+    pub(crate) fn read() -> Option<CpuTimes> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let own = std::fs::read_to_string("/proc/self/stat").ok()?;
+        Self::parse(&stat, &own)
+    }
+
+    fn parse(stat: &str, own: &str) -> Option<CpuTimes> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let f: Vec<u64> = line.split_whitespace().skip(1).map_while(|v| v.parse().ok()).collect();
+        // user nice system idle iowait irq softirq steal (guest time is inside user).
+        let at = |i: usize| f.get(i).copied().unwrap_or(0);
+        let total = (0..8).map(at).sum();
+        let busy = total - at(3) - at(4);
+        let cpus = stat.lines().filter(|l| l.starts_with("cpu") && !l.starts_with("cpu ")).count() as u64;
+        // Fields after the command name (which may contain spaces, hence the last ')'):
+        // state is field 3, utime and stime are fields 14 and 15.
+        let rest = &own[own.rfind(')')? + 1..];
+        let v: Vec<&str> = rest.split_whitespace().collect();
+        let own = v.get(11)?.parse::<u64>().ok()? + v.get(12)?.parse::<u64>().ok()?;
+        Some(CpuTimes { total, busy, own, cpus: cpus.max(1) })
+    }
+
+    /// Cores that other processes kept busy on average since `before`.
+    pub(crate) fn other_cores_since(&self, before: &CpuTimes) -> Option<f64> {
+        let total = self.total.checked_sub(before.total)?;
+        if total == 0 {
+            return None;
+        }
+        let busy = self.busy.saturating_sub(before.busy);
+        let own = self.own.saturating_sub(before.own);
+        Some(busy.saturating_sub(own) as f64 / total as f64 * self.cpus as f64)
+    }
+}
+
+/// Nanoseconds every thread of this process has run (`/proc/self/task/*/schedstat`);
+/// `None` where the kernel does not keep them.
+fn own_cpu_ns() -> Option<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        // A thread that exited since the listing has no file any more: it runs no more.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("schedstat")) else {
+            continue;
+        };
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// Window over which [`settle`] measures this process's CPU use.
+const SETTLE_WINDOW: Duration = Duration::from_millis(10);
+
+/// Wait until this process's threads are idle — using under 10% of a core over a short
+/// window — or until `max` has passed; returns the time waited.
+///
+/// Thread pools spin for a while after their last task before they sleep (ggml's polls
+/// for work). When modes alternate, one mode's still-spinning workers would take the cores
+/// from the next mode's first tokens; waiting here keeps every run on a quiet process.
+pub(crate) fn settle(max: Duration) -> Duration {
+    let start = Instant::now();
+    let Some(mut before) = own_cpu_ns() else {
+        return Duration::ZERO;
+    };
+    while start.elapsed() < max {
+        std::thread::sleep(SETTLE_WINDOW);
+        let Some(now) = own_cpu_ns() else {
+            break;
+        };
+        let used = now.saturating_sub(before);
+        before = now;
+        if used < SETTLE_WINDOW.as_nanos() as u64 / 10 {
+            break;
+        }
+    }
+    start.elapsed()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_hashes_are_of_little_endian_u32s() {
+        // sha256 of the empty string.
+        assert_eq!(sha256_tokens(&[]), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        // The bytes 01 00 00 00 02 01 00 00.
+        let mut h = Sha256::new();
+        h.update([1u8, 0, 0, 0, 2, 1, 0, 0]);
+        assert_eq!(sha256_tokens(&[1, 258]), hex(&h.finalize()));
+    }
+
+    #[test]
+    fn other_processes_cpu_share_from_proc_counters() {
+        let stat = |user: u64, idle: u64, steal: u64| {
+            format!("cpu  {user} 0 0 {idle} 0 0 0 {steal} 0 0\ncpu0 1 0 0 1\ncpu1 1 0 0 1\nintr 5\n")
+        };
+        let own = |ticks: u64| format!("42 (my (odd) name) R 1 2 3 4 5 6 7 8 9 10 {ticks} 0 0 0");
+        let a = CpuTimes::parse(&stat(100, 100, 0), &own(50)).unwrap();
+        assert_eq!(a, CpuTimes { total: 200, busy: 100, own: 50, cpus: 2 });
+        // 100 ticks over 2 CPUs: we ran 40, others 30 (10 of them stolen), 30 idle.
+        let b = CpuTimes::parse(&stat(160, 130, 10), &own(90)).unwrap();
+        assert_eq!(b.other_cores_since(&a), Some(0.6));
+        assert_eq!(a.other_cores_since(&a), None);
+        assert!(CpuTimes::read().is_some());
+    }
+
+    #[test]
+    fn settling_an_idle_process_takes_one_window() {
+        assert!(own_cpu_ns().is_some_and(|ns| ns > 0));
+        let waited = settle(Duration::from_secs(2));
+        assert!(waited < Duration::from_secs(2), "{waited:?}");
+        // A busy thread keeps it waiting until the limit.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spinning = std::sync::Arc::clone(&stop);
+        let spinner = std::thread::spawn(move || {
+            while !spinning.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        let waited = settle(Duration::from_millis(100));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        spinner.join().unwrap();
+        assert!(waited >= Duration::from_millis(100), "{waited:?}");
+    }
+
+    #[test]
+    fn file_hash_matches_token_hash_of_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, [7u8, 0, 0, 0]).unwrap();
+        assert_eq!(sha256_file(&path).unwrap(), sha256_tokens(&[7]));
+        assert!(sha256_file(&dir.path().join("missing")).is_err());
+        assert!(!cpu_name().is_empty());
+    }
+}

@@ -1,0 +1,94 @@
+//! `llama.cpp`: the baseline, llama.cpp's own decoding through llama.h.
+
+use std::time::Instant;
+
+use pocket_core::stop::TextStream;
+use pocket_core::{Error as CoreError, Model, Token, argmax};
+use pocket_ggml::{GgmlModel, LlamaCpp};
+
+use super::{RunOutput, Runner, RunnerContext};
+use crate::bench::Error;
+
+/// A greedy loop over [`LlamaCpp`]: decode the prompt, then one token at a time.
+///
+/// The loop is [`pocket_core::generate`]'s, step for step: the same argmax, the same
+/// per-token text assembly (piece lookup and [`TextStream`]), the same stop rules (end token
+/// of our vocabulary, `max_tokens`, context full), and the same clock readings, so the two
+/// modes differ only in the engine behind `decode`. (`LlamaCpp` is not `Send`, so it cannot
+/// sit behind the `Session` trait and run `generate` itself.)
+pub struct LlamaCppRunner {
+    llama: LlamaCpp,
+    /// Our engine's model, for its tokenizer: end tokens and pieces as in `vanilla`.
+    model: GgmlModel,
+    n_ctx: usize,
+    kv_bytes_per_token: u64,
+}
+
+impl LlamaCppRunner {
+    /// Load the model file into llama.cpp with the same threads, context, batch and KV type
+    /// as our engine, on the GPU when ours runs on one.
+    pub fn load(cx: RunnerContext<'_>) -> Result<Self, Error> {
+        let s = cx.session;
+        let gpu = !cx.model.device_name().eq_ignore_ascii_case("cpu");
+        let llama = LlamaCpp::load(cx.model.path(), s.threads, s.n_ctx, s.n_batch, s.kv, gpu)?;
+        Ok(LlamaCppRunner {
+            llama,
+            model: cx.model.clone(),
+            n_ctx: s.n_ctx,
+            kv_bytes_per_token: cx.model.kv_bytes_per_token(s.kv) as u64,
+        })
+    }
+}
+
+impl Runner for LlamaCppRunner {
+    fn name(&self) -> &str {
+        "llama.cpp"
+    }
+
+    fn kv_bytes_per_token(&self) -> u64 {
+        self.kv_bytes_per_token
+    }
+
+    fn run(&mut self, prompt: &[Token], max_tokens: usize) -> Result<RunOutput, Error> {
+        if prompt.is_empty() {
+            return Err(CoreError::invalid("the prompt is empty; it needs at least one token").into());
+        }
+        if prompt.len() + 1 > self.n_ctx {
+            return Err(CoreError::ContextOverflow {
+                needed: prompt.len() + 1,
+                limit: self.n_ctx,
+                prompt: prompt.len(),
+            }
+            .into());
+        }
+        self.llama.clear();
+        let tokenizer = self.model.tokenizer();
+        let mut stream = TextStream::new(&[]);
+        let mut text = String::new();
+        let mut tokens = Vec::with_capacity(max_tokens.min(self.n_ctx - prompt.len() + 1));
+
+        let start = Instant::now();
+        let mut next = argmax(self.llama.decode(prompt, false)?);
+        let first_at = Instant::now();
+        let mut sampled_at = first_at;
+        let mut last_at = first_at;
+        while max_tokens > 0 && !tokenizer.is_end(next) {
+            last_at = sampled_at;
+            tokens.push(next);
+            text.push_str(stream.push(&tokenizer.piece(next)).text);
+            // The llama.cpp context holds the prompt and every token but `next`.
+            if tokens.len() >= max_tokens || prompt.len() + tokens.len() > self.n_ctx {
+                break;
+            }
+            next = argmax(self.llama.decode(&[next], false)?);
+            sampled_at = Instant::now();
+        }
+        text.push_str(stream.finish().text);
+        Ok(RunOutput {
+            tokens,
+            prefill_seconds: first_at.duration_since(start).as_secs_f64(),
+            decode_seconds: last_at.duration_since(first_at).as_secs_f64(),
+            ..RunOutput::default()
+        })
+    }
+}

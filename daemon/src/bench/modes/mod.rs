@@ -1,0 +1,147 @@
+//! Benchmark modes: each one a small [`Runner`] that generates greedily from a prompt and
+//! reports its timing the same way, so the only thing that differs between modes is the
+//! engine or drafter under test.
+//!
+//! Adding a mode (suffix, layerskip, `draft:MODEL`, auto) is a [`Mode`] variant, a runner
+//! type in its own module, and one arm in [`open`].
+
+use std::fmt;
+use std::str::FromStr;
+
+use pocket_core::{SessionConfig, Token};
+use pocket_ggml::GgmlModel;
+
+use super::Error;
+
+mod llama_cpp;
+mod vanilla;
+
+pub use llama_cpp::LlamaCppRunner;
+pub use vanilla::VanillaRunner;
+
+/// How a prompt is run.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mode {
+    /// llama.cpp itself (llama.h) on the same file, with a greedy loop: the baseline.
+    LlamaCpp,
+    /// Our engine without speculation.
+    Vanilla,
+}
+
+impl Mode {
+    /// The modes that can be run, by name.
+    pub const KNOWN: [&'static str; 2] = ["llama.cpp", "vanilla"];
+
+    /// Modes the results format names that are not implemented yet.
+    pub const PLANNED: [&'static str; 5] = ["suffix", "layerskip", "draft:MODEL", "inputcopy", "auto"];
+
+    /// The name used on the command line and in results.
+    pub fn name(&self) -> &str {
+        match self {
+            Mode::LlamaCpp => "llama.cpp",
+            Mode::Vanilla => "vanilla",
+        }
+    }
+
+    /// Parse a comma-separated list of modes (`llama.cpp,vanilla`); unknown or repeated
+    /// names are errors.
+    pub fn parse_list(list: &str) -> Result<Vec<Mode>, Error> {
+        let mut modes: Vec<Mode> = Vec::new();
+        for name in list.split(',').map(str::trim) {
+            let mode: Mode = name.parse()?;
+            if modes.contains(&mode) {
+                return Err(Error::Invalid(format!("mode {name:?} is listed twice")));
+            }
+            modes.push(mode);
+        }
+        Ok(modes)
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "llama.cpp" => Ok(Mode::LlamaCpp),
+            "vanilla" => Ok(Mode::Vanilla),
+            _ => Err(Error::UnknownMode(s.to_owned())),
+        }
+    }
+}
+
+/// What one greedy generation produced, timed the same way in every mode (the way
+/// [`pocket_core::Generation`] defines it).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunOutput {
+    /// Generated tokens, the end token not included.
+    pub tokens: Vec<Token>,
+    /// Seconds from the start of the prompt's decode until the first token was chosen.
+    pub prefill_seconds: f64,
+    /// Seconds from the first token's choice until the last token's: the span in which
+    /// `tokens[1..]` were produced.
+    pub decode_seconds: f64,
+    /// Tokens drafted (0 without speculation).
+    pub drafted: u64,
+    /// Drafted tokens accepted.
+    pub accepted: u64,
+    /// Verification steps that had a draft; `accepted / draft_steps` is the mean accepted
+    /// length.
+    pub draft_steps: u64,
+}
+
+/// Runs prompts in one mode. Made once per benchmark (models loaded up front); each
+/// [`Runner::run`] starts from an empty context and, before returning, frees what it only
+/// needed for that prompt (a growing KV cache), so the next run's memory peak — often another
+/// mode's — does not include it.
+pub trait Runner {
+    /// The mode's name, as results show it.
+    fn name(&self) -> &str;
+
+    /// KV cache bytes per token held.
+    fn kv_bytes_per_token(&self) -> u64;
+
+    /// Generate greedily from `prompt` (token ids), at most `max_tokens` tokens, stopping
+    /// early at an end token.
+    fn run(&mut self, prompt: &[Token], max_tokens: usize) -> Result<RunOutput, Error>;
+}
+
+/// What every runner is built from: our engine's model (its tokenizer decides end tokens
+/// for every mode) and the session settings, the same for all modes.
+#[derive(Clone, Copy)]
+pub struct RunnerContext<'a> {
+    /// Our engine's model.
+    pub model: &'a GgmlModel,
+    /// Context length, batch, threads and KV type.
+    pub session: &'a SessionConfig,
+}
+
+/// Make the runner for `mode`.
+pub fn open(mode: &Mode, cx: RunnerContext<'_>) -> Result<Box<dyn Runner>, Error> {
+    Ok(match mode {
+        Mode::LlamaCpp => Box::new(LlamaCppRunner::load(cx)?),
+        Mode::Vanilla => Box::new(VanillaRunner::new(cx)?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mode_lists_parse_and_unknown_modes_name_the_known_ones() {
+        assert_eq!(Mode::parse_list("llama.cpp, vanilla").unwrap(), vec![Mode::LlamaCpp, Mode::Vanilla]);
+        let e = Mode::parse_list("vanilla,turbo").unwrap_err().to_string();
+        assert!(e.contains("\"turbo\"") && e.contains("llama.cpp, vanilla"), "{e}");
+        let e = Mode::parse_list("vanilla,vanilla").unwrap_err().to_string();
+        assert!(e.contains("twice"), "{e}");
+        assert!(Mode::parse_list("").is_err());
+    }
+}

@@ -1,0 +1,182 @@
+//! The results as a table for people.
+
+use std::fmt::Write;
+
+use super::results::BenchResults;
+
+/// The results as text: a header, the cost curve, one row per mode (median decode and
+/// prefill tok/s, each with its ratio to llama.cpp, identical output, peak RSS), and decode
+/// tok/s per prompt kind.
+pub fn table(r: &BenchResults) -> String {
+    let mut out = String::new();
+    let sha = r.model.file_sha256.get(..12).unwrap_or(&r.model.file_sha256);
+    let _ = writeln!(
+        out,
+        "model {} (sha256 {sha}…, {}), kv {}, {} threads on {} ({})",
+        r.model.name,
+        mib(r.model.weights_bytes),
+        r.settings.kv,
+        r.machine.threads,
+        r.machine.backend,
+        r.machine.cpu,
+    );
+    if !r.cost_curve.is_empty() {
+        let points: Vec<String> = r
+            .cost_curve
+            .iter()
+            .map(|p| format!("n={} {:.2}x ({:.1} ms)", p.n, p.relative, p.seconds * 1e3))
+            .collect();
+        let _ = writeln!(
+            out,
+            "cost curve t(n)/t(1) at {} tokens of context: {}",
+            r.settings.cost_curve_context,
+            points.join(", ")
+        );
+    }
+    let _ = writeln!(out);
+
+    let header = [
+        "mode",
+        "runs",
+        "decode tok/s",
+        "vs llama.cpp",
+        "prefill tok/s",
+        "vs llama.cpp",
+        "identical",
+        "peak RSS",
+    ];
+    let mut rows = vec![header.map(String::from).to_vec()];
+    // Modes in the order they ran, not the summary's alphabetical order.
+    let mut modes: Vec<&str> = Vec::new();
+    for run in &r.runs {
+        if !modes.contains(&run.mode.as_str()) {
+            modes.push(&run.mode);
+        }
+    }
+    for mode in &modes {
+        let Some(s) = r.summary.get(*mode) else {
+            continue;
+        };
+        rows.push(vec![
+            mode.to_string(),
+            s.runs.to_string(),
+            num(s.decode_tok_per_s_median, 1),
+            ratio(s.decode_vs_llama_cpp),
+            num(s.prefill_tok_per_s_median, 1),
+            ratio(s.prefill_vs_llama_cpp),
+            match s.all_identical {
+                Some(true) => "yes".into(),
+                Some(false) => "NO".into(),
+                None => "-".into(),
+            },
+            mib(s.peak_rss_bytes_max),
+        ]);
+    }
+    write_rows(&mut out, &rows);
+
+    let mut kinds: Vec<_> = r.runs.iter().map(|run| run.kind).collect();
+    kinds.sort();
+    kinds.dedup();
+    if !kinds.is_empty() {
+        let _ = writeln!(out, "\ndecode tok/s (median) by kind");
+        let mut header = vec!["kind".to_string()];
+        header.extend(modes.iter().map(|m| m.to_string()));
+        let mut rows = vec![header];
+        for kind in kinds {
+            let mut row = vec![kind.to_string()];
+            for mode in &modes {
+                let v = r
+                    .summary
+                    .get(*mode)
+                    .and_then(|s| s.by_kind.get(&kind))
+                    .and_then(|k| k.decode_tok_per_s_median);
+                row.push(num(v, 1));
+            }
+            rows.push(row);
+        }
+        write_rows(&mut out, &rows);
+    }
+    let _ =
+        writeln!(out, "\nratios are medians of per-prompt ratios; decode counts the tokens after the first");
+    if let Some(warning) = contention_warning(r) {
+        let _ = writeln!(out, "{warning}");
+    }
+    out
+}
+
+/// Other processes busier than this many cores on average during a run make it suspect.
+const CONTENDED_CORES: f64 = 0.25;
+
+/// A warning when other processes competed for the CPU during the runs.
+fn contention_warning(r: &BenchResults) -> Option<String> {
+    let loads: Vec<f64> = r.runs.iter().filter_map(|run| run.other_cpu_cores).collect();
+    let contended = loads.iter().filter(|&&l| l > CONTENDED_CORES).count();
+    if contended == 0 {
+        return None;
+    }
+    let max = loads.iter().copied().fold(0.0, f64::max);
+    let median = super::summary::median(loads.iter().copied()).unwrap_or(0.0);
+    Some(format!(
+        "warning: other processes kept the CPU busy during {contended} of {} runs \
+         (median {median:.2}, up to {max:.2} cores): those timings measure the competition too",
+        loads.len()
+    ))
+}
+
+/// Columns padded to their widest cell: the first left-aligned, the rest right-aligned.
+fn write_rows(out: &mut String, rows: &[Vec<String>]) {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c == 0 {
+                let _ = write!(line, "{cell:<w$}", w = widths[c]);
+            } else {
+                let _ = write!(line, "  {cell:>w$}", w = widths[c]);
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+}
+
+fn num(v: Option<f64>, decimals: usize) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
+}
+
+fn ratio(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.2}x"))
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::results::tests::sample;
+
+    #[test]
+    fn the_table_has_a_row_per_mode_in_run_order() {
+        let text = table(&sample());
+        let lines: Vec<&str> = text.lines().collect();
+        let header = lines.iter().position(|l| l.starts_with("mode ")).unwrap();
+        assert!(lines[header + 1].starts_with("llama.cpp"), "{text}");
+        assert!(lines[header + 2].starts_with("vanilla"), "{text}");
+        // vanilla: decode 125, 118 → 121.5; per-prompt ratios 125/130 and 118/120.
+        let ratio = (125.0 / 130.0 + 118.0 / 120.0) / 2.0;
+        assert!(lines[header + 2].contains("121.5"), "{text}");
+        assert!(lines[header + 2].contains(&format!("{ratio:.2}x")), "{text}");
+        assert!(text.contains("n=2 1.31x (9.3 ms)"), "{text}");
+        assert!(text.contains("by kind"), "{text}");
+        assert!(!text.contains("warning"), "{text}");
+
+        let mut busy = sample();
+        busy.runs[1].other_cpu_cores = Some(1.5);
+        let text = table(&busy);
+        assert!(text.contains("during 1 of 4 runs (median 0.00, up to 1.50 cores)"), "{text}");
+    }
+}

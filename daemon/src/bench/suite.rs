@@ -1,0 +1,335 @@
+//! Running a benchmark: load, measure the cost curve, warm up, then every prompt in every
+//! mode, alternating.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pocket_core::cost::{CostCurveConfig, measure_cost_curve};
+use pocket_core::{KvType, Model, SessionConfig, Token, default_threads};
+use pocket_ggml::{DeviceChoice, GgmlModel, LoadOptions};
+
+use super::Error;
+use super::machine::{CpuTimes, cpu_name, settle, sha256_file, sha256_tokens};
+use super::modes::{self, Mode, RunOutput, Runner, RunnerContext};
+use super::results::{BenchModel, BenchResults, Machine, RunRecord, Settings};
+use super::summary::{compare_outputs, summarize};
+use super::workload::{Prompt, prompt_tokens};
+use crate::mem::{MemStats, reset_peak};
+
+/// The context length is rounded up to a multiple of this, for both engines alike.
+const CTX_ROUND: usize = 256;
+
+/// Longest wait for the previous run's threads to go idle before the next run starts.
+const SETTLE_MAX: Duration = Duration::from_secs(2);
+
+/// Most tokens a warm-up run generates.
+const WARMUP_TOKENS: usize = 16;
+
+/// What to benchmark and how.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// The model file.
+    pub model_path: PathBuf,
+    /// The model's name in the results.
+    pub model_name: String,
+    /// The file's sha256 if already known (a verified pull); hashed otherwise.
+    pub file_sha256: Option<String>,
+    /// The workload's name in the results (its path).
+    pub workload: String,
+    /// Modes, in the order they run for each prompt.
+    pub modes: Vec<Mode>,
+    /// CPU threads for every engine.
+    pub threads: usize,
+    /// KV cache type for every engine.
+    pub kv: KvType,
+    /// The device our engine runs on (llama.cpp runs on the GPU when ours does).
+    pub device: DeviceChoice,
+    /// Most tokens per forward pass, for every engine.
+    pub n_batch: usize,
+    /// Cap on every prompt's `max_tokens`.
+    pub max_tokens_cap: Option<usize>,
+    /// How to measure the cost curve; `None` skips it.
+    pub cost_curve: Option<CostCurveConfig>,
+    /// Whether each mode first runs one short, unrecorded prompt.
+    pub warmup: bool,
+    /// Passes over the workload (at least 1): more rounds, medians less moved by a busy
+    /// moment of the machine.
+    pub rounds: usize,
+}
+
+impl BenchConfig {
+    /// Defaults: modes `llama.cpp` and `vanilla`, every core, f16 KV, the default device,
+    /// the default cost curve, a warm-up.
+    pub fn new(model_path: PathBuf, model_name: String) -> Self {
+        BenchConfig {
+            model_path,
+            model_name,
+            file_sha256: None,
+            workload: String::new(),
+            modes: vec![Mode::LlamaCpp, Mode::Vanilla],
+            threads: default_threads(),
+            kv: KvType::F16,
+            device: DeviceChoice::default(),
+            n_batch: SessionConfig::default().n_batch,
+            max_tokens_cap: None,
+            cost_curve: Some(CostCurveConfig::default()),
+            warmup: true,
+            rounds: 1,
+        }
+    }
+}
+
+/// How far a benchmark has got, for a progress display.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Progress<'a> {
+    /// The model is loaded (our engine); the other modes load next.
+    Loaded {
+        /// The device it runs on.
+        device: &'a str,
+    },
+    /// The cost curve is measured.
+    CostCurve,
+    /// Warm-up is done; measured runs start.
+    WarmedUp {
+        /// Measured runs to come.
+        runs: usize,
+    },
+    /// A measured run finished.
+    Run {
+        /// 1-based index of the run.
+        index: usize,
+        /// Runs in all.
+        of: usize,
+        /// Its record.
+        record: &'a RunRecord,
+    },
+}
+
+/// A prompt ready to run: its token ids and effective `max_tokens`.
+struct Prepared<'p> {
+    prompt: &'p Prompt,
+    tokens: Vec<Token>,
+    max_tokens: usize,
+}
+
+/// Run the benchmark of `config` on `prompts`.
+pub fn run(
+    config: &BenchConfig,
+    prompts: &[Prompt],
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<BenchResults, Error> {
+    if config.modes.is_empty() {
+        return Err(Error::Invalid(format!("no modes to run; known modes: {}", Mode::KNOWN.join(", "))));
+    }
+    if prompts.is_empty() {
+        return Err(Error::Invalid("the workload has no prompts".into()));
+    }
+    if config.max_tokens_cap == Some(0) {
+        return Err(Error::Invalid("the max-tokens cap must be at least 1".into()));
+    }
+    if config.rounds == 0 {
+        return Err(Error::Invalid("rounds must be at least 1".into()));
+    }
+    if config.threads == 0 {
+        return Err(Error::Invalid("threads must be at least 1".into()));
+    }
+    let file_sha256 = match &config.file_sha256 {
+        Some(sha) => sha.clone(),
+        None => sha256_file(&config.model_path)?,
+    };
+    let options = LoadOptions { device: config.device.clone() };
+    let model = GgmlModel::load(&config.model_path, &options)?;
+    progress(Progress::Loaded { device: model.device_name() });
+
+    let prepared = prepare(&model, prompts, config.max_tokens_cap)?;
+    let session = session_config(config, &model, &prepared)?;
+
+    // Measured on a session of its own, dropped before the memory baseline is taken.
+    let cost_curve = match &config.cost_curve {
+        Some(cc) => {
+            let mut s = model.new_session(&session)?;
+            let filler = &prepared.iter().max_by_key(|p| p.tokens.len()).expect("prompts").tokens;
+            let curve = measure_cost_curve(&mut s, model.info().n_layers, filler, cc)?;
+            progress(Progress::CostCurve);
+            curve.into_iter().map(Into::into).collect()
+        }
+        None => Vec::new(),
+    };
+
+    let cx = RunnerContext { model: &model, session: &session };
+    let mut runners = config.modes.iter().map(|m| modes::open(m, cx)).collect::<Result<Vec<_>, _>>()?;
+
+    if config.warmup {
+        let short = prepared.iter().min_by_key(|p| p.tokens.len()).expect("prompts");
+        for r in &mut runners {
+            run_one(r.as_mut(), short, short.max_tokens.min(WARMUP_TOKENS))?;
+        }
+    }
+
+    let total = config.rounds * prepared.len() * runners.len();
+    progress(Progress::WarmedUp { runs: total });
+    reset_peak();
+    let baseline = MemStats::read().rss_bytes;
+    let mut runs = Vec::with_capacity(total);
+    let mut outputs = Vec::with_capacity(total);
+    for round in 0..config.rounds {
+        for p in &prepared {
+            for r in &mut runners {
+                let settled = settle(SETTLE_MAX);
+                tracing::debug!(?settled, "waited for idle threads");
+                reset_peak();
+                let cpu_before = CpuTimes::read();
+                let out = run_one(r.as_mut(), p, p.max_tokens)?;
+                let cpu_after = CpuTimes::read();
+                let mem = MemStats::read();
+                let mut rec = record(r.as_ref(), p, &out, mem.peak_rss_bytes.max(mem.rss_bytes), baseline);
+                rec.round = round;
+                rec.other_cpu_cores = cpu_after.zip(cpu_before).and_then(|(a, b)| a.other_cores_since(&b));
+                runs.push(rec);
+                outputs.push(out.tokens);
+                progress(Progress::Run {
+                    index: runs.len(),
+                    of: total,
+                    record: runs.last().expect("just pushed"),
+                });
+            }
+        }
+    }
+    compare_outputs(&mut runs, &outputs);
+
+    let mode_names: Vec<String> = runners.iter().map(|r| r.name().to_owned()).collect();
+    let summary = summarize(&runs, &mode_names);
+    let cc = config.cost_curve.clone().unwrap_or_default();
+    Ok(BenchResults {
+        pocket_version: env!("CARGO_PKG_VERSION").to_owned(),
+        machine: Machine {
+            cpu: cpu_name(),
+            threads: config.threads,
+            backend: model.device_name().to_owned(),
+        },
+        model: BenchModel {
+            name: config.model_name.clone(),
+            file_sha256,
+            weights_bytes: model.info().weights_bytes,
+        },
+        settings: Settings {
+            kv: config.kv.name().to_owned(),
+            memory_budget_bytes: None,
+            seed: 0,
+            greedy: true,
+            n_ctx: session.n_ctx,
+            n_batch: session.n_batch,
+            max_tokens_cap: config.max_tokens_cap,
+            workload: config.workload.clone(),
+            cost_curve_context: if config.cost_curve.is_some() { cc.context } else { 0 },
+            cost_curve_repetitions: if config.cost_curve.is_some() { cc.repetitions } else { 0 },
+            rounds: config.rounds,
+        },
+        cost_curve,
+        runs,
+        summary,
+    })
+}
+
+/// Tokenize every prompt with our model's tokenizer (so every mode gets the same ids) and
+/// apply the cap.
+fn prepare<'p>(
+    model: &GgmlModel,
+    prompts: &'p [Prompt],
+    cap: Option<usize>,
+) -> Result<Vec<Prepared<'p>>, Error> {
+    prompts
+        .iter()
+        .map(|prompt| {
+            let tokens = prompt_tokens(model.tokenizer(), prompt).map_err(|e| Error::Prompt {
+                id: prompt.id.clone(),
+                mode: "tokenizer".into(),
+                error: Box::new(e.into()),
+            })?;
+            if tokens.is_empty() {
+                return Err(Error::Prompt {
+                    id: prompt.id.clone(),
+                    mode: "tokenizer".into(),
+                    error: Box::new(Error::Invalid("the prompt has no tokens".into())),
+                });
+            }
+            Ok(Prepared {
+                prompt,
+                tokens,
+                max_tokens: cap.map_or(prompt.max_tokens, |c| prompt.max_tokens.min(c)),
+            })
+        })
+        .collect()
+}
+
+/// One session configuration for every mode: a context that holds the longest prompt plus
+/// its generation (and the cost curve's passes), rounded up, within what the model allows.
+fn session_config(
+    config: &BenchConfig,
+    model: &GgmlModel,
+    prepared: &[Prepared<'_>],
+) -> Result<SessionConfig, Error> {
+    let limit = model.info().n_ctx_train;
+    let mut needed = 1;
+    for p in prepared {
+        let n = p.tokens.len() + p.max_tokens + 1;
+        if n > limit {
+            return Err(Error::Prompt {
+                id: p.prompt.id.clone(),
+                mode: "tokenizer".into(),
+                error: Box::new(Error::Invalid(format!(
+                    "{} prompt tokens + {} max_tokens exceed the model's context of {limit}",
+                    p.tokens.len(),
+                    p.max_tokens
+                ))),
+            });
+        }
+        needed = needed.max(n);
+    }
+    if let Some(cc) = &config.cost_curve {
+        needed = needed.max(cc.context + cc.sizes.iter().copied().max().unwrap_or(1));
+    }
+    Ok(SessionConfig {
+        kv: config.kv,
+        n_ctx: needed.next_multiple_of(CTX_ROUND).min(limit),
+        n_batch: config.n_batch.max(1),
+        threads: config.threads,
+    })
+}
+
+fn run_one(runner: &mut dyn Runner, p: &Prepared<'_>, max_tokens: usize) -> Result<RunOutput, Error> {
+    runner.run(&p.tokens, max_tokens).map_err(|e| Error::Prompt {
+        id: p.prompt.id.clone(),
+        mode: runner.name().to_owned(),
+        error: Box::new(e),
+    })
+}
+
+fn record(runner: &dyn Runner, p: &Prepared<'_>, out: &RunOutput, peak: u64, baseline: u64) -> RunRecord {
+    let rate = |tokens: usize, seconds: f64| if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 };
+    let generated = out.tokens.len();
+    RunRecord {
+        mode: runner.name().to_owned(),
+        prompt_id: p.prompt.id.clone(),
+        round: 0,
+        kind: p.prompt.kind,
+        prompt_tokens: p.tokens.len(),
+        generated_tokens: generated,
+        prefill_tok_per_s: rate(p.tokens.len(), out.prefill_seconds),
+        decode_tok_per_s: (generated >= 2 && out.decode_seconds > 0.0)
+            .then(|| rate(generated - 1, out.decode_seconds)),
+        prefill_seconds: out.prefill_seconds,
+        decode_seconds: out.decode_seconds,
+        drafted: out.drafted,
+        accepted: out.accepted,
+        mean_accepted_len: (out.draft_steps > 0).then(|| out.accepted as f64 / out.draft_steps as f64),
+        peak_rss_bytes: peak,
+        generation_memory_bytes: peak.saturating_sub(baseline),
+        kv_bytes_per_token: runner.kv_bytes_per_token(),
+        output_sha256: sha256_tokens(&out.tokens),
+        identical_to_vanilla: None,
+        diverges_at: None,
+        other_cpu_cores: None,
+    }
+}

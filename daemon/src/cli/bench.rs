@@ -1,0 +1,137 @@
+//! `pocket bench`: our engine against llama.cpp on a workload; a table on stdout, results as
+//! JSON and a chart.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use pocket_core::KvType;
+
+use super::common::ModelArgs;
+use crate::bench::{self, BenchConfig, Mode, Progress, workload};
+
+/// Flags of `pocket bench`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The workload, JSON Lines (default: the built-in `benches/workload.jsonl`).
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Modes to compare, comma-separated, run alternately per prompt.
+    #[arg(long, default_value = "llama.cpp,vanilla")]
+    modes: String,
+    /// CPU threads for every mode (default: all cores this process may use).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Write the results here as JSON (and the chart beside it, as .svg).
+    #[arg(long, value_name = "OUT")]
+    json: Option<PathBuf>,
+    /// Write the chart here (default: beside the JSON, with the extension .svg).
+    #[arg(long, value_name = "FILE")]
+    chart: Option<PathBuf>,
+    /// KV cache type for every mode: f16, q8_0 or q4_0.
+    #[arg(long, default_value = "f16")]
+    kv: KvType,
+    /// Run only the first N prompts.
+    #[arg(long, value_name = "N")]
+    max_prompts: Option<usize>,
+    /// Cap every prompt's max_tokens at N.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_tokens_cap: Option<u64>,
+    /// Passes over the workload (modes still alternate per prompt); more rounds, steadier
+    /// medians on a busy machine.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: u64,
+    /// Skip measuring the cost curve.
+    #[arg(long)]
+    no_cost_curve: bool,
+}
+
+/// Run `pocket bench`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let modes = Mode::parse_list(&args.modes)?;
+    let (mut prompts, workload_name) = match &args.prompts {
+        Some(path) => (workload::load(path)?, path.display().to_string()),
+        None => (
+            workload::parse(workload::DEFAULT_WORKLOAD).context("the built-in workload is broken")?,
+            workload::DEFAULT_WORKLOAD_NAME.to_owned(),
+        ),
+    };
+    if let Some(n) = args.max_prompts {
+        anyhow::ensure!(n > 0, "--max-prompts must be at least 1");
+        prompts.truncate(n);
+    }
+    let dir = pocket_models::models_dir(args.model.models_dir.as_deref());
+    let resolved = pocket_models::resolve(&args.model.model, &dir)?;
+    let name = match &resolved.manifest {
+        Some(m) => m.name.clone(),
+        None => resolved
+            .path
+            .file_stem()
+            .map_or_else(|| args.model.model.clone(), |s| s.to_string_lossy().into_owned()),
+    };
+
+    let mut config = BenchConfig::new(resolved.path.clone(), name);
+    config.workload = workload_name;
+    config.modes = modes;
+    config.kv = args.kv;
+    config.device = args.model.device.clone();
+    config.max_tokens_cap = args.max_tokens_cap.map(|n| n as usize);
+    config.rounds = args.rounds as usize;
+    if let Some(t) = args.threads {
+        anyhow::ensure!(t > 0, "--threads must be at least 1");
+        config.threads = t;
+    }
+    if args.no_cost_curve {
+        config.cost_curve = None;
+    }
+
+    eprintln!(
+        "benchmarking {} ({}) on {} prompts, modes {}, {} threads",
+        config.model_name,
+        resolved.path.display(),
+        prompts.len(),
+        args.modes,
+        config.threads
+    );
+    let results = bench::suite::run(&config, &prompts, &mut show_progress)
+        .with_context(|| format!("benchmark of {}", resolved.path.display()))?;
+
+    print!("{}", bench::report::table(&results));
+    let chart = args.chart.clone().or_else(|| args.json.as_ref().map(|j| j.with_extension("svg")));
+    if let Some(path) = &args.json {
+        write_json(&results, path)?;
+        eprintln!("results: {}", path.display());
+    }
+    if let Some(path) = &chart {
+        bench::chart::write_svg(&results, path)?;
+        eprintln!("chart: {}", path.display());
+    }
+    Ok(())
+}
+
+fn show_progress(p: Progress<'_>) {
+    match p {
+        Progress::Loaded { device } => eprintln!("loaded on {device}"),
+        Progress::CostCurve => eprintln!("cost curve measured"),
+        Progress::WarmedUp { runs } => eprintln!("warmed up; {runs} runs"),
+        Progress::Run { index, of, record: r } => eprintln!(
+            "[{index}/{of}] {:<10} {:<28} {:>4} prompt tok {:>7.1} tok/s prefill, {:>4} generated {:>6} tok/s decode{}",
+            r.mode,
+            r.prompt_id,
+            r.prompt_tokens,
+            r.prefill_tok_per_s,
+            r.generated_tokens,
+            r.decode_tok_per_s.map_or_else(|| "-".into(), |d| format!("{d:.1}")),
+            match r.other_cpu_cores {
+                Some(c) if c > 0.25 => format!("  (others busy: {c:.2} cores)"),
+                _ => String::new(),
+            },
+        ),
+    }
+}
+
+fn write_json(results: &bench::BenchResults, path: &Path) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(results)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))
+}
