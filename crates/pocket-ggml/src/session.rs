@@ -282,7 +282,12 @@ impl GgmlSession {
             set_input(g.pos, scratch);
             let idxs: Vec<i64> = (pos0..pos0 + n_tokens).map(|p| p as i64).collect();
             set_input(g.kv_idxs, &idxs);
-            set_input(g.mask, &self.mask);
+            // A pass that only fills the cache (n_out 0) with a plan that runs one layer stops
+            // before that layer's attention: the mask is then not in the graph, not allocated,
+            // and setting it would abort in ggml.
+            if !(*g.mask).buffer.is_null() {
+                set_input(g.mask, &self.mask);
+            }
             if let Some(ids) = g.out_ids {
                 scratch.clear();
                 scratch.extend((n_tokens - n_out..n_tokens).map(|i| i as i32));
