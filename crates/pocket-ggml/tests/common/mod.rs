@@ -1,0 +1,186 @@
+//! Shared by the integration tests: finding and loading the real models, and small helpers.
+#![allow(dead_code, unreachable_pub)] // each test binary uses a different subset
+
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+
+use pocket_core::{LayerPlan, Logits, Model, SessionConfig, Token};
+use pocket_ggml::{GgmlModel, GgmlSession, LoadOptions};
+
+/// SmolLM2-135M-Instruct (llama, 30 layers): the model most tests run on, being the fastest.
+pub const SMOL: &str = "smollm2-135m";
+/// Qwen2.5-Coder-0.5B-Instruct (qwen2, 24 layers): the second architecture.
+pub const QWEN: &str = "qwen2.5-coder-0.5b";
+
+/// The file of the model `name` in the models directory.
+///
+/// A model that is not there fails the test, saying how to get it: CI pulls the models before
+/// running the tests, so a missing one is a broken setup, never a reason to skip.
+pub fn model_path(name: &str) -> PathBuf {
+    let dir = pocket_models::models_dir(None);
+    match pocket_models::resolve(name, &dir) {
+        Ok(model) => model.path,
+        Err(e) => {
+            // NotPulled already says what to run; any other error (say, a broken manifest in
+            // the models directory) gets the hint too.
+            let hint = format!("run: pocket pull {name}");
+            let msg = e.to_string();
+            let hint = if msg.contains(&hint) { String::new() } else { format!("\n{hint}") };
+            panic!("the tests need the model {name} in {}: {msg}{hint}", dir.display())
+        }
+    }
+}
+
+/// The model `name` on the CPU, loaded once per test binary and shared by its tests.
+pub fn model(name: &str) -> GgmlModel {
+    static MODELS: Mutex<Vec<(String, GgmlModel)>> = Mutex::new(Vec::new());
+    let mut models = MODELS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, m)) = models.iter().find(|(n, _)| n == name) {
+        return m.clone();
+    }
+    let path = model_path(name);
+    let options = LoadOptions { device: pocket_ggml::DeviceChoice::Cpu };
+    let m = GgmlModel::load(&path, &options).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
+    models.push((name.to_owned(), m.clone()));
+    m
+}
+
+/// SmolLM2, the default test model.
+pub fn smol() -> GgmlModel {
+    model(SMOL)
+}
+
+/// CPU threads per session (and for llama.cpp) in the tests, unless a test is about threads.
+///
+/// ggml's CPU threads wait for each other on spinning barriers: on a 2-core machine that
+/// something else is also using (another test binary, a build, a benchmark), a pass on 2
+/// threads runs several times slower than on one (measured: SmolLM2's 128-token parity run
+/// took 2.4 s on 1 thread and 13 s on 2 next to a benchmark). The tests check results, not
+/// speed, and one thread keeps their time predictable.
+pub const THREADS: usize = 1;
+
+/// Run the tests of one binary one at a time.
+///
+/// Two sessions computing at once would share the cores (see [`THREADS`]) and make the run
+/// time depend on which tests happen to overlap. Each test takes this lock for its whole body
+/// (binaries themselves run one after another).
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A session configuration for tests: `n_ctx` tokens, f16 KV, [`THREADS`] threads.
+pub fn config(n_ctx: usize) -> SessionConfig {
+    SessionConfig { n_ctx, n_batch: 256, threads: THREADS, ..SessionConfig::default() }
+}
+
+/// A new session on `model` with `config`.
+pub fn session(model: &GgmlModel, config: &SessionConfig) -> GgmlSession {
+    model.new_session(config).expect("a new session")
+}
+
+/// Every layer of `model`.
+pub fn full(model: &GgmlModel) -> LayerPlan {
+    LayerPlan::full(model.info().n_layers).unwrap()
+}
+
+/// Plain English prose, long enough to cut any test's token stream from.
+const PROSE: &str = "The old lighthouse keeper climbed the spiral stairs every evening at dusk, \
+    carrying a small brass lamp and a notebook full of observations about the sea. He wrote \
+    down the colour of the water, the shape of the clouds, and the names of the ships that \
+    passed on their way to the harbour. Over forty years the notebooks filled three shelves \
+    in his kitchen, and the children of the village would sometimes come to read them, \
+    looking for the storms their grandparents had told them about. One winter a scientist \
+    from the university arrived with a question: had the tides changed over the years? The \
+    keeper did not know, but he knew where to look, and together they spent a month turning \
+    pages, copying numbers into columns, and drawing careful graphs by the light of the \
+    stove. ";
+
+/// The tokens of `text` (with the model's BOS if it uses one).
+pub fn tokens(model: &GgmlModel, text: &str) -> Vec<Token> {
+    model.tokenizer().encode(text, true).expect("tokenize")
+}
+
+/// Exactly `n` tokens of English prose (repeated as needed), BOS first if the model uses one.
+pub fn prose(model: &GgmlModel, n: usize) -> Vec<Token> {
+    let mut text = String::from(PROSE);
+    loop {
+        let t = tokens(model, &text);
+        if t.len() >= n {
+            return t[..n].to_vec();
+        }
+        text.push_str(PROSE);
+    }
+}
+
+/// Tokens of a second, different text, `n` of them, no BOS: a continuation to append.
+pub fn other_prose(model: &GgmlModel, n: usize) -> Vec<Token> {
+    let text = "In the spring the scientist published a paper with the keeper's name on it, \
+        and the keeper framed the first page and hung it above the stove, next to a picture \
+        of his daughter and a map of the coast drawn by his father. ";
+    let mut all = Vec::new();
+    while all.len() < n {
+        all.extend(model.tokenizer().encode(text, false).expect("tokenize"));
+    }
+    all.truncate(n);
+    all
+}
+
+/// The largest |a − b| over two rows.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "rows of different lengths");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Whether two slices of logits are bitwise equal (NaN-safe, −0 ≠ +0: the bits are compared).
+pub fn bitwise_eq(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Assert two sets of logits rows are bitwise equal; on failure say where and by how much.
+#[track_caller]
+pub fn assert_bitwise(what: &str, a: &[f32], b: &[f32], n_vocab: usize) {
+    assert_eq!(a.len(), b.len(), "{what}: different numbers of logits");
+    if bitwise_eq(a, b) {
+        return;
+    }
+    let rows: Vec<String> = a
+        .chunks(n_vocab)
+        .zip(b.chunks(n_vocab))
+        .enumerate()
+        .filter(|(_, (x, y))| !bitwise_eq(x, y))
+        .map(|(i, (x, y))| {
+            format!(
+                "row {i}: max |Δ| {:e}, argmax {} vs {}",
+                max_abs_diff(x, y),
+                pocket_core::argmax(x),
+                pocket_core::argmax(y)
+            )
+        })
+        .collect();
+    panic!("{what}: logits differ in {} of {} rows: {}", rows.len(), a.len() / n_vocab, rows.join("; "));
+}
+
+/// Assert two sets of logits rows agree in argmax per row and within `tol` everywhere.
+#[track_caller]
+pub fn assert_close(what: &str, a: &[f32], b: &[f32], n_vocab: usize, tol: f32) -> f32 {
+    assert_eq!(a.len(), b.len(), "{what}: different numbers of logits");
+    let mut worst = 0.0f32;
+    for (i, (x, y)) in a.chunks(n_vocab).zip(b.chunks(n_vocab)).enumerate() {
+        let d = max_abs_diff(x, y);
+        worst = worst.max(d);
+        assert_eq!(
+            pocket_core::argmax(x),
+            pocket_core::argmax(y),
+            "{what}: row {i} argmax differs (max |Δ| {d:e})"
+        );
+        assert!(d < tol, "{what}: row {i} differs by {d:e} ≥ {tol:e}");
+        assert!(x.iter().all(|v| v.is_finite()), "{what}: row {i} has non-finite logits");
+    }
+    worst
+}
+
+/// Every row of `logits`, copied (the borrow of the session ends).
+pub fn collect(logits: &Logits<'_>) -> Vec<f32> {
+    (0..logits.rows()).flat_map(|i| logits.row(i).iter().copied()).collect()
+}
