@@ -13,11 +13,11 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The file is not a GGUF file.
-    #[error("{path} is not a GGUF model: it starts with {found:?}, GGUF files start with \"GGUF\"")]
+    #[error("{path} is not a GGUF model: it starts with {found}, GGUF files start with \"GGUF\"")]
     NotGguf {
         /// The file.
         path: PathBuf,
-        /// The first bytes found.
+        /// What the file starts with, described.
         found: String,
     },
     /// The file is a GGUF file but damaged: a header that does not parse, or data cut short.

@@ -46,10 +46,12 @@ impl GgufFile {
         let mut magic = [0u8; 4];
         let n = read_up_to(&mut file, &mut magic).map_err(io)?;
         if &magic[..n] != b"GGUF" {
-            return Err(Error::NotGguf {
-                path: path.to_owned(),
-                found: String::from_utf8_lossy(&magic[..n]).into_owned(),
-            });
+            let found = if n == 0 {
+                "nothing (the file is empty)".to_owned()
+            } else {
+                format!("{:?}", String::from_utf8_lossy(&magic[..n]))
+            };
+            return Err(Error::NotGguf { path: path.to_owned(), found });
         }
         let corrupt = |reason: String| Error::Corrupt { path: path.to_owned(), reason };
         let cpath = CString::new(path.as_os_str().as_encoded_bytes())

@@ -51,6 +51,7 @@ impl GgmlModel {
         options: &LoadOptions,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self> {
+        crate::init();
         let file = GgufFile::open(path)?;
         let hp = Hparams::read(&file)?;
         let device = Device::select(&options.device)?;

@@ -210,6 +210,7 @@ pub struct GgmlSession {
     logits: Vec<f32>,
     mask: Vec<u16>,
     scratch_i32: Vec<i32>,
+    scratch_i64: Vec<i64>,
     /// Hadamard matrices for a quantized cache (K, V), fed to every pass.
     rotations: (Vec<f32>, Vec<f32>),
 }
@@ -220,7 +221,12 @@ impl GgmlSession {
         config.n_ctx = config.n_ctx.clamp(1, model.hp.n_ctx_train);
         config.n_batch = config.n_batch.clamp(1, config.n_ctx);
         config.threads = config.threads.max(1);
-        let kv = KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx)?;
+        // The cache's capacity is rounded up to the attention padding, so padded lengths are
+        // the same as llama.cpp's (which rounds its context likewise) whatever n_ctx is: ggml
+        // splits long attention into per-thread chunks by that length, which shows in the last
+        // bits. Only address space is reserved for the extra positions; the limit stays n_ctx.
+        let capacity = config.n_ctx.next_multiple_of(graph::KV_PAD);
+        let kv = KvCache::new(&model.hp, &model.device, config.kv, capacity)?;
         let compute = Compute::new(&model, &kv, &config)?;
         let (k_rot, v_rot) = graph::rotation_sizes(&model.hp, kv.k_quantized(), kv.v_quantized());
         let rotations =
@@ -236,6 +242,7 @@ impl GgmlSession {
             logits: Vec::new(),
             mask: Vec::new(),
             scratch_i32: Vec::new(),
+            scratch_i64: Vec::new(),
             rotations,
         })
     }
@@ -280,8 +287,9 @@ impl GgmlSession {
             scratch.clear();
             scratch.extend((pos0..pos0 + n_tokens).map(|p| p as i32));
             set_input(g.pos, scratch);
-            let idxs: Vec<i64> = (pos0..pos0 + n_tokens).map(|p| p as i64).collect();
-            set_input(g.kv_idxs, &idxs);
+            self.scratch_i64.clear();
+            self.scratch_i64.extend((pos0..pos0 + n_tokens).map(|p| p as i64));
+            set_input(g.kv_idxs, &self.scratch_i64);
             // A pass that only fills the cache (n_out 0) with a plan that runs one layer stops
             // before that layer's attention: the mask is then not in the graph, not allocated,
             // and setting it would abort in ggml.
