@@ -56,6 +56,8 @@ enum Storage {
 pub(crate) struct KvCache {
     pub(crate) kv: KvType,
     n_ctx: usize,
+    /// Most tokens held; blocks are accounted up to here.
+    limit: usize,
     row_bytes: usize,
     n_layer: usize,
     k: Vec<Tensor>,
@@ -83,7 +85,9 @@ impl Drop for KvCache {
 }
 
 impl KvCache {
-    pub(crate) fn new(hp: &Hparams, device: &Device, kv: KvType, n_ctx: usize) -> Result<Self> {
+    /// A cache holding at most `limit` tokens, with room (address space) for `n_ctx ≥ limit`
+    /// positions so that attention may read padded lengths.
+    pub(crate) fn new(hp: &Hparams, device: &Device, kv: KvType, limit: usize, n_ctx: usize) -> Result<Self> {
         let row_bytes = row_bytes(hp, kv);
         let ty = ggml_type(kv);
         let n_tensors = 2 * hp.n_layer;
@@ -143,7 +147,19 @@ impl KvCache {
             (buf, Storage::Device)
         };
         let committed = if matches!(storage, Storage::Device) { n_ctx } else { 0 };
-        Ok(KvCache { kv, n_ctx, row_bytes, n_layer: hp.n_layer, k, v, ctx, buffer, storage, committed })
+        Ok(KvCache {
+            kv,
+            n_ctx,
+            limit: limit.min(n_ctx),
+            row_bytes,
+            n_layer: hp.n_layer,
+            k,
+            v,
+            ctx,
+            buffer,
+            storage,
+            committed,
+        })
     }
 
     pub(crate) fn k(&self, layer: usize) -> Tensor {
@@ -174,13 +190,16 @@ impl KvCache {
     /// Make room for `tokens` tokens (whole blocks). Pages are touched by the writes that follow.
     pub(crate) fn grow_to(&mut self, tokens: usize) {
         if tokens > self.committed {
-            self.committed = tokens.next_multiple_of(KV_BLOCK_TOKENS).min(self.n_ctx);
+            self.committed = tokens.next_multiple_of(KV_BLOCK_TOKENS).min(self.limit);
         }
     }
 
     /// Release the blocks past `tokens` tokens.
     pub(crate) fn shrink_to(&mut self, tokens: usize) {
-        let keep = tokens.next_multiple_of(KV_BLOCK_TOKENS).min(self.n_ctx);
+        if matches!(self.storage, Storage::Device) {
+            return; // allocated whole; nothing to release
+        }
+        let keep = tokens.next_multiple_of(KV_BLOCK_TOKENS).min(self.limit);
         if keep >= self.committed {
             return;
         }

@@ -226,7 +226,7 @@ impl GgmlSession {
         // splits long attention into per-thread chunks by that length, which shows in the last
         // bits. Only address space is reserved for the extra positions; the limit stays n_ctx.
         let capacity = config.n_ctx.next_multiple_of(graph::KV_PAD);
-        let kv = KvCache::new(&model.hp, &model.device, config.kv, capacity)?;
+        let kv = KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx, capacity)?;
         let compute = Compute::new(&model, &kv, &config)?;
         let (k_rot, v_rot) = graph::rotation_sizes(&model.hp, kv.k_quantized(), kv.v_quantized());
         let rotations =
