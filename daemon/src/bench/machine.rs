@@ -142,6 +142,32 @@ pub(crate) fn settle(max: Duration) -> Duration {
     start.elapsed()
 }
 
+/// Other processes using fewer cores than this leave a run undisturbed enough.
+pub(crate) const QUIET_CORES: f64 = 0.25;
+
+/// Wait until other processes keep fewer than [`QUIET_CORES`] cores busy over a 100 ms
+/// window, or until `max` has passed; returns the time waited. On a shared machine a run
+/// that competes for the cores measures the competition (with spinning thread pools, out of
+/// all proportion), so it is better to start it a little later.
+pub(crate) fn wait_for_quiet(max: Duration) -> Duration {
+    let start = Instant::now();
+    let Some(mut before) = CpuTimes::read() else {
+        return Duration::ZERO;
+    };
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let Some(now) = CpuTimes::read() else {
+            break;
+        };
+        let quiet = now.other_cores_since(&before).is_none_or(|c| c < QUIET_CORES);
+        if quiet || start.elapsed() >= max {
+            break;
+        }
+        before = now;
+    }
+    start.elapsed()
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -104,13 +104,10 @@ pub fn table(r: &BenchResults) -> String {
     out
 }
 
-/// Other processes busier than this many cores on average during a run make it suspect.
-const CONTENDED_CORES: f64 = 0.25;
-
 /// A warning when other processes competed for the CPU during the runs.
 fn contention_warning(r: &BenchResults) -> Option<String> {
     let loads: Vec<f64> = r.runs.iter().filter_map(|run| run.other_cpu_cores).collect();
-    let contended = loads.iter().filter(|&&l| l > CONTENDED_CORES).count();
+    let contended = loads.iter().filter(|&&l| l > super::machine::QUIET_CORES).count();
     if contended == 0 {
         return None;
     }
@@ -118,7 +115,8 @@ fn contention_warning(r: &BenchResults) -> Option<String> {
     let median = super::summary::median(loads.iter().copied()).unwrap_or(0.0);
     Some(format!(
         "warning: other processes kept the CPU busy during {contended} of {} runs \
-         (median {median:.2}, up to {max:.2} cores): those timings measure the competition too",
+         (median {median:.2}, up to {max:.2} cores): those timings measure the competition too \
+         (--wait-quiet makes runs wait for a quiet machine)",
         loads.len()
     ))
 }

@@ -9,7 +9,7 @@ use pocket_core::{KvType, Model, SessionConfig, Token, default_threads};
 use pocket_ggml::{DeviceChoice, GgmlModel, LoadOptions};
 
 use super::Error;
-use super::machine::{CpuTimes, cpu_name, settle, sha256_file, sha256_tokens};
+use super::machine::{CpuTimes, cpu_name, settle, sha256_file, sha256_tokens, wait_for_quiet};
 use super::modes::{self, Mode, RunOutput, Runner, RunnerContext};
 use super::results::{BenchModel, BenchResults, Machine, RunRecord, Settings};
 use super::summary::{compare_outputs, summarize};
@@ -55,6 +55,9 @@ pub struct BenchConfig {
     /// Passes over the workload (at least 1): more rounds, medians less moved by a busy
     /// moment of the machine.
     pub rounds: usize,
+    /// Before each run, wait up to this long for other processes to leave the CPU idle
+    /// (zero: do not wait).
+    pub wait_quiet: Duration,
 }
 
 impl BenchConfig {
@@ -75,6 +78,7 @@ impl BenchConfig {
             cost_curve: Some(CostCurveConfig::default()),
             warmup: true,
             rounds: 1,
+            wait_quiet: Duration::ZERO,
         }
     }
 }
@@ -149,6 +153,9 @@ pub fn run(
     let cost_curve = match &config.cost_curve {
         Some(cc) => {
             let mut s = model.new_session(&session)?;
+            if !config.wait_quiet.is_zero() {
+                wait_for_quiet(config.wait_quiet);
+            }
             let filler = &prepared.iter().max_by_key(|p| p.tokens.len()).expect("prompts").tokens;
             let curve = measure_cost_curve(&mut s, model.info().n_layers, filler, cc)?;
             progress(Progress::CostCurve);
@@ -177,7 +184,12 @@ pub fn run(
         for p in &prepared {
             for r in &mut runners {
                 let settled = settle(SETTLE_MAX);
-                tracing::debug!(?settled, "waited for idle threads");
+                let quiet = if config.wait_quiet.is_zero() {
+                    Duration::ZERO
+                } else {
+                    wait_for_quiet(config.wait_quiet)
+                };
+                tracing::debug!(?settled, ?quiet, "waited for idle threads and a quiet machine");
                 reset_peak();
                 let cpu_before = CpuTimes::read();
                 let out = run_one(r.as_mut(), p, p.max_tokens)?;

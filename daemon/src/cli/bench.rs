@@ -42,6 +42,10 @@ pub struct Args {
     /// medians on a busy machine.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     rounds: u64,
+    /// Before each run, wait up to SECS seconds for other processes to leave the CPU idle
+    /// (for shared machines; runs that compete for the cores measure the competition).
+    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
+    wait_quiet: f64,
     /// Skip measuring the cost curve.
     #[arg(long)]
     no_cost_curve: bool,
@@ -78,6 +82,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.device = args.model.device.clone();
     config.max_tokens_cap = args.max_tokens_cap.map(|n| n as usize);
     config.rounds = args.rounds as usize;
+    anyhow::ensure!(
+        args.wait_quiet.is_finite() && (0.0..=3600.0).contains(&args.wait_quiet),
+        "--wait-quiet must be between 0 and 3600 seconds, not {}",
+        args.wait_quiet
+    );
+    config.wait_quiet = std::time::Duration::from_secs_f64(args.wait_quiet);
     if let Some(t) = args.threads {
         anyhow::ensure!(t > 0, "--threads must be at least 1");
         config.threads = t;
