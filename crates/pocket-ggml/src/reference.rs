@@ -15,6 +15,10 @@ use crate::{Error, Result};
 /// flash attention, same KV type, weights memory-mapped with the same repacking.
 pub struct LlamaCpp {
     ctx: NonNull<sys::llama_context>,
+    /// A persistent thread pool, as llama-cli attaches one (and as our sessions have): without
+    /// it ggml would start and join its threads on every decode, and the baseline would look
+    /// slower than llama.cpp is.
+    threadpool: NonNull<sys::ggml_threadpool>,
     model: NonNull<sys::llama_model>,
     batch: sys::llama_batch,
     n_batch: usize,
@@ -25,10 +29,12 @@ pub struct LlamaCpp {
 
 impl Drop for LlamaCpp {
     fn drop(&mut self) {
-        // SAFETY: all three were created in `load` and are freed once, context before model.
+        // SAFETY: all were created in `load` and are freed once: the context before the model
+        // and the thread pool it uses.
         unsafe {
             sys::llama_batch_free(self.batch);
             sys::llama_free(self.ctx.as_ptr());
+            sys::ggml_threadpool_free(self.threadpool.as_ptr());
             sys::llama_model_free(self.model.as_ptr());
         }
     }
@@ -77,9 +83,24 @@ impl LlamaCpp {
             unsafe { sys::llama_model_free(model.as_ptr()) };
             return Err(fail("create a context for"));
         };
+        // SAFETY: default parameters for `threads` threads; the pool outlives the context (Drop).
+        let threadpool = unsafe {
+            let mut params = sys::ggml_threadpool_params_default(threads as i32);
+            NonNull::new(sys::ggml_threadpool_new(&mut params))
+        };
+        let Some(threadpool) = threadpool else {
+            // SAFETY: created above, not yet owned by a LlamaCpp.
+            unsafe {
+                sys::llama_free(ctx.as_ptr());
+                sys::llama_model_free(model.as_ptr());
+            }
+            return Err(fail("start a thread pool for"));
+        };
+        // SAFETY: a live context and pool; the same pool serves single tokens and batches.
+        unsafe { sys::llama_attach_threadpool(ctx.as_ptr(), threadpool.as_ptr(), threadpool.as_ptr()) };
         // SAFETY: a batch for n_batch tokens of one sequence.
         let batch = unsafe { sys::llama_batch_init(n_batch as i32, 0, 1) };
-        Ok(LlamaCpp { ctx, model, batch, n_batch, n_vocab, n_past: 0, logits: Vec::new() })
+        Ok(LlamaCpp { ctx, threadpool, model, batch, n_batch, n_vocab, n_past: 0, logits: Vec::new() })
     }
 
     /// Vocabulary size.
