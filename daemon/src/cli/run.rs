@@ -141,7 +141,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut n = 0usize;
     let generation = generate(model.info(), &mut session, tokenizer, &request, &mut |event| {
         n += 1;
-        if n % 16 == 0 {
+        if n.is_multiple_of(16) {
             peaks.sample();
         }
         if !args.json && !event.text.is_empty() {

@@ -11,7 +11,7 @@ use crate::bench::Error;
 
 /// A greedy loop over [`LlamaCpp`]: decode the prompt, then one token at a time.
 ///
-/// The loop is [`pocket_core::generate`]'s, step for step: the same argmax, the same
+/// The loop is [`pocket_core::generate()`]'s, step for step: the same argmax, the same
 /// per-token text assembly (piece lookup and [`TextStream`]), the same stop rules (end token
 /// of our vocabulary, `max_tokens`, context full), and the same clock readings, so the two
 /// modes differ only in the engine behind `decode`. (`LlamaCpp` is not `Send`, so it cannot

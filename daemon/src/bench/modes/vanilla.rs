@@ -9,7 +9,7 @@ use pocket_ggml::{GgmlModel, GgmlSession};
 use super::{RunOutput, Runner, RunnerContext};
 use crate::bench::Error;
 
-/// Runs [`pocket_core::generate`] on a [`GgmlSession`].
+/// Runs [`pocket_core::generate()`] on a [`GgmlSession`].
 ///
 /// One session serves every prompt, emptied with `truncate(0)` before each: this mirrors the
 /// llama.cpp baseline, whose context is made once and cleared per prompt, so neither mode's
