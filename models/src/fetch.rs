@@ -254,15 +254,7 @@ impl Puller<'_> {
         let mut sink =
             Sink::new(BufWriter::with_capacity(1 << 20, tmp.as_file()), file, &from, tmp.path(), &task);
         write(&mut sink, &task)?;
-        let actual = sink.finish()?;
-        if actual != file.sha256 {
-            return Err(Error::Checksum {
-                file: file.name.clone(),
-                from,
-                expected: file.sha256.clone(),
-                actual,
-            });
-        }
+        check_sha256(file, &from, sink.finish()?)?;
         // On a board, power can go any time: the data must be on disk before the rename
         // makes it look complete.
         tmp.as_file().sync_all().map_err(|e| Error::io("write", tmp.path(), e))?;
@@ -431,15 +423,7 @@ impl Puller<'_> {
             });
         }
         let task = Task::start(self.mode, &file.name, &from, file.size);
-        let actual = hash_file(&src, &file.name, &task)?;
-        if actual != file.sha256 {
-            return Err(Error::Checksum {
-                file: file.name.clone(),
-                from,
-                expected: file.sha256.clone(),
-                actual,
-            });
-        }
+        check_sha256(file, &from, hash_file(&src, &file.name, &task)?)?;
         let target = fs::canonicalize(&src).map_err(|e| Error::io("read", &src, e))?;
         if fs::canonicalize(dest).is_ok_and(|d| d == target) {
             // The manifest points at the file in the models directory itself.
@@ -708,4 +692,17 @@ fn symlink(target: &Path, link: &Path) -> io::Result<()> {
 #[cfg(not(unix))]
 fn symlink(target: &Path, link: &Path) -> io::Result<()> {
     fs::hard_link(target, link).or_else(|_| fs::copy(target, link).map(drop))
+}
+
+/// An [`Error::Checksum`] unless `actual` is the sha256 the manifest gives for `file`.
+fn check_sha256(file: &ModelFile, from: &str, actual: String) -> Result<()> {
+    if actual == file.sha256 {
+        return Ok(());
+    }
+    Err(Error::Checksum {
+        file: file.name.clone(),
+        from: from.to_owned(),
+        expected: file.sha256.clone(),
+        actual,
+    })
 }
