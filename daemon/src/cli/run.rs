@@ -48,23 +48,24 @@ pub struct Args {
     json: bool,
 }
 
-/// Sampling flags, shared with other subcommands.
+/// Sampling flags, shared with other subcommands. Negative numbers are accepted by the parser
+/// so that the sampler's own check can say which range is allowed.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SamplingArgs {
     /// Sampling temperature; 0 picks the most likely token every time (greedy).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
     /// Keep only the k most likely tokens (0 = off).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
     /// Keep the most likely tokens whose probabilities add up to p (1 = off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
     /// Drop tokens less likely than min-p times the most likely one (0 = off).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     min_p: f32,
     /// Penalise tokens seen in the last 64 tokens (1 = off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     repeat_penalty: f32,
     /// Seed of the sampler's random numbers.
     #[arg(long, default_value_t = 0)]
@@ -108,6 +109,9 @@ struct Report<'a> {
 
 /// Run `pocket run`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // Bad flags are reported before the model is loaded.
+    args.sampling.config().validate()?;
+    StopConfig { max_tokens: args.max_tokens, stop: args.stop.clone() }.validate()?;
     let prompt = if args.prompt == "-" {
         std::io::read_to_string(std::io::stdin()).context("reading the prompt from stdin")?
     } else {

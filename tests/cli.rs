@@ -1,0 +1,132 @@
+//! End to end: the real `pocket` binary on the real default model (SmolLM2-135M, pulled by
+//! `scripts/test` before the tests run), as a user runs it.
+
+use std::process::{Command, Output};
+
+fn pocket(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pocket")).args(args).output().expect("the pocket binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Fails with the instruction to pull rather than with an obscure error.
+fn require_default_model() {
+    let o = pocket(&["pull", "--list"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let listing = stdout(&o);
+    let line = listing.lines().find(|l| l.contains("smollm2-135m")).expect("the default model is listed");
+    assert!(line.split_whitespace().any(|w| w == "pulled"), "run: pocket pull smollm2-135m\n{listing}");
+}
+
+#[test]
+fn run_with_the_chat_template_answers_the_question() {
+    require_default_model();
+    let o = pocket(&["run", "--chat", "What is the capital of France?", "-n", "24", "-t", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("Paris"), "{}", stdout(&o));
+}
+
+#[test]
+fn run_json_reports_tokens_speed_and_memory_split() {
+    require_default_model();
+    let o = pocket(&["run", "Once upon a time", "-n", "20", "-t", "1", "--kv", "q8_0", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON object");
+    assert_eq!(r["generated_tokens"], 20);
+    assert_eq!(r["kv"], "q8_0");
+    assert_eq!(r["stop"], "max_tokens");
+    assert!(r["prompt_tokens"].as_u64().unwrap() > 0);
+    for key in ["prefill_tok_per_s", "decode_tok_per_s"] {
+        assert!(r[key].as_f64().unwrap() > 0.0, "{key}: {r}");
+    }
+    // Weights are file-backed (mapped), the KV cache and buffers anonymous.
+    assert!(r["peak_file_bytes"].as_u64().unwrap() > 50 << 20, "{r}");
+    assert!(r["peak_anon_bytes"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["peak_rss_bytes"].as_u64().unwrap() >= r["peak_file_bytes"].as_u64().unwrap(), "{r}");
+}
+
+#[test]
+fn parity_ends_with_the_summary_line_and_agrees_with_llama_cpp() {
+    require_default_model();
+    let o = pocket(&["parity", "-n", "16", "--only", "-t", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let last = out.lines().last().unwrap_or_default();
+    assert_eq!(last, "parity: top1 16/16 max_abs_diff 0", "{out}");
+}
+
+#[test]
+fn bench_alternates_modes_and_writes_json_and_chart() {
+    require_default_model();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let o = pocket(&[
+        "bench",
+        "--max-prompts",
+        "2",
+        "--max-tokens-cap",
+        "16",
+        "--threads",
+        "1",
+        "--no-cost-curve",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let runs = r["runs"].as_array().unwrap();
+    let modes: Vec<&str> = runs.iter().map(|run| run["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes.len(), 4);
+    assert_ne!(modes[0], modes[1], "modes alternate per prompt: {modes:?}");
+    assert!(runs.iter().all(|run| run["identical_to_vanilla"] == true), "{r}");
+    assert!(dir.path().join("r.svg").exists());
+    assert!(stdout(&o).contains("vanilla"));
+}
+
+#[test]
+fn unknown_model_is_an_error_listing_the_known_ones() {
+    let o = pocket(&["run", "-m", "no-such-model", "hello"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("no-such-model") && err.contains("smollm2-135m"), "{err}");
+}
+
+#[test]
+fn a_file_that_is_not_gguf_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.gguf");
+    std::fs::write(&path, "hello\n").unwrap();
+    let o = pocket(&["run", "-m", path.to_str().unwrap(), "hi"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("not a GGUF model"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_prompt_longer_than_the_context_is_an_error_with_the_numbers() {
+    require_default_model();
+    let o = pocket(&["run", "--ctx-size", "8", "one two three four five six seven eight nine ten eleven"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("context overflow") && err.contains("holds 8"), "{err}");
+}
+
+#[test]
+fn bad_sampling_flags_are_refused_before_loading_with_the_allowed_range() {
+    let o = pocket(&["run", "-m", "no-such-model", "--temperature", "-1", "hi"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("temperature must be") && !err.contains("no-such-model"), "{err}");
+}
+
+#[test]
+fn an_unknown_kv_type_names_the_allowed_ones() {
+    let o = pocket(&["run", "--kv", "q9", "hi"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("f16, q8_0 or q4_0"), "{}", stderr(&o));
+}
