@@ -1,7 +1,10 @@
 //! Manifest parsing: the built-ins, the format's rules, user manifests.
 
+mod common;
+
 use std::path::Path;
 
+use common::message;
 use pocket_models::{Catalog, Error, Format, Manifest, Origin, Source, default_model};
 
 /// (package, version, member) of one wheel.
@@ -113,17 +116,6 @@ fn valid(extra_top: &str, extra_file: &str, source: &str) -> String {
 }
 
 const PIP: &str = "kind = \"pip\"\nparts = [{ package = \"p\", version = \"1\", path = \"p/m.gguf\" }]";
-
-/// The error's whole message, as the CLI prints it.
-fn message(err: &Error) -> String {
-    let mut out = err.to_string();
-    let mut source = std::error::Error::source(err);
-    while let Some(cause) = source {
-        out += &format!(": {cause}");
-        source = cause.source();
-    }
-    out
-}
 
 #[test]
 fn a_minimal_manifest_parses() {

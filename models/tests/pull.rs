@@ -25,16 +25,6 @@ fn manifest(text: &str) -> Manifest {
     Manifest::parse(text, Origin::File("/test/manifest.toml".into())).unwrap()
 }
 
-fn message(err: &Error) -> String {
-    let mut out = err.to_string();
-    let mut source = std::error::Error::source(err);
-    while let Some(cause) = source {
-        out += &format!(": {cause}");
-        source = cause.source();
-    }
-    out
-}
-
 /// Three wheels holding a 700 kB model (several read buffers per part).
 struct Fixture {
     _tmp: tempfile::TempDir,

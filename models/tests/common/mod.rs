@@ -112,3 +112,14 @@ pub fn serve(routes: HashMap<String, Vec<u8>>) -> String {
     });
     base
 }
+
+/// The error's whole message with its causes, as the CLI prints it.
+pub fn message(err: &pocket_models::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        out += &format!(": {cause}");
+        source = cause.source();
+    }
+    out
+}
