@@ -160,8 +160,7 @@ fn supports(
 ) -> bool {
     if op == WeightOp::Elementwise {
         // Extra buffer types only speed up matrix products; small tensors stay plain.
-        // SAFETY: registry buffer type.
-        return unsafe { sys::ggml_backend_buft_is_host(buft) } || !is_extra(dev, buft);
+        return !is_extra(dev, buft);
     }
     // SAFETY: a private no_alloc context holds the dummy op; `w` is a metadata-only tensor from
     // the GGUF context whose `buffer` field we set for the query and reset before returning.

@@ -239,7 +239,6 @@ impl Weights {
         }
 
         // Group the tensors by the buffer type each goes to.
-        let host_buft = device.weight_bufts.last().copied().filter(|_| device.is_cpu());
         let mut groups: Vec<Group> = Vec::new();
         let mut placed: Vec<Option<NonNull<sys::ggml_tensor>>> = vec![None; wanted.len()];
         for (i, w) in wanted.iter().enumerate() {
@@ -300,7 +299,8 @@ impl Weights {
                 tensors.push((i, t));
                 placed[i] = Some(t);
             }
-            let in_place = Some(*buft) == host_buft || (*buft == cpu_buft && device.is_cpu());
+            // On the CPU, weights in plain host memory are used where they lie in the mapping.
+            let in_place = device.is_cpu() && *buft == cpu_buft;
             if in_place {
                 let mmap = f.mmap();
                 let max = list.iter().map(|&(_, m)| {
