@@ -107,6 +107,73 @@ pub fn measure_cost_curve(
         .collect())
 }
 
+/// What a verification pass of `n` tokens costs relative to a plain decode step, from a
+/// measured cost curve, and the speed-up a drafter can expect from it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    /// `relative[n - 1]`: cost of a pass of `n` tokens, for n = 1..=MAX_DRAFT + 1.
+    relative: Vec<f64>,
+}
+
+impl CostModel {
+    /// The model of a measured curve: linear between measured sizes, extended along the
+    /// last measured segment beyond them. A curve with fewer than two usable points is
+    /// read as "every token costs a full step" (no speculation can pay), the safe reading.
+    pub fn from_curve(points: &[CostPoint]) -> Self {
+        let mut pts: Vec<(f64, f64)> = points
+            .iter()
+            .filter(|p| p.n >= 1 && p.relative.is_finite() && p.relative > 0.0)
+            .map(|p| (p.n as f64, p.relative))
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        pts.dedup_by(|a, b| a.0 == b.0);
+        let sizes = 1..=crate::spec::MAX_DRAFT + 1;
+        if pts.len() < 2 {
+            return CostModel { relative: sizes.map(|n| n as f64).collect() };
+        }
+        let at = |x: f64| {
+            let i = pts.windows(2).position(|w| x <= w[1].0).unwrap_or(pts.len() - 2);
+            let ((x0, y0), (x1, y1)) = (pts[i], pts[i + 1]);
+            y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        };
+        // Relative to n = 1, and never cheaper than a smaller pass.
+        let one = at(1.0).max(f64::MIN_POSITIVE);
+        let mut relative: Vec<f64> = sizes.map(|n| at(n as f64) / one).collect();
+        for i in 1..relative.len() {
+            relative[i] = relative[i].max(relative[i - 1]);
+        }
+        relative[0] = 1.0;
+        CostModel { relative }
+    }
+
+    /// A model where a pass of `n` costs `1 + slope·(n − 1)` steps (a GPU is near 0, a
+    /// small CPU near 0.5); for tests and for devices not yet measured.
+    pub fn linear(slope: f64) -> Self {
+        CostModel { relative: (0..=crate::spec::MAX_DRAFT).map(|i| 1.0 + slope * i as f64).collect() }
+    }
+
+    /// Cost of a pass of `n` tokens in plain decode steps (`n` is clamped to the modelled
+    /// range).
+    pub fn pass(&self, n: usize) -> f64 {
+        self.relative[n.clamp(1, self.relative.len()) - 1]
+    }
+
+    /// Expected decode speed relative to plain decoding when drafting `k` tokens, each
+    /// accepted with probability `alpha`, at `draft_cost` steps per drafted token: tokens
+    /// per pass over the cost of drafting and verifying.
+    pub fn speedup(&self, alpha: f64, k: usize, draft_cost: f64) -> f64 {
+        crate::spec::expected_tokens(alpha, k) / (self.pass(k + 1) + k as f64 * draft_cost.max(0.0))
+    }
+
+    /// The draft length up to `max_k` with the best [`CostModel::speedup`], and that
+    /// speed-up; `(0, 1.0)` when no length beats plain decoding.
+    pub fn best_k(&self, alpha: f64, draft_cost: f64, max_k: usize) -> (usize, f64) {
+        (1..=max_k.min(crate::spec::MAX_DRAFT))
+            .map(|k| (k, self.speedup(alpha, k, draft_cost)))
+            .fold((0, 1.0), |best, c| if c.1 > best.1 { c } else { best })
+    }
+}
+
 /// The timed passes: `samples[i]` holds the seconds of each pass of `config.sizes[i]`.
 fn time_sizes(
     session: &mut dyn Session,
@@ -173,6 +240,10 @@ mod tests {
             self.tokens.len()
         }
 
+        fn tokens(&self) -> &[Token] {
+            &self.tokens
+        }
+
         fn config(&self) -> &SessionConfig {
             &self.config
         }
@@ -193,6 +264,23 @@ mod tests {
         fn memory(&self) -> u64 {
             0
         }
+    }
+
+    #[test]
+    fn cost_model_interpolates_and_picks_draft_lengths() {
+        let pt = |n, relative| CostPoint { n, seconds: 0.0, relative };
+        let m = CostModel::from_curve(&[pt(1, 1.0), pt(2, 2.0), pt(4, 2.5), pt(8, 4.0)]);
+        assert_eq!(m.pass(1), 1.0);
+        assert_eq!(m.pass(3), 2.25);
+        assert_eq!(m.pass(12), 5.5);
+        // A flat curve pays for long drafts; a steep one only with high acceptance.
+        let flat = CostModel::linear(0.0);
+        assert_eq!(flat.best_k(0.8, 0.0, 16).0, 16);
+        let steep = CostModel::linear(1.0);
+        assert_eq!(steep.best_k(0.9, 0.0, 16), (0, 1.0));
+        let (k, gain) = m.best_k(0.95, 0.0, 16);
+        assert!(k > 2 && gain > 1.3, "{k} {gain}");
+        assert!(CostModel::from_curve(&[]).best_k(0.99, 0.0, 16).0 == 0);
     }
 
     #[test]

@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::sampling::{Sampler, SamplingConfig};
+use crate::sampling::{Distribution, Sampler, SamplingConfig};
+use crate::spec::{Batch, Draft, Drafter, MAX_DRAFT, SpecStats, verify_greedy, verify_sampled};
 use crate::stop::{StopConfig, StopReason, TextStream};
 use crate::{Error, LayerPlan, Logits, ModelInfo, Result, Rows, Session, Token, Tokenizer};
 
@@ -54,6 +55,9 @@ pub struct Generation {
     /// Seconds from the first token's sampling until the last token's: the span in which
     /// `tokens[1..]` were produced (event callbacks included).
     pub decode_seconds: f64,
+    /// What speculation did (all zero for plain decoding).
+    #[serde(default)]
+    pub spec: SpecStats,
 }
 
 impl Generation {
@@ -97,6 +101,22 @@ pub fn generate(
     request: &GenerateRequest,
     on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
 ) -> Result<Generation> {
+    generate_speculative(info, session, tokenizer, request, None, on_event)
+}
+
+/// [`generate`] with a drafter: each step, `drafter` proposes tokens after the pending one,
+/// one full-plan pass verifies them, and what the target agrees with is kept (see
+/// [`crate::spec`]). Greedy output is the same, token for token, as [`generate`]'s; sampled
+/// output follows the same distribution. The session ends holding what it would after
+/// [`generate`]. `None` is plain decoding.
+pub fn generate_speculative(
+    info: &ModelInfo,
+    session: &mut dyn Session,
+    tokenizer: &dyn Tokenizer,
+    request: &GenerateRequest,
+    mut drafter: Option<&mut dyn Drafter>,
+    on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+) -> Result<Generation> {
     let mut sampler = Sampler::new(request.sampling.clone())?;
     request.stop.validate()?;
     if request.prompt.is_empty() {
@@ -115,12 +135,23 @@ pub fn generate(
     let mut out = Output {
         tokenizer,
         stream: TextStream::new(&request.stop.stop),
-        history: Vec::with_capacity(request.prompt.len() + room),
+        history: Vec::with_capacity(request.prompt.len() + room + MAX_DRAFT),
         tokens: Vec::with_capacity(room),
         text: String::new(),
         max_tokens,
     };
     out.history.extend_from_slice(&request.prompt);
+    // Everything the session holds, then the pending token: what drafters continue.
+    let mut context = Vec::new();
+    if drafter.is_some() {
+        context.reserve(held + request.prompt.len() + room + MAX_DRAFT);
+        context.extend_from_slice(session.tokens());
+        context.extend_from_slice(&request.prompt);
+    }
+    let mut stats = SpecStats::default();
+    let mut draft = Draft::new();
+    let mut batch = Batch::new();
+    let (mut p, mut residual) = (Distribution::new(), Distribution::new());
 
     let start = Instant::now();
     let logits = session.decode(&request.prompt, &plan, Rows::Last)?;
@@ -134,7 +165,7 @@ pub fn generate(
     let stop = if max_tokens == 0 {
         StopReason::MaxTokens
     } else {
-        loop {
+        'steps: loop {
             // `next` is sampled but not yet in the session.
             if !tokenizer.is_end(next) {
                 last_at = sampled_at;
@@ -142,17 +173,70 @@ pub fn generate(
             if let Some(reason) = out.emit(next, on_event) {
                 break reason;
             }
-            if session.len() >= n_ctx {
+            let base = session.len();
+            if base >= n_ctx {
                 break StopReason::ContextFull;
             }
-            // Propose: plain decoding drafts nothing; a drafter appends its guesses here.
-            let batch = [next];
-            // Decode: one full-plan pass over the pending token (and the draft).
-            let logits = session.decode(&batch, &plan, Rows::Last)?;
-            // Accept: with a draft, verification of each drafted token goes here; plain
-            // decoding samples the token that follows.
-            next = sampler.sample(last_row(&logits, info)?, &out.history);
+            // Propose: up to what the context and the token limit leave room for after `next`.
+            draft.clear();
+            let max = MAX_DRAFT.min(n_ctx - base - 1).min(max_tokens - out.tokens.len() - 1);
+            if let Some(d) = drafter.as_deref_mut().filter(|_| max > 0) {
+                let t0 = Instant::now();
+                context.push(next);
+                let drafted = d.draft(session, &context, max, &mut draft);
+                context.pop();
+                drafted?;
+                draft.truncate(max);
+                if session.len() != base {
+                    session.truncate(base)?;
+                }
+                stats.draft_seconds += t0.elapsed().as_secs_f64();
+            }
+            // Decode: one full-plan pass over the pending token and the draft.
+            batch.clear();
+            batch.push(next).ok();
+            batch.extend_from_slice(&draft).ok();
+            let t0 = Instant::now();
+            let rows = if batch.len() == 1 { Rows::Last } else { Rows::Tail(batch.len()) };
+            let logits = session.decode(&batch, &plan, rows)?;
+            check_rows(&logits, batch.len(), info)?;
+            // Accept: the longest prefix of the draft the target agrees with, then its own token.
+            let verdict = if sampler.config().is_greedy() {
+                verify_greedy(&mut sampler, &logits, &draft, &mut out.history)
+            } else {
+                verify_sampled(&mut sampler, &logits, &draft, &[], &mut out.history, &mut p, &mut residual)
+            };
             sampled_at = Instant::now();
+            stats.verify_seconds += sampled_at.duration_since(t0).as_secs_f64();
+            stats.passes += 1;
+            if !draft.is_empty() {
+                stats.drafts += 1;
+                stats.drafted += draft.len();
+                stats.accepted += verdict.accepted;
+                if let Some(d) = drafter.as_deref_mut() {
+                    d.feedback(&draft, verdict.accepted);
+                }
+            }
+            if drafter.is_some() {
+                context.push(next);
+            }
+            // Emit the accepted draft tokens; each is at `base + 1 + j` in the session.
+            for (j, &token) in draft[..verdict.accepted].iter().enumerate() {
+                if !tokenizer.is_end(token) {
+                    last_at = sampled_at;
+                }
+                if let Some(reason) = out.emit(token, on_event) {
+                    // As plain decoding would leave it: everything before the last token.
+                    session.truncate(base + 1 + j)?;
+                    break 'steps reason;
+                }
+                if drafter.is_some() {
+                    context.push(token);
+                }
+            }
+            // Drop the rejected rest: the session holds `next` and the accepted tokens.
+            session.truncate(base + 1 + verdict.accepted)?;
+            next = verdict.next;
         }
     };
 
@@ -171,6 +255,7 @@ pub fn generate(
         prompt_tokens: request.prompt.len(),
         prefill_seconds,
         decode_seconds: last_at.duration_since(first_at).as_secs_f64(),
+        spec: stats,
     })
 }
 
@@ -212,6 +297,19 @@ impl Output<'_> {
     }
 }
 
+/// Checks that `logits` has `rows` rows of the model's vocabulary: an engine bug becomes an
+/// error.
+fn check_rows(logits: &Logits<'_>, rows: usize, info: &ModelInfo) -> Result<()> {
+    if logits.rows() != rows || logits.row(0).len() != info.n_vocab {
+        return Err(Error::engine(format!(
+            "decode returned {} rows of logits where {rows} rows of a vocabulary of {} were asked for",
+            logits.rows(),
+            info.n_vocab
+        )));
+    }
+    Ok(())
+}
+
 /// The last row of `logits`, checked against the model: an engine bug becomes an error.
 fn last_row<'a>(logits: &Logits<'a>, info: &ModelInfo) -> Result<&'a [f32]> {
     if logits.rows() == 0 {
@@ -232,6 +330,7 @@ fn last_row<'a>(logits: &Logits<'a>, info: &ModelInfo) -> Result<&'a [f32]> {
 mod tests {
     use super::*;
     use crate::{ModelKind, SessionConfig};
+    use crate::spec::Draft;
 
     const V: usize = 8;
 
@@ -261,6 +360,10 @@ mod tests {
             self.tokens.len()
         }
 
+        fn tokens(&self) -> &[Token] {
+            &self.tokens
+        }
+
         fn config(&self) -> &SessionConfig {
             &self.config
         }
@@ -269,11 +372,14 @@ mod tests {
             assert!(self.tokens.len() + tokens.len() <= self.config.n_ctx, "context overrun");
             self.calls.push((tokens.to_vec(), rows, plan.is_full()));
             self.tokens.extend_from_slice(tokens);
-            let last = *self.tokens.last().unwrap() as usize;
-            self.logits.fill(0.0);
-            self.logits[(last + 1) % V] = 1.0;
-            for &(t, b) in &self.bias {
-                self.logits[t as usize] += b;
+            let n = rows.count(tokens.len())?;
+            self.logits.clear();
+            self.logits.resize(n * V, 0.0);
+            for (row, &t) in self.logits.chunks_mut(V).zip(&tokens[tokens.len() - n..]) {
+                row[(t as usize + 1) % V] = 1.0;
+                for &(t, b) in &self.bias {
+                    row[t as usize] += b;
+                }
             }
             Ok(Logits::new(&self.logits, V))
         }
@@ -510,6 +616,98 @@ mod tests {
         assert_eq!(g.unwrap().tokens, vec![1]);
     }
 
+    /// Drafts `right` correct continuations of the fake model, then `wrong` wrong ones.
+    struct PatternDrafter {
+        right: usize,
+        wrong: usize,
+        verdicts: Vec<(usize, usize)>,
+    }
+
+    impl Drafter for PatternDrafter {
+        fn name(&self) -> &str {
+            "pattern"
+        }
+
+        fn draft(
+            &mut self,
+            target: &mut dyn Session,
+            context: &[Token],
+            max: usize,
+            out: &mut Draft,
+        ) -> Result<()> {
+            assert_eq!(target.len() + 1, context.len(), "the target holds all but the pending token");
+            assert_eq!(target.tokens(), &context[..context.len() - 1]);
+            out.clear();
+            let mut t = *context.last().unwrap();
+            for i in 0..(self.right + self.wrong).min(max) {
+                t = if i < self.right { (t + 1) % V as Token } else { (t + 3) % V as Token };
+                out.push(t).unwrap();
+            }
+            Ok(())
+        }
+
+        fn feedback(&mut self, drafted: &[Token], accepted: usize) {
+            self.verdicts.push((drafted.len(), accepted));
+        }
+    }
+
+    /// Plain and speculative generation of the same request on fresh sessions.
+    fn plain_and_spec(
+        prompt: &[Token],
+        max_tokens: usize,
+        stop: &[&str],
+        n_ctx: usize,
+        drafter: &mut PatternDrafter,
+    ) -> ((Generation, Vec<Token>), (Generation, Vec<Token>)) {
+        let t = FakeTokenizer::default();
+        let r = request(prompt, max_tokens, stop);
+        let mut plain = FakeSession::new(n_ctx);
+        let g = generate(&info(), &mut plain, &t, &r, &mut |_| ControlFlow::Continue(())).unwrap();
+        let mut spec = FakeSession::new(n_ctx);
+        let s = generate_speculative(&info(), &mut spec, &t, &r, Some(drafter), &mut |_| {
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        ((g, plain.tokens), (s, spec.tokens))
+    }
+
+    #[test]
+    fn speculation_gives_plain_output_and_leaves_the_session_as_plain_does() {
+        // Prompt 0 → 1 2 3 4 5 6 then the end token 7; with max_tokens, stop strings and a
+        // short context each ending generation inside a draft.
+        let cases: &[(&[Token], usize, &[&str], usize)] = &[
+            (&[0], 100, &[], 64),
+            (&[0], 3, &[], 64),
+            (&[0], 4, &[], 64),
+            (&[0], 100, &["de"], 64),
+            (&[0, 0], 100, &[], 5),
+            (&[5, 0], 2, &[], 64),
+        ];
+        for &(prompt, max_tokens, stop, n_ctx) in cases {
+            for (right, wrong) in [(0, 1), (1, 0), (2, 1), (3, 0), (5, 2), (16, 0)] {
+                let mut d = PatternDrafter { right, wrong, verdicts: Vec::new() };
+                let ((g, plain), (s, spec)) = plain_and_spec(prompt, max_tokens, stop, n_ctx, &mut d);
+                let what = format!("{prompt:?} max {max_tokens} stop {stop:?} ctx {n_ctx} draft {right}+{wrong}");
+                assert_eq!((&s.tokens, &s.text, s.stop), (&g.tokens, &g.text, g.stop), "{what}");
+                assert_eq!(spec, plain, "session after {what}");
+                let accepted: usize = d.verdicts.iter().map(|v| v.1).sum();
+                assert_eq!(s.spec.accepted, accepted, "{what}");
+                assert!(d.verdicts.iter().all(|&(n, a)| a <= n && a <= right), "{what}: {:?}", d.verdicts);
+            }
+        }
+    }
+
+    #[test]
+    fn accepted_drafts_save_passes() {
+        let mut d = PatternDrafter { right: 3, wrong: 0, verdicts: Vec::new() };
+        let ((g, _), (s, _)) = plain_and_spec(&[0], 100, &[], 64, &mut d);
+        assert_eq!(g.tokens.len(), 6);
+        // 1 is sampled after the prompt; one pass verifies 2 3 4 and yields 5; the next
+        // verifies 6 7 0, where 7 is the end token: two passes instead of six.
+        assert_eq!(s.spec.passes, 2);
+        assert_eq!((s.spec.drafted, s.spec.accepted, s.spec.drafts), (6, 6, 2));
+    }
+
     #[test]
     fn rates_are_zero_without_time() {
         let g = Generation {
@@ -520,6 +718,7 @@ mod tests {
             prompt_tokens: 10,
             prefill_seconds: 0.5,
             decode_seconds: 0.0,
+            spec: SpecStats::default(),
         };
         assert_eq!(g.prefill_tok_per_s(), 20.0);
         assert_eq!(g.decode_tok_per_s(), 0.0);

@@ -3,7 +3,7 @@
 //! Engines (ggml for decoders, tract for encoder-decoders) implement two traits:
 //! [`Model`], loaded read-only weights, and [`Session`], one conversation's state (its KV
 //! cache). Everything above the engines — sampling, stop conditions, the generation loop and
-//! (next) speculative decoding — is written against these traits only, so it never knows
+//! speculative decoding — is written against these traits only, so it never knows
 //! which engine runs underneath.
 //!
 //! ```
@@ -22,11 +22,12 @@ pub mod generate;
 mod model;
 mod plan;
 pub mod sampling;
+pub mod spec;
 pub mod stop;
 mod tokenizer;
 
 pub use error::{Error, Result};
-pub use generate::{Event, GenerateRequest, Generation, generate};
+pub use generate::{Event, GenerateRequest, Generation, generate, generate_speculative};
 pub use model::{
     Footprint, KvType, Logits, Model, ModelInfo, ModelKind, Rows, Session, SessionConfig, default_threads,
 };

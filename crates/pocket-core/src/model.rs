@@ -233,6 +233,9 @@ pub trait Session: Send {
         self.len() == 0
     }
 
+    /// The tokens the session holds, in order (`len()` of them). Drafters continue them.
+    fn tokens(&self) -> &[Token];
+
     /// The session's configuration.
     fn config(&self) -> &SessionConfig;
 

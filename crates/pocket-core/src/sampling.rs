@@ -277,6 +277,12 @@ impl Sampler {
         normalize(e);
     }
 
+    /// A uniform number in [0, 1) from this sampler's generator (speculative sampling's
+    /// acceptance test draws from the same stream as the tokens, so a seed fixes both).
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.random::<f64>()
+    }
+
     /// Draw a token from `dist` with this sampler's generator. The weights need not be
     /// normalised; negative ones count as 0. An empty or all-zero distribution gives its
     /// first token (0 if it has none).

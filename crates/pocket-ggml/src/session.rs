@@ -257,10 +257,6 @@ impl GgmlSession {
         self.kv.bytes()
     }
 
-    /// The tokens the session holds.
-    pub fn tokens(&self) -> &[Token] {
-        &self.tokens
-    }
 
     /// Run one pass over `self.tokens[pos0..pos0 + n_tokens]`, writing the last `n_out` rows of
     /// logits into `self.logits[row_off * n_vocab..]`.
@@ -332,6 +328,10 @@ unsafe fn set_input<T>(t: *mut sys::ggml_tensor, data: &[T]) {
 impl Session for GgmlSession {
     fn len(&self) -> usize {
         self.tokens.len()
+    }
+
+    fn tokens(&self) -> &[Token] {
+        &self.tokens
     }
 
     fn config(&self) -> &SessionConfig {
