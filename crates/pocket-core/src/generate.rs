@@ -329,8 +329,8 @@ fn last_row<'a>(logits: &Logits<'a>, info: &ModelInfo) -> Result<&'a [f32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ModelKind, SessionConfig};
     use crate::spec::Draft;
+    use crate::{ModelKind, SessionConfig};
 
     const V: usize = 8;
 
@@ -687,7 +687,8 @@ mod tests {
             for (right, wrong) in [(0, 1), (1, 0), (2, 1), (3, 0), (5, 2), (16, 0)] {
                 let mut d = PatternDrafter { right, wrong, verdicts: Vec::new() };
                 let ((g, plain), (s, spec)) = plain_and_spec(prompt, max_tokens, stop, n_ctx, &mut d);
-                let what = format!("{prompt:?} max {max_tokens} stop {stop:?} ctx {n_ctx} draft {right}+{wrong}");
+                let what =
+                    format!("{prompt:?} max {max_tokens} stop {stop:?} ctx {n_ctx} draft {right}+{wrong}");
                 assert_eq!((&s.tokens, &s.text, s.stop), (&g.tokens, &g.text, g.stop), "{what}");
                 assert_eq!(spec, plain, "session after {what}");
                 let accepted: usize = d.verdicts.iter().map(|v| v.1).sum();

@@ -16,7 +16,7 @@ pub enum DeviceChoice {
     /// The first GPU in the registry if there is one, else the CPU.
     #[default]
     Auto,
-    /// The CPU, with ggml's repacked weight layouts where they apply.
+    /// The CPU.
     Cpu,
     /// A device by its ggml name (`CUDA0`, `Vulkan0`, ...).
     Named(String),
@@ -63,7 +63,9 @@ fn dev_name(dev: sys::ggml_backend_dev_t) -> String {
 }
 
 impl Device {
-    pub(crate) fn select(choice: &DeviceChoice) -> Result<Device> {
+    /// The device for `choice`; on the CPU, `repack` lets weights go into ggml's repacking
+    /// buffer types (see [`crate::LoadOptions::repack`]).
+    pub(crate) fn select(choice: &DeviceChoice, repack: bool) -> Result<Device> {
         crate::init();
         // SAFETY: registry queries with in-range indices.
         let devices: Vec<sys::ggml_backend_dev_t> =
@@ -88,7 +90,7 @@ impl Device {
             }
         };
         let mut weight_bufts = Vec::new();
-        if dev == cpu {
+        if dev == cpu && repack {
             weight_bufts.extend(cpu_extra_bufts(cpu));
         }
         // SAFETY: registry device.

@@ -52,6 +52,15 @@ use llama_cpp_sys_2 as sys;
 pub(crate) fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
+        // ggml's tiled K-quant matmul takes over from 8 rows, with other arithmetic than the
+        // 1-row kernel: verification passes (up to MAX_DRAFT + 1 rows) must compute each row
+        // as plain decoding does, so it is off unless the operator asked for it explicitly.
+        // ggml reads the variable once, at its first matmul, which comes after this.
+        if std::env::var_os("GGML_CPU_TILED_MM").is_none() {
+            // SAFETY: set once, at the first use of ggml, before any ggml code runs; Rust
+            // code of this process does not read this variable concurrently.
+            unsafe { std::env::set_var("GGML_CPU_TILED_MM", "0") };
+        }
         // SAFETY: `log` matches ggml_log_callback and ignores user_data; backend init is
         // called once, before any other llama.cpp use.
         unsafe {

@@ -86,7 +86,7 @@ fn reference_run(
     threads: usize,
     kv: KvType,
 ) -> Result<(Vec<Token>, Vec<f32>)> {
-    let mut llama = LlamaCpp::load(path, threads, prompt.len() + n + 8, 512, kv, false)?;
+    let mut llama = LlamaCpp::load(path, threads, prompt.len() + n + 8, 512, kv, false, false)?;
     let n_vocab = llama.n_vocab();
     let mut rows = Vec::with_capacity(n * n_vocab);
     let mut tokens = Vec::with_capacity(n);

@@ -41,7 +41,9 @@ impl Drop for LlamaCpp {
 }
 
 impl LlamaCpp {
-    /// Load `path` with a context of `n_ctx` tokens.
+    /// Load `path` with a context of `n_ctx` tokens; `repack` is llama.cpp's
+    /// `use_extra_bufts` (on by default there; compare with a model loaded with the same
+    /// [`crate::LoadOptions::repack`] for identical arithmetic).
     pub fn load(
         path: &Path,
         threads: usize,
@@ -49,6 +51,7 @@ impl LlamaCpp {
         n_batch: usize,
         kv: KvType,
         gpu: bool,
+        repack: bool,
     ) -> Result<Self> {
         crate::init();
         let cpath = cstring(&path.to_string_lossy());
@@ -57,6 +60,7 @@ impl LlamaCpp {
         let model = unsafe {
             let mut p = sys::llama_model_default_params();
             p.n_gpu_layers = if gpu { 999 } else { 0 };
+            p.use_extra_bufts = repack;
             sys::llama_model_load_from_file(cpath.as_ptr(), p)
         };
         let model = NonNull::new(model).ok_or_else(|| fail("load"))?;

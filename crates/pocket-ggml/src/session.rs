@@ -257,7 +257,6 @@ impl GgmlSession {
         self.kv.bytes()
     }
 
-
     /// Run one pass over `self.tokens[pos0..pos0 + n_tokens]`, writing the last `n_out` rows of
     /// logits into `self.logits[row_off * n_vocab..]`.
     fn pass(

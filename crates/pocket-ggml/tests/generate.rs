@@ -7,7 +7,8 @@ use std::ops::ControlFlow;
 
 use common::*;
 use pocket_core::{
-    ChatMessage, GenerateRequest, Generation, Model, SamplingConfig, StopConfig, StopReason, Token, generate,
+    ChatMessage, GenerateRequest, Generation, Model, SamplingConfig, Session, StopConfig, StopReason, Token,
+    generate,
 };
 use pocket_ggml::GgmlModel;
 

@@ -88,7 +88,8 @@ fn prompt_passes_match_llama_cpp_ubatches_of_the_same_size() {
             let mut ours = session(&model, &pocket_core::SessionConfig { n_batch, ..config(512) });
             collect(&ours.decode(&prompt, &plan, Rows::Last).unwrap())
         };
-        let mut llama = LlamaCpp::load(&model_path(SMOL), threads, 512, n_batch, KvType::F16, false).unwrap();
+        let mut llama =
+            LlamaCpp::load(&model_path(SMOL), threads, 512, n_batch, KvType::F16, false, false).unwrap();
         let reference = llama.decode(&prompt, false).unwrap().to_vec();
         let d =
             assert_close(&format!("ours vs llama.cpp, passes of {n_batch}"), &got, &reference, n_vocab, 1e-3);
@@ -129,7 +130,8 @@ fn long_context_matches_llama_cpp() {
         }
     }
     let mut reference = Vec::new();
-    let mut llama = LlamaCpp::load(&model_path(SMOL), threads, n_ctx, 512, KvType::F16, false).unwrap();
+    let mut llama =
+        LlamaCpp::load(&model_path(SMOL), threads, n_ctx, 512, KvType::F16, false, false).unwrap();
     reference.extend_from_slice(llama.decode(prompt, false).unwrap());
     for t in forced {
         reference.extend_from_slice(llama.decode(std::slice::from_ref(t), false).unwrap());

@@ -142,7 +142,7 @@ pub fn run(
         Some(sha) => sha.clone(),
         None => sha256_file(&config.model_path)?,
     };
-    let options = LoadOptions { device: config.device.clone() };
+    let options = LoadOptions { device: config.device.clone(), ..LoadOptions::default() };
     let model = GgmlModel::load(&config.model_path, &options)?;
     progress(Progress::Loaded { device: model.device_name() });
 

@@ -32,7 +32,7 @@ impl ModelArgs {
     /// Resolve and load the model, with a progress bar on stderr if loading takes over a second.
     pub fn load(&self) -> anyhow::Result<GgmlModel> {
         let path = self.resolve()?;
-        load_model(&path, &LoadOptions { device: self.device.clone() })
+        load_model(&path, &LoadOptions { device: self.device.clone(), ..LoadOptions::default() })
     }
 }
 

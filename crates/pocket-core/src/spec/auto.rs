@@ -120,8 +120,10 @@ impl AutoDrafter {
     ) -> Self {
         let pays = config.cost.best_k(0.93, 0.5, config.max_draft).1 > config.min_gain;
         let layerskip = layerskip.filter(|_| pays);
-        let layerskip_acceptance =
-            AcceptanceEstimate::prior(layerskip.as_ref().and_then(|l| l.skip_set()).map_or(0.8, |s| s.agreement), 4.0);
+        let layerskip_acceptance = AcceptanceEstimate::prior(
+            layerskip.as_ref().and_then(|l| l.skip_set()).map_or(0.8, |s| s.agreement),
+            4.0,
+        );
         AutoDrafter {
             suffix: SuffixDrafter::with_cost(config.max_draft, config.cost.clone()),
             config,
@@ -150,7 +152,13 @@ impl Drafter for AutoDrafter {
         "auto"
     }
 
-    fn draft(&mut self, target: &mut dyn Session, context: &[Token], max: usize, out: &mut Draft) -> Result<()> {
+    fn draft(
+        &mut self,
+        target: &mut dyn Session,
+        context: &[Token],
+        max: usize,
+        out: &mut Draft,
+    ) -> Result<()> {
         out.clear();
         let max = max.min(self.config.max_draft);
         let mut best = (Choice::Plain, 0, self.config.min_gain);
@@ -165,7 +173,8 @@ impl Drafter for AutoDrafter {
                     best = (Choice::LayerSkip, max, f64::INFINITY);
                 }
             } else {
-                let (k, gain) = self.config.cost.best_k(self.layerskip_acceptance.alpha(), ls.run_fraction(), max);
+                let (k, gain) =
+                    self.config.cost.best_k(self.layerskip_acceptance.alpha(), ls.run_fraction(), max);
                 if k > 0 && gain > best.2 {
                     best = (Choice::LayerSkip, k, gain);
                 }

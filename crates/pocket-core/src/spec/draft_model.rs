@@ -20,7 +20,12 @@ impl DraftModelDrafter {
     ///
     /// The two models must share a vocabulary: the same size and the same bytes for every
     /// token, or [`Error::InvalidArgument`] names the first difference.
-    pub fn new(target: &dyn Model, draft: &dyn Model, config: &SessionConfig, max_draft: usize) -> Result<Self> {
+    pub fn new(
+        target: &dyn Model,
+        draft: &dyn Model,
+        config: &SessionConfig,
+        max_draft: usize,
+    ) -> Result<Self> {
         check_same_vocabulary(target, draft)?;
         Ok(DraftModelDrafter {
             session: draft.session(config)?,
@@ -73,7 +78,13 @@ impl Drafter for DraftModelDrafter {
         "draft"
     }
 
-    fn draft(&mut self, _target: &mut dyn Session, context: &[Token], max: usize, out: &mut Draft) -> Result<()> {
+    fn draft(
+        &mut self,
+        _target: &mut dyn Session,
+        context: &[Token],
+        max: usize,
+        out: &mut Draft,
+    ) -> Result<()> {
         out.clear();
         let max = max.min(self.max_draft);
         let Some((&pending, before)) = context.split_last() else { return Ok(()) };

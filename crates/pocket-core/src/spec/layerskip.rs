@@ -171,7 +171,13 @@ impl Drafter for LayerSkipDrafter {
         "layerskip"
     }
 
-    fn draft(&mut self, target: &mut dyn Session, context: &[Token], max: usize, out: &mut Draft) -> Result<()> {
+    fn draft(
+        &mut self,
+        target: &mut dyn Session,
+        context: &[Token],
+        max: usize,
+        out: &mut Draft,
+    ) -> Result<()> {
         out.clear();
         let max = max.min(self.config.max_draft);
         let held = context.len() - 1;

@@ -159,7 +159,9 @@ impl SkipSearch {
     }
 
     fn best_trial(&self) -> Option<&Trial> {
-        self.trials.iter().max_by(|a, b| a.value.total_cmp(&b.value).then(a.agreement.total_cmp(&b.agreement)))
+        self.trials
+            .iter()
+            .max_by(|a, b| a.value.total_cmp(&b.value).then(a.agreement.total_cmp(&b.agreement)))
     }
 
     fn min_size(&self) -> usize {
@@ -202,7 +204,8 @@ impl SkipSearch {
 
     /// The pool candidate with the highest upper confidence bound of predicted value.
     fn bayesian(&mut self) -> Vec<bool> {
-        let pool: Vec<Vec<bool>> = (0..64).map(|i| if i % 2 == 0 { self.random(self.size) } else { self.mutate() }).collect();
+        let pool: Vec<Vec<bool>> =
+            (0..64).map(|i| if i % 2 == 0 { self.random(self.size) } else { self.mutate() }).collect();
         let gp = Gp::fit(&self.trials, self.n_layers);
         pool.into_iter()
             .filter(|c| !self.trials.iter().any(|t| &t.skip == c))
@@ -317,7 +320,8 @@ mod tests {
     /// A synthetic model: each layer has an importance; agreement falls with the importance
     /// skipped. Layers 10.. are cheap to skip.
     fn agreement(plan: &LayerPlan) -> f64 {
-        let lost: f64 = (0..plan.n_layers()).filter(|&l| !plan.runs(l)).map(|l| if l >= 10 { 0.01 } else { 0.08 }).sum();
+        let lost: f64 =
+            (0..plan.n_layers()).filter(|&l| !plan.runs(l)).map(|l| if l >= 10 { 0.01 } else { 0.08 }).sum();
         (1.0 - lost).max(0.0)
     }
 
@@ -349,10 +353,11 @@ mod tests {
 
     #[test]
     fn gp_interpolates_seen_points() {
-        let trials: Vec<Trial> = [(vec![true, false, false, false], 0.9), (vec![false, false, true, true], 0.3)]
-            .into_iter()
-            .map(|(skip, agreement)| Trial { skip, agreement, value: 0.0 })
-            .collect();
+        let trials: Vec<Trial> =
+            [(vec![true, false, false, false], 0.9), (vec![false, false, true, true], 0.3)]
+                .into_iter()
+                .map(|(skip, agreement)| Trial { skip, agreement, value: 0.0 })
+                .collect();
         let gp = Gp::fit(&trials, 4);
         let (m0, v0) = gp.predict(&trials[0].skip);
         let (m1, _) = gp.predict(&trials[1].skip);

@@ -64,7 +64,8 @@ impl SuffixDrafter {
         let Some(m) = self.sam.longest_match() else { return (0, 1.0) };
         let available = self.sam.len() - m.end;
         let b = bucket(m.len);
-        let (k, gain) = self.cost.best_k(self.acceptance[b].alpha(), 0.0, max.min(self.max_draft).min(available));
+        let (k, gain) =
+            self.cost.best_k(self.acceptance[b].alpha(), 0.0, max.min(self.max_draft).min(available));
         self.last_bucket = b;
         (k, gain)
     }
@@ -75,7 +76,13 @@ impl Drafter for SuffixDrafter {
         "suffix"
     }
 
-    fn draft(&mut self, _target: &mut dyn Session, context: &[Token], max: usize, out: &mut Draft) -> Result<()> {
+    fn draft(
+        &mut self,
+        _target: &mut dyn Session,
+        context: &[Token],
+        max: usize,
+        out: &mut Draft,
+    ) -> Result<()> {
         out.clear();
         let (k, _) = self.plan_step(context, max);
         if k > 0 {

@@ -125,9 +125,15 @@ mod tests {
         let data = rows(&[1, 2, 5, 4]);
         let logits = Logits::new(&data, 8);
         let mut h = vec![0];
-        assert_eq!(verify_greedy(&mut greedy(), &logits, &[1, 2, 3], &mut h), Verdict { accepted: 2, next: 5 });
+        assert_eq!(
+            verify_greedy(&mut greedy(), &logits, &[1, 2, 3], &mut h),
+            Verdict { accepted: 2, next: 5 }
+        );
         assert_eq!(h, vec![0]);
-        assert_eq!(verify_greedy(&mut greedy(), &logits, &[7, 2, 5], &mut h), Verdict { accepted: 0, next: 1 });
+        assert_eq!(
+            verify_greedy(&mut greedy(), &logits, &[7, 2, 5], &mut h),
+            Verdict { accepted: 0, next: 1 }
+        );
     }
 
     #[test]

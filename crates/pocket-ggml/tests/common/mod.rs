@@ -39,7 +39,7 @@ pub fn model(name: &str) -> GgmlModel {
         return m.clone();
     }
     let path = model_path(name);
-    let options = LoadOptions { device: pocket_ggml::DeviceChoice::Cpu };
+    let options = LoadOptions { device: pocket_ggml::DeviceChoice::Cpu, ..LoadOptions::default() };
     let m = GgmlModel::load(&path, &options).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
     models.push((name.to_owned(), m.clone()));
     m

@@ -30,7 +30,7 @@ impl LlamaCppRunner {
     pub fn load(cx: RunnerContext<'_>) -> Result<Self, Error> {
         let s = cx.session;
         let gpu = !cx.model.device_name().eq_ignore_ascii_case("cpu");
-        let llama = LlamaCpp::load(cx.model.path(), s.threads, s.n_ctx, s.n_batch, s.kv, gpu)?;
+        let llama = LlamaCpp::load(cx.model.path(), s.threads, s.n_ctx, s.n_batch, s.kv, gpu, true)?;
         Ok(LlamaCppRunner {
             llama,
             model: cx.model.clone(),

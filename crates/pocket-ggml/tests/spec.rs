@@ -1,0 +1,233 @@
+//! Speculative decoding on real models: every drafter's greedy output is token for token what
+//! plain decoding gives, and the session is left exactly as plain decoding leaves it.
+//!
+//! The drafters are set up to draft as much as they can (a flat cost model, no confidence
+//! stop), since the point here is to put many verification passes and rejections through
+//! the engine, not to be fast.
+
+mod common;
+
+use std::ops::ControlFlow;
+
+use common::*;
+use pocket_core::cost::CostModel;
+use pocket_core::spec::{
+    AutoConfig, AutoDrafter, DraftModelDrafter, Drafter, LayerSkipConfig, LayerSkipDrafter, SearchConfig,
+    SkipSet, SuffixDrafter,
+};
+use pocket_core::{
+    ChatMessage, GenerateRequest, Generation, KvType, Model, Rows, SamplingConfig, Session, StopConfig,
+    Token, generate_speculative,
+};
+use pocket_ggml::GgmlModel;
+
+/// One prompt of each kind the issue names: edit (output copies the input), summarize
+/// (grounded in the input) and qa (open-ended).
+const PROMPTS: [(&str, &str); 3] = [
+    (
+        "edit",
+        "Rename the parameter `data` to `values` in this Python function and return the full \
+         function.\n\n```python\ndef mean(data):\n    \"\"\"Return the arithmetic mean of data.\"\"\"\n    \
+         n = len(data)\n    if n < 1:\n        raise ValueError(\"mean requires at least one data \
+         point\")\n    total = 0\n    for x in data:\n        total += x\n    return total / n\n```",
+    ),
+    (
+        "summarize",
+        "Summarize in two sentences what this Python function does.\n\n```python\ndef \
+         chunked(iterable, size):\n    if size < 1:\n        raise ValueError(\"size must be at least \
+         1\")\n    chunk = []\n    for item in iterable:\n        chunk.append(item)\n        if \
+         len(chunk) == size:\n            yield chunk\n            chunk = []\n    if chunk:\n        \
+         yield chunk\n```",
+    ),
+    ("qa", "Why is the sky blue? Answer in three sentences."),
+];
+
+const MAX_TOKENS: usize = 64;
+
+fn chat(model: &GgmlModel, user: &str) -> Vec<Token> {
+    let messages = [ChatMessage { role: "user".into(), content: user.into() }];
+    let text = model.tokenizer().apply_chat_template(&messages, true).expect("a chat template");
+    tokens(model, &text)
+}
+
+/// Generate `prompt` in a fresh session; returns the generation and the session.
+fn run(
+    model: &GgmlModel,
+    prompt: &[Token],
+    sampling: &SamplingConfig,
+    drafter: Option<&mut dyn Drafter>,
+) -> (Generation, Box<dyn Session>) {
+    let mut session = model.session(&config(1024)).expect("session");
+    let request = GenerateRequest {
+        prompt: prompt.to_vec(),
+        sampling: sampling.clone(),
+        stop: StopConfig { max_tokens: MAX_TOKENS, stop: Vec::new() },
+    };
+    let g = generate_speculative(
+        model.info(),
+        session.as_mut(),
+        model.tokenizer(),
+        &request,
+        drafter,
+        &mut |_| ControlFlow::Continue(()),
+    )
+    .expect("generate");
+    (g, session)
+}
+
+/// A flat cost model: every drafter drafts as long as it can.
+fn flat() -> CostModel {
+    CostModel::linear(0.0)
+}
+
+/// A fixed skip set for `model`: every other layer of the middle half (no search, so the test
+/// is quick; the search has its own test).
+fn middle_skip(model: &GgmlModel) -> SkipSet {
+    let n = model.info().n_layers;
+    SkipSet { n_layers: n, skip: (n / 4..3 * n / 4).step_by(2).collect(), agreement: 0.9 }
+}
+
+fn layerskip(model: &GgmlModel) -> LayerSkipDrafter {
+    let config = LayerSkipConfig { tau: 0.0, ..LayerSkipConfig::default() };
+    LayerSkipDrafter::new(model.info().n_layers, config, Some(&middle_skip(model)), flat()).unwrap()
+}
+
+/// `model` drafting for itself with a 4-bit KV cache: same vocabulary, slightly different
+/// predictions, so drafts are mostly but not always accepted.
+fn self_draft(model: &GgmlModel) -> DraftModelDrafter {
+    let draft_config = pocket_core::SessionConfig { kv: KvType::Q4_0, ..config(1024) };
+    DraftModelDrafter::new(model, model, &draft_config, 8).unwrap()
+}
+
+/// Every drafter on every prompt gives plain decoding's tokens and leaves the session holding
+/// the same tokens with the same cache (the next pass's logits are bitwise equal).
+fn identical_for_every_drafter(model: &GgmlModel) {
+    let greedy = SamplingConfig::default();
+    for (kind, text) in PROMPTS {
+        let prompt = chat(model, text);
+        let (plain, mut plain_session) = run(model, &prompt, &greedy, None);
+        assert!(plain.tokens.len() > 8, "{kind}: too short to test: {:?}", plain.text);
+        let plain_held = plain_session.tokens().to_vec();
+        let probe: Vec<Token> = plain.tokens.iter().rev().take(2).copied().collect();
+        let plain_next = collect(&plain_session.decode(&probe, &full(model), Rows::Tail(2)).unwrap());
+
+        let drafters: Vec<Box<dyn Drafter>> = vec![
+            Box::new(SuffixDrafter::with_cost(8, flat())),
+            Box::new(layerskip(model)),
+            Box::new(self_draft(model)),
+            Box::new(AutoDrafter::new(
+                AutoConfig::new(flat()),
+                Some(layerskip(model)),
+                Some(self_draft(model)),
+            )),
+        ];
+        for mut d in drafters {
+            let (spec, mut session) = run(model, &prompt, &greedy, Some(d.as_mut()));
+            let what = format!("{} on {kind} with {}", model.info().name, d.describe());
+            assert_eq!(spec.tokens, plain.tokens, "{what}: {:?} vs {:?}", spec.text, plain.text);
+            assert_eq!(spec.stop, plain.stop, "{what}");
+            assert!(spec.spec.drafted > 0, "{what}: nothing was drafted");
+            assert_eq!(session.tokens(), &plain_held[..], "{what}: the session holds other tokens");
+            let next = collect(&session.decode(&probe, &full(model), Rows::Tail(2)).unwrap());
+            assert_bitwise(
+                &format!("{what}: the pass after generation"),
+                &next,
+                &plain_next,
+                model.info().n_vocab,
+            );
+            eprintln!(
+                "{what}: drafted {} accepted {} in {} passes",
+                spec.spec.drafted, spec.spec.accepted, spec.spec.passes
+            );
+        }
+    }
+}
+
+/// Each row of a verification pass of n tokens is bitwise what decoding that token alone
+/// gives, for every pass size a draft can make.
+fn verification_rows_equal_single_steps(model: &GgmlModel) {
+    let n_vocab = model.info().n_vocab;
+    let prefix = prose(model, 100);
+    let extra = other_prose(model, pocket_core::spec::MAX_DRAFT + 1);
+    let mut one = session(model, &config(512));
+    one.decode(&prefix, &full(model), Rows::None).unwrap();
+    let singles: Vec<Vec<f32>> =
+        extra.iter().map(|&t| collect(&one.decode(&[t], &full(model), Rows::Last).unwrap())).collect();
+    for n in [2, 3, 4, 5, 8, 9, 16, 17] {
+        let mut s = session(model, &config(512));
+        s.decode(&prefix, &full(model), Rows::None).unwrap();
+        let rows = collect(&s.decode(&extra[..n], &full(model), Rows::Tail(n)).unwrap());
+        for (i, single) in singles[..n].iter().enumerate() {
+            let what = format!("{}: row {i} of a pass of {n}", model.info().name);
+            assert_bitwise(&what, &rows[i * n_vocab..(i + 1) * n_vocab], single, n_vocab);
+        }
+    }
+}
+
+#[test]
+fn verification_is_batch_invariant_on_smollm2() {
+    let _serial = serial();
+    verification_rows_equal_single_steps(&smol());
+}
+
+#[test]
+fn verification_is_batch_invariant_on_qwen() {
+    let _serial = serial();
+    verification_rows_equal_single_steps(&model(QWEN));
+}
+
+#[test]
+fn every_drafter_matches_plain_decoding_on_smollm2() {
+    let _serial = serial();
+    identical_for_every_drafter(&smol());
+}
+
+#[test]
+fn every_drafter_matches_plain_decoding_on_qwen() {
+    let _serial = serial();
+    identical_for_every_drafter(&model(QWEN));
+}
+
+#[test]
+fn speculative_sampling_is_seeded_and_keeps_the_prompt() {
+    let _serial = serial();
+    let model = smol();
+    let prompt = chat(&model, PROMPTS[0].1);
+    let sampling = SamplingConfig { temperature: 0.7, top_p: 0.95, seed: 3, ..SamplingConfig::default() };
+    let mut a = SuffixDrafter::with_cost(8, flat());
+    let mut b = SuffixDrafter::with_cost(8, flat());
+    let (ga, sa) = run(&model, &prompt, &sampling, Some(&mut a));
+    let (gb, _) = run(&model, &prompt, &sampling, Some(&mut b));
+    assert_eq!(ga.tokens, gb.tokens, "same seed, same tokens");
+    assert!(ga.spec.drafted > 0 && ga.spec.accepted > 0, "{:?}", ga.spec);
+    assert_eq!(&sa.tokens()[..prompt.len()], &prompt[..]);
+}
+
+#[test]
+fn a_draft_model_with_another_vocabulary_is_refused() {
+    let _serial = serial();
+    let (smol, qwen) = (smol(), model(QWEN));
+    let err = DraftModelDrafter::new(&qwen, &smol, &config(256), 8).err().expect("refused");
+    let msg = err.to_string();
+    assert!(msg.contains("vocabulary") && msg.contains("49152"), "{msg}");
+}
+
+#[test]
+fn the_skip_set_search_is_reproducible_with_a_seed() {
+    let _serial = serial();
+    let model = smol();
+    let prompt = chat(&model, PROMPTS[1].1);
+    let found = |seed| {
+        let search = SearchConfig { seed, max_trials: 6, window: 16, ..SearchConfig::default() };
+        let config = LayerSkipConfig { search, ..LayerSkipConfig::default() };
+        let mut d =
+            LayerSkipDrafter::new(model.info().n_layers, config, None, CostModel::linear(0.1)).unwrap();
+        let (g, _) = run(&model, &prompt, &SamplingConfig::default(), Some(&mut d));
+        assert!(!d.searching(), "6 trials fit in {} tokens", g.tokens.len());
+        d.skip_set().expect("a skip set")
+    };
+    let (a, b) = (found(11), found(11));
+    assert_eq!(a, b);
+    assert!(!a.skip.is_empty() && a.agreement > 0.0, "{a:?}");
+    assert!(!a.skip.contains(&0) && !a.skip.contains(&(model.info().n_layers - 1)), "{a:?}");
+}
