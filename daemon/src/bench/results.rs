@@ -123,6 +123,10 @@ pub struct RunRecord {
     pub accepted: u64,
     /// Mean accepted tokens per verification with a draft; `null` without drafts.
     pub mean_accepted_len: Option<f64>,
+    /// What the drafter did (for `auto`, the share of steps of each choice); `null` without
+    /// speculation.
+    #[serde(default)]
+    pub drafter: Option<String>,
     /// Peak resident memory of the process during this run.
     pub peak_rss_bytes: u64,
     /// Peak during this run minus the resident memory after every model was loaded and

@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pocket_core::cost::{CostCurveConfig, measure_cost_curve};
+use pocket_core::cost::{CostCurveConfig, CostModel, CostPoint, measure_cost_curve};
+use pocket_core::spec::SpecMode;
 use pocket_core::{KvType, Model, SessionConfig, Token, default_threads};
 use pocket_ggml::{DeviceChoice, GgmlModel, LoadOptions};
 
@@ -15,6 +16,7 @@ use super::results::{BenchModel, BenchResults, Machine, RunRecord, Settings};
 use super::summary::{compare_outputs, summarize};
 use super::workload::{Prompt, prompt_tokens};
 use crate::mem::{MemStats, reset_peak};
+use crate::spec::{SpecCache, search_skip_set};
 
 /// The context length is rounded up to a multiple of this, for both engines alike.
 const CTX_ROUND: usize = 256;
@@ -32,6 +34,8 @@ pub struct BenchConfig {
     pub model_path: PathBuf,
     /// The model's name in the results.
     pub model_name: String,
+    /// Where draft models (`draft:MODEL`) are looked up; `None` is the default directory.
+    pub models_dir: Option<PathBuf>,
     /// The file's sha256 if already known (a verified pull); hashed otherwise.
     pub file_sha256: Option<String>,
     /// The workload's name in the results (its path).
@@ -67,6 +71,7 @@ impl BenchConfig {
         BenchConfig {
             model_path,
             model_name,
+            models_dir: None,
             file_sha256: None,
             workload: String::new(),
             modes: vec![Mode::LlamaCpp, Mode::Vanilla],
@@ -164,7 +169,45 @@ pub fn run(
         None => Vec::new(),
     };
 
-    let cx = RunnerContext { model: &model, session: &session };
+    // What the speculative modes need: the cost model (this run's curve, else the cached or a
+    // freshly measured one), the layer-skip set (cached, else searched now), draft models.
+    let spec_modes: Vec<&Mode> = config.modes.iter().filter(|m| m.spec().is_some_and(|s| s != SpecMode::Off)).collect();
+    let mut cache = SpecCache::open(&config.model_path);
+    let filler = &prepared.iter().max_by_key(|p| p.tokens.len()).expect("prompts").tokens;
+    let cost = if spec_modes.is_empty() {
+        CostModel::linear(1.0)
+    } else if !cost_curve.is_empty() {
+        let points: Vec<CostPoint> = cost_curve
+            .iter()
+            .map(|p: &super::results::CostPoint| CostPoint { n: p.n, seconds: p.seconds, relative: p.relative })
+            .collect();
+        CostModel::from_curve(&points)
+    } else {
+        CostModel::from_curve(&cache.cost_curve(&model, &session, filler).map_err(|e| Error::Invalid(format!("{e:#}")))?)
+    };
+    let mut skip_set = cache.skip_set().cloned();
+    if skip_set.is_none() && config.modes.contains(&Mode::LayerSkip) {
+        let set = search_skip_set(&model, &session, cost.clone(), filler, 0)
+            .map_err(|e| Error::Invalid(format!("{e:#}")))?;
+        tracing::info!(skip = ?set.skip, agreement = set.agreement, "found a layer-skip set");
+        cache.set_skip_set(set.clone());
+        skip_set = Some(set);
+    }
+    let mut draft_models = Vec::new();
+    for m in &config.modes {
+        if let Mode::Draft(name) = m {
+            let dir = pocket_models::models_dir(config.models_dir.as_deref());
+            let path = pocket_models::resolve(name, &dir).map_err(|e| Error::Invalid(e.to_string()))?.path;
+            draft_models.push((name.clone(), GgmlModel::load(&path, &options)?));
+        }
+    }
+    let cx = RunnerContext {
+        model: &model,
+        session: &session,
+        cost: &cost,
+        skip_set: skip_set.as_ref(),
+        draft_models: &draft_models,
+    };
     let mut runners = config.modes.iter().map(|m| modes::open(m, cx)).collect::<Result<Vec<_>, _>>()?;
 
     if config.warmup {
@@ -336,6 +379,7 @@ fn record(runner: &dyn Runner, p: &Prepared<'_>, out: &RunOutput, peak: u64, bas
         drafted: out.drafted,
         accepted: out.accepted,
         mean_accepted_len: (out.draft_steps > 0).then(|| out.accepted as f64 / out.draft_steps as f64),
+        drafter: out.drafter.clone(),
         peak_rss_bytes: peak,
         generation_memory_bytes: peak.saturating_sub(baseline),
         kv_bytes_per_token: runner.kv_bytes_per_token(),

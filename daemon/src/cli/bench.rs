@@ -77,6 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let mut config = BenchConfig::new(resolved.path.clone(), name);
     config.workload = workload_name;
+    config.models_dir = args.model.models_dir.clone();
     config.modes = modes;
     config.kv = args.kv;
     config.device = args.model.device.clone();

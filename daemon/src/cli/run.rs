@@ -4,14 +4,17 @@ use std::io::Write;
 use std::ops::ControlFlow;
 
 use anyhow::Context;
+use pocket_core::cost::CostModel;
+use pocket_core::spec::{SpecMode, SpecStats};
 use pocket_core::{
     ChatMessage, GenerateRequest, KvType, Model, SamplingConfig, SessionConfig, StopConfig, default_threads,
-    generate,
+    generate_speculative,
 };
 use serde::Serialize;
 
-use super::common::ModelArgs;
+use super::common::{ModelArgs, load_model};
 use crate::mem::{MemStats, PeakSampler};
+use crate::spec::{SpecCache, SpecSetup};
 
 /// Flags of `pocket run`.
 #[derive(Debug, clap::Args)]
@@ -43,9 +46,24 @@ pub struct Args {
     threads: Option<usize>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
     /// Print one JSON object with the text and statistics instead of streaming the text.
     #[arg(long)]
     json: bool,
+}
+
+/// Speculative decoding flags, shared with other subcommands.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SpecArgs {
+    /// Speculative decoding: off, auto (choose per step from measured acceptance and this
+    /// device's cost curve), suffix, layerskip or draft (with --draft-model).
+    #[arg(long, default_value = "off")]
+    pub spec: SpecMode,
+    /// The draft model for `--spec draft` (and for `auto` to consider): a manifest name, a
+    /// file in the models directory or a path; it must share the target's vocabulary.
+    #[arg(long)]
+    pub draft_model: Option<String>,
 }
 
 /// Sampling flags, shared with other subcommands. Negative numbers are accepted by the parser
@@ -105,6 +123,18 @@ struct Report<'a> {
     peak_rss_bytes: u64,
     peak_anon_bytes: u64,
     peak_file_bytes: u64,
+    spec: SpecReport,
+}
+
+/// Speculation statistics in `--json`.
+#[derive(Debug, Serialize)]
+struct SpecReport {
+    mode: SpecMode,
+    drafter: String,
+    #[serde(flatten)]
+    stats: SpecStats,
+    acceptance: Option<f64>,
+    mean_accepted_len: Option<f64>,
 }
 
 /// Run `pocket run`.
@@ -132,6 +162,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tokens = tokenizer.encode(&text, true)?;
     let threads = args.threads.unwrap_or_else(default_threads);
     let config = SessionConfig { kv: args.kv, n_ctx: args.ctx_size, threads, ..SessionConfig::default() };
+    let draft_model = match &args.spec.draft_model {
+        Some(name) => {
+            let models = ModelArgs { model: name.clone(), ..args.model.clone() };
+            Some(load_model(&models.resolve()?, &Default::default())?)
+        }
+        None => None,
+    };
+    if args.spec.spec == SpecMode::Draft && draft_model.is_none() {
+        anyhow::bail!("--spec draft needs a draft model: add --draft-model NAME");
+    }
+    let mut cache = SpecCache::open(model.path());
+    let cost = match args.spec.spec {
+        SpecMode::Off => CostModel::linear(1.0),
+        _ => CostModel::from_curve(&cache.cost_curve(&model, &config, &tokens)?),
+    };
+    let setup = SpecSetup {
+        model: &model,
+        session: &config,
+        cost,
+        skip_set: cache.skip_set().cloned(),
+        draft_model: draft_model.as_ref(),
+        seed: args.sampling.seed,
+    };
+    let mut drafter = setup.build(args.spec.spec)?;
     let mut session = model.new_session(&config)?;
     let request = GenerateRequest {
         prompt: tokens,
@@ -143,7 +197,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     peaks.sample();
     let mut stdout = std::io::stdout().lock();
     let mut n = 0usize;
-    let generation = generate(model.info(), &mut session, tokenizer, &request, &mut |event| {
+    let d = drafter.as_mut().map(|d| d.as_drafter());
+    let generation = generate_speculative(model.info(), &mut session, tokenizer, &request, d, &mut |event| {
         n += 1;
         if n.is_multiple_of(16) {
             peaks.sample();
@@ -157,6 +212,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ControlFlow::Continue(())
     })?;
     peaks.sample();
+    if let Some(set) = drafter.as_ref().and_then(|d| d.found_skip_set()) {
+        if cache.skip_set() != Some(&set) {
+            tracing::info!(skip = ?set.skip, agreement = set.agreement, "found a layer-skip set");
+            cache.set_skip_set(set);
+        }
+    }
+    let drafter_name = drafter.as_mut().map_or_else(|| "none".to_string(), |d| d.as_drafter().describe());
 
     if args.json {
         let report = Report {
@@ -175,6 +237,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             peak_rss_bytes: MemStats::read().peak_rss_bytes,
             peak_anon_bytes: peaks.peak_anon_bytes,
             peak_file_bytes: peaks.peak_file_bytes,
+            spec: SpecReport {
+                mode: args.spec.spec,
+                drafter: drafter_name,
+                stats: generation.spec,
+                acceptance: generation.spec.acceptance(),
+                mean_accepted_len: generation.spec.mean_accepted_len(),
+            },
         };
         serde_json::to_writer_pretty(&mut stdout, &report)?;
     }

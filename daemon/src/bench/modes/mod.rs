@@ -2,21 +2,25 @@
 //! reports its timing the same way, so the only thing that differs between modes is the
 //! engine or drafter under test.
 //!
-//! Adding a mode (suffix, layerskip, `draft:MODEL`, auto) is a [`Mode`] variant, a runner
-//! type in its own module, and one arm in [`open`].
+//! Adding a mode (`inputcopy` next) is a [`Mode`] variant, a runner type in its own module,
+//! and one arm in [`open`].
 
 use std::fmt;
 use std::str::FromStr;
 
+use pocket_core::cost::CostModel;
+use pocket_core::spec::{SkipSet, SpecMode};
 use pocket_core::{SessionConfig, Token};
 use pocket_ggml::GgmlModel;
 
 use super::Error;
 
 mod llama_cpp;
+mod spec;
 mod vanilla;
 
 pub use llama_cpp::LlamaCppRunner;
+pub use spec::SpecRunner;
 pub use vanilla::VanillaRunner;
 
 /// How a prompt is run.
@@ -27,20 +31,44 @@ pub enum Mode {
     LlamaCpp,
     /// Our engine without speculation.
     Vanilla,
+    /// Suffix-automaton drafting.
+    Suffix,
+    /// Layer-skip self-drafting.
+    LayerSkip,
+    /// A draft model, by name (`draft:qwen2.5-coder-0.5b`).
+    Draft(String),
+    /// The drafter and length chosen per step.
+    Auto,
 }
 
 impl Mode {
     /// The modes that can be run, by name.
-    pub const KNOWN: [&'static str; 2] = ["llama.cpp", "vanilla"];
+    pub const KNOWN: [&'static str; 6] = ["llama.cpp", "vanilla", "suffix", "layerskip", "draft:MODEL", "auto"];
 
     /// Modes the results format names that are not implemented yet.
-    pub const PLANNED: [&'static str; 5] = ["suffix", "layerskip", "draft:MODEL", "inputcopy", "auto"];
+    pub const PLANNED: [&'static str; 1] = ["inputcopy"];
 
     /// The name used on the command line and in results.
-    pub fn name(&self) -> &str {
+    pub fn name(&self) -> String {
         match self {
-            Mode::LlamaCpp => "llama.cpp",
-            Mode::Vanilla => "vanilla",
+            Mode::LlamaCpp => "llama.cpp".into(),
+            Mode::Vanilla => "vanilla".into(),
+            Mode::Suffix => "suffix".into(),
+            Mode::LayerSkip => "layerskip".into(),
+            Mode::Draft(model) => format!("draft:{model}"),
+            Mode::Auto => "auto".into(),
+        }
+    }
+
+    /// The speculation mode our engine runs in (`None` for llama.cpp).
+    pub fn spec(&self) -> Option<SpecMode> {
+        match self {
+            Mode::LlamaCpp => None,
+            Mode::Vanilla => Some(SpecMode::Off),
+            Mode::Suffix => Some(SpecMode::Suffix),
+            Mode::LayerSkip => Some(SpecMode::LayerSkip),
+            Mode::Draft(_) => Some(SpecMode::Draft),
+            Mode::Auto => Some(SpecMode::Auto),
         }
     }
 
@@ -61,7 +89,7 @@ impl Mode {
 
 impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.write_str(&self.name())
     }
 }
 
@@ -72,7 +100,13 @@ impl FromStr for Mode {
         match s {
             "llama.cpp" => Ok(Mode::LlamaCpp),
             "vanilla" => Ok(Mode::Vanilla),
-            _ => Err(Error::UnknownMode(s.to_owned())),
+            "suffix" => Ok(Mode::Suffix),
+            "layerskip" => Ok(Mode::LayerSkip),
+            "auto" => Ok(Mode::Auto),
+            _ => match s.strip_prefix("draft:") {
+                Some(model) if !model.is_empty() => Ok(Mode::Draft(model.to_owned())),
+                _ => Err(Error::UnknownMode(s.to_owned())),
+            },
         }
     }
 }
@@ -95,6 +129,8 @@ pub struct RunOutput {
     /// Verification steps that had a draft; `accepted / draft_steps` is the mean accepted
     /// length.
     pub draft_steps: u64,
+    /// What the drafter did, in a line (`None` without speculation).
+    pub drafter: Option<String>,
 }
 
 /// Runs prompts in one mode. Made once per benchmark (models loaded up front); each
@@ -121,6 +157,12 @@ pub struct RunnerContext<'a> {
     pub model: &'a GgmlModel,
     /// Context length, batch, threads and KV type.
     pub session: &'a SessionConfig,
+    /// The device's cost model, for the drafters.
+    pub cost: &'a CostModel,
+    /// The layer-skip set (found or cached before the runs).
+    pub skip_set: Option<&'a SkipSet>,
+    /// Draft models by name, loaded before the runs.
+    pub draft_models: &'a [(String, GgmlModel)],
 }
 
 /// Make the runner for `mode`.
@@ -128,6 +170,15 @@ pub fn open(mode: &Mode, cx: RunnerContext<'_>) -> Result<Box<dyn Runner>, Error
     Ok(match mode {
         Mode::LlamaCpp => Box::new(LlamaCppRunner::load(cx)?),
         Mode::Vanilla => Box::new(VanillaRunner::new(cx)?),
+        Mode::Draft(name) => {
+            let draft = cx.draft_models.iter().find(|(n, _)| n == name).map(|(_, m)| m.clone());
+            let draft = draft.ok_or_else(|| Error::Invalid(format!("draft model {name} was not loaded")))?;
+            Box::new(SpecRunner::new(mode.name(), SpecMode::Draft, Some(draft), cx)?)
+        }
+        m => {
+            let spec = m.spec().unwrap_or_default();
+            Box::new(SpecRunner::new(m.name(), spec, None, cx)?)
+        }
     })
 }
 
@@ -139,7 +190,12 @@ mod tests {
     fn mode_lists_parse_and_unknown_modes_name_the_known_ones() {
         assert_eq!(Mode::parse_list("llama.cpp, vanilla").unwrap(), vec![Mode::LlamaCpp, Mode::Vanilla]);
         let e = Mode::parse_list("vanilla,turbo").unwrap_err().to_string();
-        assert!(e.contains("\"turbo\"") && e.contains("llama.cpp, vanilla"), "{e}");
+        assert!(e.contains("\"turbo\"") && e.contains("llama.cpp, vanilla, suffix"), "{e}");
+        assert_eq!(
+            Mode::parse_list("suffix,draft:qwen2.5-coder-0.5b,auto").unwrap(),
+            vec![Mode::Suffix, Mode::Draft("qwen2.5-coder-0.5b".into()), Mode::Auto]
+        );
+        assert!(Mode::parse_list("draft:").is_err());
         let e = Mode::parse_list("vanilla,vanilla").unwrap_err().to_string();
         assert!(e.contains("twice"), "{e}");
         assert!(Mode::parse_list("").is_err());
