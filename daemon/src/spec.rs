@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use pocket_core::cost::{CostCurveConfig, CostModel, CostPoint, measure_cost_curve};
 use pocket_core::spec::{
-    AutoConfig, AutoDrafter, DraftModelDrafter, Drafter, LayerSkipConfig, LayerSkipDrafter, SkipSet, SpecMode,
-    SuffixDrafter,
+    AutoConfig, AutoDrafter, DraftModelDrafter, Drafter, LayerSkipConfig, LayerSkipDrafter, SkipSet,
+    SpecMode, SuffixDrafter,
 };
 use pocket_core::{Model, SessionConfig, Token};
 use pocket_ggml::GgmlModel;
@@ -208,7 +208,9 @@ impl SpecSetup<'_> {
     pub fn build(&self, mode: SpecMode) -> anyhow::Result<Option<BuiltDrafter>> {
         Ok(Some(match mode {
             SpecMode::Off => return Ok(None),
-            SpecMode::Suffix => BuiltDrafter::Suffix(SuffixDrafter::with_cost(DEFAULT_MAX_DRAFT, self.cost.clone())),
+            SpecMode::Suffix => {
+                BuiltDrafter::Suffix(SuffixDrafter::with_cost(DEFAULT_MAX_DRAFT, self.cost.clone()))
+            }
             SpecMode::LayerSkip => BuiltDrafter::LayerSkip(self.layerskip()?),
             SpecMode::Draft => {
                 let d = self
@@ -254,7 +256,10 @@ pub fn search_skip_set(
     let request = GenerateRequest {
         prompt: prompt.to_vec(),
         sampling: SamplingConfig::default(),
-        stop: StopConfig { max_tokens: 128.min(config.n_ctx.saturating_sub(prompt.len() + 1)), stop: Vec::new() },
+        stop: StopConfig {
+            max_tokens: 128.min(config.n_ctx.saturating_sub(prompt.len() + 1)),
+            stop: Vec::new(),
+        },
     };
     for _ in 0..8 {
         session.truncate(0)?;

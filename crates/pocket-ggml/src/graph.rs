@@ -149,7 +149,8 @@ pub(crate) unsafe fn build(
         };
         let tokens = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tokens), c"inp_tokens");
         let pos = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tokens), c"inp_pos");
-        let mask = input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F16, n_kv, n_tokens), c"kq_mask");
+        let q_rows = attention_rows(shape.n_tokens, shape.n_kv, kv.k_quantized() || kv.v_quantized());
+        let mask = input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F16, n_kv, q_rows as i64), c"kq_mask");
         let kv_idxs = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I64, n_tokens), c"kv_idxs");
         let out_ids = (shape.n_out > 0 && shape.n_out < shape.n_tokens).then(|| {
             input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, shape.n_out as i64), c"inp_out_ids")
@@ -225,6 +226,7 @@ pub(crate) unsafe fn build(
             let head_stride = row / hp.n_head_kv;
             let k_all = sys::ggml_view_3d(ctx, k_cache, head_dim, n_head_kv, n_kv, head_stride, row, 0);
             let v_all = sys::ggml_view_3d(ctx, v_cache, head_dim, n_head_kv, n_kv, head_stride, row, 0);
+            let q = if q_rows > shape.n_tokens { sys::ggml_concat(ctx, q, q, 2) } else { q };
             let attn = sys::ggml_flash_attn_ext(
                 ctx,
                 sys::ggml_permute(ctx, q, 0, 2, 1, 3),
@@ -236,7 +238,10 @@ pub(crate) unsafe fn build(
                 0.0,
             );
             sys::ggml_prec_set_acc(attn, sys::GGML_PREC_F32);
-            let mut attn = sys::ggml_reshape_2d(ctx, attn, head_dim * n_head, n_tokens);
+            let mut attn = sys::ggml_reshape_2d(ctx, attn, head_dim * n_head, q_rows as i64);
+            if q_rows > shape.n_tokens {
+                attn = sys::ggml_view_2d(ctx, attn, head_dim * n_head, n_tokens, (*attn).nb[1], 0);
+            }
             if let Some(r) = v_rot {
                 attn = rotate(ctx, attn, r);
             }
@@ -275,13 +280,29 @@ pub(crate) unsafe fn build(
 }
 
 /// Fill the causal mask of a pass: query `i` (at `pos0 + i`) sees cache positions `0..=pos0 + i`
-/// of the `n_kv` it reads; the padding past them is masked.
-pub(crate) fn fill_mask(mask: &mut Vec<u16>, pos0: usize, n_tokens: usize, n_kv: usize) {
+/// of the `n_kv` it reads; the padding past them is masked. Query rows past the tokens (see
+/// [`attention_rows`]) repeat the last token's row.
+pub(crate) fn fill_mask(mask: &mut Vec<u16>, pos0: usize, n_tokens: usize, n_rows: usize, n_kv: usize) {
     const ZERO: u16 = 0x0000;
     const NEG_INF: u16 = 0xFC00; // f16 −∞
     mask.clear();
-    mask.resize(n_kv * n_tokens, NEG_INF);
-    for i in 0..n_tokens {
-        mask[i * n_kv..i * n_kv + pos0 + i + 1].fill(ZERO);
+    mask.resize(n_kv * n_rows, NEG_INF);
+    for i in 0..n_rows {
+        let visible = pos0 + i.min(n_tokens.saturating_sub(1)) + 1;
+        mask[i * n_kv..i * n_kv + visible].fill(ZERO);
     }
+}
+
+/// Below this many cached positions ggml's CPU flash attention never splits one query's keys
+/// across threads (its `use_split_kv_path`).
+const SPLIT_KV_MIN: usize = 512;
+
+/// Query rows the attention of a pass computes. ggml's CPU flash attention takes a split-KV
+/// path for a lone query over 512 or more f16/f32 positions, whose partial sums round
+/// differently from the per-row path every multi-token pass takes: with two threads a token
+/// decoded alone then differed from its row in a verification pass (max |Δ| 0.5 in logits).
+/// A single-token pass there attends with its query twice and drops the copy, so each row of
+/// a verification pass is exactly what decoding that token alone computes.
+pub(crate) fn attention_rows(n_tokens: usize, n_kv: usize, kv_quantized: bool) -> usize {
+    if n_tokens == 1 && n_kv >= SPLIT_KV_MIN && !kv_quantized { 2 } else { n_tokens }
 }

@@ -269,7 +269,9 @@ impl GgmlSession {
     ) -> Result<()> {
         let n_vocab = self.model.hp.n_vocab;
         let shape = PassShape::new(pos0, n_tokens, n_out, self.kv.n_ctx());
-        graph::fill_mask(&mut self.mask, pos0, n_tokens, shape.n_kv);
+        let quantized = self.kv.k_quantized() || self.kv.v_quantized();
+        let q_rows = graph::attention_rows(n_tokens, shape.n_kv, quantized);
+        graph::fill_mask(&mut self.mask, pos0, n_tokens, q_rows, shape.n_kv);
         let sched = self.compute.sched;
         let g = self.compute.graph(&self.model, &self.kv, plan, shape)?;
         let scratch = &mut self.scratch_i32;

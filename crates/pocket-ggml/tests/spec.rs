@@ -145,21 +145,28 @@ fn identical_for_every_drafter(model: &GgmlModel) {
 
 /// Each row of a verification pass of n tokens is bitwise what decoding that token alone
 /// gives, for every pass size a draft can make.
-fn verification_rows_equal_single_steps(model: &GgmlModel) {
+fn verification_rows_equal_single_steps(model: &GgmlModel, threads: usize) {
+    let config = |n| pocket_core::SessionConfig { threads, ..config(n) };
     let n_vocab = model.info().n_vocab;
-    let prefix = prose(model, 100);
-    let extra = other_prose(model, pocket_core::spec::MAX_DRAFT + 1);
-    let mut one = session(model, &config(512));
-    one.decode(&prefix, &full(model), Rows::None).unwrap();
-    let singles: Vec<Vec<f32>> =
-        extra.iter().map(|&t| collect(&one.decode(&[t], &full(model), Rows::Last).unwrap())).collect();
-    for n in [2, 3, 4, 5, 8, 9, 16, 17] {
-        let mut s = session(model, &config(512));
-        s.decode(&prefix, &full(model), Rows::None).unwrap();
-        let rows = collect(&s.decode(&extra[..n], &full(model), Rows::Tail(n)).unwrap());
-        for (i, single) in singles[..n].iter().enumerate() {
-            let what = format!("{}: row {i} of a pass of {n}", model.info().name);
-            assert_bitwise(&what, &rows[i * n_vocab..(i + 1) * n_vocab], single, n_vocab);
+    // 250 tokens: passes that reach past 256 attend over a longer padded cache.
+    for prefix_len in [100, 250] {
+        let prefix = prose(model, prefix_len);
+        let extra = other_prose(model, pocket_core::spec::MAX_DRAFT + 1);
+        let mut one = session(model, &config(512));
+        one.decode(&prefix, &full(model), Rows::None).unwrap();
+        let singles: Vec<Vec<f32>> =
+            extra.iter().map(|&t| collect(&one.decode(&[t], &full(model), Rows::Last).unwrap())).collect();
+        for n in [2, 3, 4, 5, 8, 9, 16, 17] {
+            let mut s = session(model, &config(512));
+            s.decode(&prefix, &full(model), Rows::None).unwrap();
+            let rows = collect(&s.decode(&extra[..n], &full(model), Rows::Tail(n)).unwrap());
+            for (i, single) in singles[..n].iter().enumerate() {
+                let what = format!(
+                    "{}, {threads} threads: row {i} of a pass of {n} after {prefix_len}",
+                    model.info().name
+                );
+                assert_bitwise(&what, &rows[i * n_vocab..(i + 1) * n_vocab], single, n_vocab);
+            }
         }
     }
 }
@@ -167,13 +174,14 @@ fn verification_rows_equal_single_steps(model: &GgmlModel) {
 #[test]
 fn verification_is_batch_invariant_on_smollm2() {
     let _serial = serial();
-    verification_rows_equal_single_steps(&smol());
+    verification_rows_equal_single_steps(&smol(), 1);
+    verification_rows_equal_single_steps(&smol(), 2);
 }
 
 #[test]
 fn verification_is_batch_invariant_on_qwen() {
     let _serial = serial();
-    verification_rows_equal_single_steps(&model(QWEN));
+    verification_rows_equal_single_steps(&model(QWEN), 1);
 }
 
 #[test]

@@ -171,7 +171,8 @@ pub fn run(
 
     // What the speculative modes need: the cost model (this run's curve, else the cached or a
     // freshly measured one), the layer-skip set (cached, else searched now), draft models.
-    let spec_modes: Vec<&Mode> = config.modes.iter().filter(|m| m.spec().is_some_and(|s| s != SpecMode::Off)).collect();
+    let spec_modes: Vec<&Mode> =
+        config.modes.iter().filter(|m| m.spec().is_some_and(|s| s != SpecMode::Off)).collect();
     let mut cache = SpecCache::open(&config.model_path);
     let filler = &prepared.iter().max_by_key(|p| p.tokens.len()).expect("prompts").tokens;
     let cost = if spec_modes.is_empty() {
@@ -179,11 +180,17 @@ pub fn run(
     } else if !cost_curve.is_empty() {
         let points: Vec<CostPoint> = cost_curve
             .iter()
-            .map(|p: &super::results::CostPoint| CostPoint { n: p.n, seconds: p.seconds, relative: p.relative })
+            .map(|p: &super::results::CostPoint| CostPoint {
+                n: p.n,
+                seconds: p.seconds,
+                relative: p.relative,
+            })
             .collect();
         CostModel::from_curve(&points)
     } else {
-        CostModel::from_curve(&cache.cost_curve(&model, &session, filler).map_err(|e| Error::Invalid(format!("{e:#}")))?)
+        CostModel::from_curve(
+            &cache.cost_curve(&model, &session, filler).map_err(|e| Error::Invalid(format!("{e:#}")))?,
+        )
     };
     let mut skip_set = cache.skip_set().cloned();
     if skip_set.is_none() && config.modes.contains(&Mode::LayerSkip) {

@@ -198,19 +198,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     let mut n = 0usize;
     let d = drafter.as_mut().map(|d| d.as_drafter());
-    let generation = generate_speculative(model.info(), &mut session, tokenizer, &request, d, &mut |event| {
-        n += 1;
-        if n.is_multiple_of(16) {
-            peaks.sample();
-        }
-        if !args.json && !event.text.is_empty() {
-            // A closed stdout (`| head`) ends generation instead of failing it.
-            if stdout.write_all(event.text.as_bytes()).and_then(|_| stdout.flush()).is_err() {
-                return ControlFlow::Break(());
+    let generation =
+        generate_speculative(model.info(), &mut session, tokenizer, &request, d, &mut |event| {
+            n += 1;
+            if n.is_multiple_of(16) {
+                peaks.sample();
             }
-        }
-        ControlFlow::Continue(())
-    })?;
+            if !args.json && !event.text.is_empty() {
+                // A closed stdout (`| head`) ends generation instead of failing it.
+                if stdout.write_all(event.text.as_bytes()).and_then(|_| stdout.flush()).is_err() {
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        })?;
     peaks.sample();
     if let Some(set) = drafter.as_ref().and_then(|d| d.found_skip_set()) {
         if cache.skip_set() != Some(&set) {

@@ -43,7 +43,8 @@ pub enum Mode {
 
 impl Mode {
     /// The modes that can be run, by name.
-    pub const KNOWN: [&'static str; 6] = ["llama.cpp", "vanilla", "suffix", "layerskip", "draft:MODEL", "auto"];
+    pub const KNOWN: [&'static str; 6] =
+        ["llama.cpp", "vanilla", "suffix", "layerskip", "draft:MODEL", "auto"];
 
     /// Modes the results format names that are not implemented yet.
     pub const PLANNED: [&'static str; 1] = ["inputcopy"];
