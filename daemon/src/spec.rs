@@ -140,11 +140,11 @@ pub enum BuiltDrafter {
     /// `suffix`.
     Suffix(SuffixDrafter),
     /// `layerskip`.
-    LayerSkip(LayerSkipDrafter),
+    LayerSkip(Box<LayerSkipDrafter>),
     /// `draft`.
     Draft(DraftModelDrafter),
     /// `auto`.
-    Auto(AutoDrafter),
+    Auto(Box<AutoDrafter>),
 }
 
 impl BuiltDrafter {
@@ -152,16 +152,16 @@ impl BuiltDrafter {
     pub fn as_drafter(&mut self) -> &mut dyn Drafter {
         match self {
             BuiltDrafter::Suffix(d) => d,
-            BuiltDrafter::LayerSkip(d) => d,
+            BuiltDrafter::LayerSkip(d) => d.as_mut(),
             BuiltDrafter::Draft(d) => d,
-            BuiltDrafter::Auto(d) => d,
+            BuiltDrafter::Auto(d) => d.as_mut(),
         }
     }
 
     /// A skip set the drafter found by searching (not one it was given).
     pub fn found_skip_set(&self) -> Option<SkipSet> {
         let ls = match self {
-            BuiltDrafter::LayerSkip(d) => d,
+            BuiltDrafter::LayerSkip(d) => d.as_ref(),
             BuiltDrafter::Auto(a) => a.layerskip()?,
             _ => return None,
         };
@@ -211,7 +211,7 @@ impl SpecSetup<'_> {
             SpecMode::Suffix => {
                 BuiltDrafter::Suffix(SuffixDrafter::with_cost(DEFAULT_MAX_DRAFT, self.cost.clone()))
             }
-            SpecMode::LayerSkip => BuiltDrafter::LayerSkip(self.layerskip()?),
+            SpecMode::LayerSkip => BuiltDrafter::LayerSkip(Box::new(self.layerskip()?)),
             SpecMode::Draft => {
                 let d = self
                     .draft_model(DEFAULT_MAX_DRAFT)?
@@ -226,7 +226,7 @@ impl SpecSetup<'_> {
                 }
                 let layerskip = Some(self.layerskip()?);
                 let draft = self.draft_model(config.max_draft)?;
-                BuiltDrafter::Auto(AutoDrafter::new(config, layerskip, draft))
+                BuiltDrafter::Auto(Box::new(AutoDrafter::new(config, layerskip, draft)))
             }
         }))
     }

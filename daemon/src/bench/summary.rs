@@ -145,6 +145,7 @@ pub(crate) mod tests {
             drafted: 0,
             accepted: 0,
             mean_accepted_len: None,
+            drafter: None,
             peak_rss_bytes: 100,
             generation_memory_bytes: 0,
             kv_bytes_per_token: 0,

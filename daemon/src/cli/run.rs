@@ -213,11 +213,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ControlFlow::Continue(())
         })?;
     peaks.sample();
-    if let Some(set) = drafter.as_ref().and_then(|d| d.found_skip_set()) {
-        if cache.skip_set() != Some(&set) {
-            tracing::info!(skip = ?set.skip, agreement = set.agreement, "found a layer-skip set");
-            cache.set_skip_set(set);
-        }
+    if let Some(set) = drafter.as_ref().and_then(|d| d.found_skip_set())
+        && cache.skip_set() != Some(&set)
+    {
+        tracing::info!(skip = ?set.skip, agreement = set.agreement, "found a layer-skip set");
+        cache.set_skip_set(set);
     }
     let drafter_name = drafter.as_mut().map_or_else(|| "none".to_string(), |d| d.as_drafter().describe());
 

@@ -121,7 +121,8 @@ impl SkipSearch {
     /// The next candidate to score.
     pub fn propose(&mut self) -> LayerPlan {
         let n = self.trials.len();
-        let skip = if n > 0 && self.config.bayes_every > 0 && (n + 1) % self.config.bayes_every == 0 {
+        let skip = if n > 0 && self.config.bayes_every > 0 && (n + 1).is_multiple_of(self.config.bayes_every)
+        {
             self.bayesian()
         } else if self.rng.random_bool(0.5) && self.best_trial().is_some() {
             self.mutate()
