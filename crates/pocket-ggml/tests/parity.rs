@@ -101,8 +101,8 @@ fn prompt_passes_match_llama_cpp_ubatches_of_the_same_size() {
 }
 
 /// Far into the context: a 1000-token prompt (16 KV blocks) and 32 tokens decoded one at a time
-/// after it, where ggml's one-token attention splits the cache across threads (from 512
-/// positions on). The 128-token parity runs above never get there.
+/// after it, past the 512 positions where ggml's one-token attention changes path. The 128-token
+/// parity runs above never get there.
 #[test]
 fn long_context_matches_llama_cpp() {
     let _serial = serial();
@@ -111,8 +111,6 @@ fn long_context_matches_llama_cpp() {
     let plan = full(&model);
     let text = prose(&model, 1032);
     let (prompt, forced) = text.split_at(1000);
-    // Two threads: one-token attention over 512 positions or more splits the cache into one
-    // chunk per thread and merges the partial results; with one thread there is one chunk.
     // One thread: with two, llama.cpp's one-token attention over 512+ positions takes ggml's
     // split-KV path, which our engine avoids on purpose (each row of a verification pass must
     // equal decoding that token alone; see graph::attention_rows). With one thread the split
