@@ -130,3 +130,62 @@ fn an_unknown_kv_type_names_the_allowed_ones() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("f16, q8_0 or q4_0"), "{}", stderr(&o));
 }
+
+#[test]
+fn an_unknown_spec_mode_names_the_allowed_ones() {
+    let o = pocket(&["run", "--spec", "eagle", "hi"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("off, auto, suffix, layerskip or draft"), "{}", stderr(&o));
+}
+
+#[test]
+fn spec_draft_without_a_draft_model_is_refused_before_loading() {
+    let o = pocket(&["run", "-m", "no-such-model", "--spec", "draft", "hi"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("--draft-model") && !err.contains("no-such-model"), "{err}");
+}
+
+/// `pocket run` with a speculation cache in a temporary directory.
+fn pocket_cached(cache: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pocket"))
+        .args(args)
+        .env("POCKET_CACHE_DIR", cache)
+        .output()
+        .expect("the pocket binary runs")
+}
+
+#[test]
+fn a_draft_model_with_another_vocabulary_is_an_error_naming_both() {
+    require_default_model();
+    let cache = tempfile::tempdir().unwrap();
+    let o = pocket_cached(
+        cache.path(),
+        &["run", "--spec", "draft", "--draft-model", "qwen2.5-coder-0.5b", "-t", "1", "-n", "4", "hi"],
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("vocabulary") && err.contains("151936"), "{err}");
+}
+
+#[test]
+fn run_with_suffix_speculation_gives_the_plain_text_and_reports_drafts() {
+    require_default_model();
+    let cache = tempfile::tempdir().unwrap();
+    let prompt = "Repeat this line three times: the quick brown fox jumps over the lazy dog";
+    let run = |spec: &str| {
+        let o = pocket_cached(
+            cache.path(),
+            &["run", "--chat", prompt, "-n", "48", "-t", "1", "--spec", spec, "--json"],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).expect("one JSON object")
+    };
+    let (plain, spec) = (run("off"), run("suffix"));
+    assert_eq!(spec["text"], plain["text"]);
+    assert_eq!(spec["spec"]["mode"], "suffix");
+    assert_eq!(plain["spec"]["drafted"], 0);
+    assert!(spec["spec"]["passes"].as_u64().unwrap() > 0, "{spec}");
+    // The cost curve was measured once and cached for the next run.
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 1);
+}

@@ -312,18 +312,8 @@ fn check_rows(logits: &Logits<'_>, rows: usize, info: &ModelInfo) -> Result<()> 
 
 /// The last row of `logits`, checked against the model: an engine bug becomes an error.
 fn last_row<'a>(logits: &Logits<'a>, info: &ModelInfo) -> Result<&'a [f32]> {
-    if logits.rows() == 0 {
-        return Err(Error::engine("decode returned no logits for the last row"));
-    }
-    let row = logits.last();
-    if row.len() != info.n_vocab {
-        return Err(Error::engine(format!(
-            "decode returned a row of {} logits for a vocabulary of {}",
-            row.len(),
-            info.n_vocab
-        )));
-    }
-    Ok(row)
+    check_rows(logits, 1, info)?;
+    Ok(logits.last())
 }
 
 #[cfg(test)]

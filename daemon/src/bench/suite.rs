@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pocket_core::cost::{CostCurveConfig, CostModel, CostPoint, measure_cost_curve};
+use pocket_core::cost::{CostCurveConfig, CostModel, measure_cost_curve};
 use pocket_core::spec::SpecMode;
 use pocket_core::{KvType, Model, SessionConfig, Token, default_threads};
 use pocket_ggml::{DeviceChoice, GgmlModel, LoadOptions};
@@ -154,52 +154,45 @@ pub fn run(
     let prepared = prepare(&model, prompts, config.max_tokens_cap)?;
     let session = session_config(config, &model, &prepared)?;
 
+    // The longest prompt fills the context for the cost curve and the skip-set search.
+    let filler = &prepared.iter().max_by_key(|p| p.tokens.len()).expect("prompts").tokens;
     // Measured on a session of its own, dropped before the memory baseline is taken.
-    let cost_curve = match &config.cost_curve {
+    let measured = match &config.cost_curve {
         Some(cc) => {
             let mut s = model.new_session(&session)?;
             if !config.wait_quiet.is_zero() {
                 wait_for_quiet(config.wait_quiet);
             }
-            let filler = &prepared.iter().max_by_key(|p| p.tokens.len()).expect("prompts").tokens;
             let curve = measure_cost_curve(&mut s, model.info().n_layers, filler, cc)?;
             progress(Progress::CostCurve);
-            curve.into_iter().map(Into::into).collect()
+            curve
         }
         None => Vec::new(),
     };
 
     // What the speculative modes need: the cost model (this run's curve, else the cached or a
-    // freshly measured one), the layer-skip set (cached, else searched now), draft models.
-    let spec_modes: Vec<&Mode> =
-        config.modes.iter().filter(|m| m.spec().is_some_and(|s| s != SpecMode::Off)).collect();
-    let mut cache = SpecCache::open(&config.model_path);
-    let filler = &prepared.iter().max_by_key(|p| p.tokens.len()).expect("prompts").tokens;
-    let cost = if spec_modes.is_empty() {
-        CostModel::linear(1.0)
-    } else if !cost_curve.is_empty() {
-        let points: Vec<CostPoint> = cost_curve
-            .iter()
-            .map(|p: &super::results::CostPoint| CostPoint {
-                n: p.n,
-                seconds: p.seconds,
-                relative: p.relative,
-            })
-            .collect();
-        CostModel::from_curve(&points)
+    // freshly measured one) and the layer-skip set (cached, else searched now).
+    let speculates = config.modes.iter().any(|m| m.spec().is_some_and(|s| s != SpecMode::Off));
+    let (cost, skip_set) = if speculates {
+        let spec_err = |e: anyhow::Error| Error::Invalid(format!("{e:#}"));
+        let mut cache = SpecCache::open(&config.model_path);
+        let cost = if measured.is_empty() {
+            CostModel::from_curve(&cache.cost_curve(&model, &session, filler).map_err(spec_err)?)
+        } else {
+            CostModel::from_curve(&measured)
+        };
+        let mut skip_set = cache.skip_set().cloned();
+        if skip_set.is_none() && config.modes.contains(&Mode::LayerSkip) {
+            let set = search_skip_set(&model, &session, cost.clone(), filler, 0).map_err(spec_err)?;
+            tracing::info!(skip = ?set.skip, agreement = set.agreement, "found a layer-skip set");
+            cache.set_skip_set(set.clone());
+            skip_set = Some(set);
+        }
+        (cost, skip_set)
     } else {
-        CostModel::from_curve(
-            &cache.cost_curve(&model, &session, filler).map_err(|e| Error::Invalid(format!("{e:#}")))?,
-        )
+        (CostModel::linear(1.0), None)
     };
-    let mut skip_set = cache.skip_set().cloned();
-    if skip_set.is_none() && config.modes.contains(&Mode::LayerSkip) {
-        let set = search_skip_set(&model, &session, cost.clone(), filler, 0)
-            .map_err(|e| Error::Invalid(format!("{e:#}")))?;
-        tracing::info!(skip = ?set.skip, agreement = set.agreement, "found a layer-skip set");
-        cache.set_skip_set(set.clone());
-        skip_set = Some(set);
-    }
+    let cost_curve: Vec<super::results::CostPoint> = measured.into_iter().map(Into::into).collect();
     let mut draft_models = Vec::new();
     for m in &config.modes {
         if let Mode::Draft(name) = m {

@@ -12,7 +12,7 @@ use pocket_core::{
 };
 use serde::Serialize;
 
-use super::common::{ModelArgs, load_model};
+use super::common::ModelArgs;
 use crate::mem::{MemStats, PeakSampler};
 use crate::spec::{SpecCache, SpecSetup};
 
@@ -141,6 +141,9 @@ struct SpecReport {
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Bad flags are reported before the model is loaded.
     args.sampling.config().validate()?;
+    if args.spec.spec == SpecMode::Draft && args.spec.draft_model.is_none() {
+        anyhow::bail!("--spec draft needs a draft model: add --draft-model NAME");
+    }
     StopConfig { max_tokens: args.max_tokens, stop: args.stop.clone() }.validate()?;
     let prompt = if args.prompt == "-" {
         std::io::read_to_string(std::io::stdin()).context("reading the prompt from stdin")?
@@ -162,16 +165,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tokens = tokenizer.encode(&text, true)?;
     let threads = args.threads.unwrap_or_else(default_threads);
     let config = SessionConfig { kv: args.kv, n_ctx: args.ctx_size, threads, ..SessionConfig::default() };
-    let draft_model = match &args.spec.draft_model {
-        Some(name) => {
-            let models = ModelArgs { model: name.clone(), ..args.model.clone() };
-            Some(load_model(&models.resolve()?, &Default::default())?)
-        }
-        None => None,
-    };
-    if args.spec.spec == SpecMode::Draft && draft_model.is_none() {
-        anyhow::bail!("--spec draft needs a draft model: add --draft-model NAME");
-    }
+    // The draft model loads from the same directory onto the same device as the target.
+    let draft_model = args
+        .spec
+        .draft_model
+        .as_ref()
+        .map(|name| ModelArgs { model: name.clone(), ..args.model.clone() }.load())
+        .transpose()?;
     let mut cache = SpecCache::open(model.path());
     let cost = match args.spec.spec {
         SpecMode::Off => CostModel::linear(1.0),

@@ -17,11 +17,9 @@ use super::Error;
 
 mod llama_cpp;
 mod spec;
-mod vanilla;
 
 pub use llama_cpp::LlamaCppRunner;
 pub use spec::SpecRunner;
-pub use vanilla::VanillaRunner;
 
 /// How a prompt is run.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -170,7 +168,6 @@ pub struct RunnerContext<'a> {
 pub fn open(mode: &Mode, cx: RunnerContext<'_>) -> Result<Box<dyn Runner>, Error> {
     Ok(match mode {
         Mode::LlamaCpp => Box::new(LlamaCppRunner::load(cx)?),
-        Mode::Vanilla => Box::new(VanillaRunner::new(cx)?),
         Mode::Draft(name) => {
             let draft = cx.draft_models.iter().find(|(n, _)| n == name).map(|(_, m)| m.clone());
             let draft = draft.ok_or_else(|| Error::Invalid(format!("draft model {name} was not loaded")))?;

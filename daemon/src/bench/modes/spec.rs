@@ -1,4 +1,4 @@
-//! `suffix`, `layerskip`, `draft:MODEL` and `auto`: our engine with a drafter.
+//! Our engine: `vanilla` (no drafter), `suffix`, `layerskip`, `draft:MODEL` and `auto`.
 
 use std::ops::ControlFlow;
 
@@ -12,7 +12,12 @@ use crate::bench::Error;
 use crate::spec::SpecSetup;
 
 /// Runs [`pocket_core::generate_speculative`] with a fresh drafter per prompt (a drafter's
-/// acceptance estimates belong to one request) on one session, as `vanilla` does.
+/// acceptance estimates belong to one request); `vanilla` has none, which is plain decoding.
+///
+/// One session serves every prompt, emptied with `truncate(0)` before each: this mirrors the
+/// llama.cpp baseline, whose context is made once and cleared per prompt, so neither mode's
+/// timing or generation memory includes setting up its per-conversation state (compute
+/// buffers, graph), and both include the KV cache growing with the tokens held.
 pub struct SpecRunner {
     name: String,
     mode: SpecMode,
@@ -79,6 +84,8 @@ impl Runner for SpecRunner {
             d,
             &mut |_| ControlFlow::Continue(()),
         )?;
+        // Release the KV cache now rather than at the next prompt, so the next mode's run
+        // does not start with (and count) this one's memory.
         self.session.truncate(0)?;
         let detail = drafter.as_mut().map(|d| d.as_drafter().describe());
         Ok(RunOutput {
