@@ -44,7 +44,7 @@ fn run() -> anyhow::Result<()> {
 
     let mut config = BenchConfig::new(model.path.clone(), name.to_owned());
     config.workload = "benches/workload.jsonl".into();
-    config.modes = vec![Mode::LlamaCpp, Mode::Vanilla];
+    config.modes = vec![Mode::LlamaCpp.into(), Mode::Vanilla.into()];
     if let Some(t) = std::env::var("POCKET_BENCH_THREADS").ok().filter(|t| !t.is_empty()) {
         config.threads =
             t.parse().map_err(|_| anyhow::anyhow!("POCKET_BENCH_THREADS={t:?} is not a number"))?;

@@ -19,7 +19,7 @@ use pocket_core::spec::{
     SpecMode, SuffixDrafter,
 };
 use pocket_core::{Model, SessionConfig, Token};
-use pocket_ggml::GgmlModel;
+use pocket_ggml::{GgmlModel, WeightFormat};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -30,15 +30,19 @@ pub const DEFAULT_MAX_DRAFT: usize = 8;
 /// What is remembered about one model file.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct CacheData {
-    /// The skip set found for layer-skip drafting.
-    skip_set: Option<SkipSet>,
-    /// Cost curves by device, threads and KV type.
+    /// The skip sets found for layer-skip drafting, by weight format.
+    #[serde(default)]
+    skip_sets: BTreeMap<String, SkipSet>,
+    /// Cost curves by device, threads, KV type and weight format.
+    #[serde(default)]
     cost_curves: BTreeMap<String, Vec<CostPoint>>,
 }
 
-/// The speculation cache of one model file.
+/// The speculation cache of one model file, as loaded in one weight format (converted
+/// weights are a slightly different model with another cost curve).
 pub struct SpecCache {
     path: Option<PathBuf>,
+    weights: WeightFormat,
     data: CacheData,
 }
 
@@ -70,8 +74,9 @@ fn fingerprint(path: &Path) -> std::io::Result<String> {
 }
 
 impl SpecCache {
-    /// The cache of the model at `model_path` (empty if there is none yet).
-    pub fn open(model_path: &Path) -> Self {
+    /// The cache of the model at `model_path` loaded with `weights` (empty if there is none
+    /// yet).
+    pub fn open(model_path: &Path, weights: WeightFormat) -> Self {
         let path = cache_dir().and_then(|dir| match fingerprint(model_path) {
             Ok(fp) => Some(dir.join(format!("{fp}.json"))),
             Err(e) => {
@@ -84,17 +89,17 @@ impl SpecCache {
             .and_then(|p| std::fs::read(p).ok())
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default();
-        SpecCache { path, data }
+        SpecCache { path, weights, data }
     }
 
     /// The skip set found earlier, if any.
     pub fn skip_set(&self) -> Option<&SkipSet> {
-        self.data.skip_set.as_ref()
+        self.data.skip_sets.get(self.weights.name())
     }
 
     /// Remember `set` and save.
     pub fn set_skip_set(&mut self, set: SkipSet) {
-        self.data.skip_set = Some(set);
+        self.data.skip_sets.insert(self.weights.name().to_owned(), set);
         self.save();
     }
 
@@ -121,7 +126,7 @@ impl SpecCache {
         config: &SessionConfig,
         filler: &[Token],
     ) -> anyhow::Result<Vec<CostPoint>> {
-        let key = format!("{}/t{}/{}", model.device_name(), config.threads, config.kv);
+        let key = format!("{}/t{}/{}/{}", model.device_name(), config.threads, config.kv, self.weights);
         if let Some(c) = self.data.cost_curves.get(&key) {
             return Ok(c.clone());
         }

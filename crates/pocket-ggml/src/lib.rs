@@ -21,6 +21,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod convert;
 mod device;
 mod error;
 mod gguf;
@@ -33,6 +34,7 @@ mod session;
 mod vocab;
 mod weights;
 
+pub use convert::WeightFormat;
 pub use device::{DeviceChoice, device_names};
 pub use error::{Error, Result};
 pub use kv::KV_BLOCK_TOKENS;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use pocket_core::{Footprint, KvType, Model, ModelInfo, ModelKind, Session, SessionConfig, Tokenizer};
 
 use crate::Result;
+use crate::convert::WeightFormat;
 use crate::device::{Device, DeviceChoice};
 use crate::gguf::GgufFile;
 use crate::kv::{self, KV_BLOCK_TOKENS};
@@ -26,6 +27,9 @@ pub struct LoadOptions {
     /// off by up to 0.3), and speculative decoding's greedy output must equal plain
     /// decoding's. Decoding itself was no slower without it here.
     pub repack: bool,
+    /// The format weight matrices are held in: as stored, or widened to Q8_0 for a flatter
+    /// verification cost curve on CPUs (see [`WeightFormat`]).
+    pub weights: WeightFormat,
 }
 
 /// The parts of a model that sessions share.
@@ -37,6 +41,7 @@ pub(crate) struct Inner {
     pub(crate) device: Device,
     pub(crate) info: ModelInfo,
     pub(crate) repack: bool,
+    pub(crate) format: WeightFormat,
     pub(crate) file: GgufFile,
 }
 
@@ -64,7 +69,7 @@ impl GgmlModel {
         let file = GgufFile::open(path)?;
         let hp = Hparams::read(&file)?;
         let device = Device::select(&options.device, options.repack)?;
-        let weights = Weights::load(&file, &hp, &device, progress)?;
+        let weights = Weights::load(&file, &hp, &device, options.weights, progress)?;
         let vocab = Vocab::load(path)?;
         let weights_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         let name = if hp.name.is_empty() {
@@ -84,10 +89,11 @@ impl GgmlModel {
         };
         tracing::info!(
             model = %info.name, arch = %info.architecture, device = %device.name,
-            mapped = weights.mapped_bytes, copied = weights.copied_bytes, "loaded model"
+            mapped = weights.mapped_bytes, copied = weights.copied_bytes, format = %options.weights,
+            "loaded model"
         );
-        let repack = options.repack;
-        Ok(GgmlModel { inner: Arc::new(Inner { weights, vocab, hp, device, info, file, repack }) })
+        let (repack, format) = (options.repack, options.weights);
+        Ok(GgmlModel { inner: Arc::new(Inner { weights, vocab, hp, device, info, file, repack, format }) })
     }
 
     /// A new session, as the concrete type (with its engine-specific accessors).
@@ -103,6 +109,11 @@ impl GgmlModel {
     /// Whether weights may be repacked ([`LoadOptions::repack`]).
     pub fn repacks(&self) -> bool {
         self.inner.repack
+    }
+
+    /// The format the weight matrices are held in ([`LoadOptions::weights`]).
+    pub fn weight_format(&self) -> WeightFormat {
+        self.inner.format
     }
 
     /// The name of the device the model runs on.

@@ -10,6 +10,7 @@ use std::ptr::NonNull;
 use llama_cpp_sys_2 as sys;
 use memmap2::UncheckedAdvice;
 
+use crate::convert::{WeightFormat, convert_matrix};
 use crate::device::{Device, WeightOp, buft_name, cstring};
 use crate::gguf::GgufFile;
 use crate::{Error, Result};
@@ -190,8 +191,9 @@ impl Drop for Weights {
     }
 }
 
-/// Tensors going to one buffer type: (index into the wanted list, description).
-type Group = (sys::ggml_backend_buffer_type_t, Vec<(usize, NonNull<sys::ggml_tensor>)>);
+/// Tensors going to one buffer: its type, whether they are converted on the way (such a group
+/// never stays in the mapping), and (index into the wanted list, description as placed).
+type Group = (sys::ggml_backend_buffer_type_t, bool, Vec<(usize, NonNull<sys::ggml_tensor>)>);
 
 /// One weight the graph needs: where it comes from in the file and what uses it.
 struct Wanted {
@@ -201,12 +203,13 @@ struct Wanted {
 }
 
 impl Weights {
-    /// Place the weights of `f` on `device`.
+    /// Place the weights of `f` on `device`, matrices converted to `format`.
     /// `progress(done, total)` is called in bytes as tensors are placed.
     pub(crate) fn load(
         f: &GgufFile,
         hp: &Hparams,
         device: &Device,
+        format: WeightFormat,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Weights> {
         let mut wanted: Vec<Wanted> = Vec::new();
@@ -238,6 +241,10 @@ impl Weights {
             }
         }
 
+        // Descriptions of converted matrices (type changed, shape kept) live here until they
+        // are copied into their group's context.
+        let converted = ScratchContext::new(wanted.len())?;
+
         // Group the tensors by the buffer type each goes to.
         let mut groups: Vec<Group> = Vec::new();
         let mut placed: Vec<Option<NonNull<sys::ggml_tensor>>> = vec![None; wanted.len()];
@@ -252,22 +259,27 @@ impl Weights {
                 continue;
             };
             check_shape(f, &w.file_name, meta, &expected_shape(hp, &w.file_name))?;
+            // SAFETY: a valid description from the GGUF context.
+            let (ty, ne) = unsafe { ((*meta.as_ptr()).type_, (*meta.as_ptr()).ne) };
+            let target = if w.op == WeightOp::MulMat { format.target(ty, ne[0]) } else { ty };
+            let convert = target != ty;
+            let desc = if convert { converted.matrix(target, ne[0], ne[1])? } else { meta };
             // The token embedding is only gathered from: it stays in host memory on every device.
             let buft = if w.op == WeightOp::GetRows {
                 // SAFETY: registry device.
                 unsafe { sys::ggml_backend_dev_buffer_type(device.cpu) }
             } else {
-                device.weight_buft(meta, w.op)
+                device.weight_buft(desc, w.op)
             };
-            match groups.iter_mut().find(|(b, _)| *b == buft) {
-                Some((_, list)) => list.push((i, meta)),
-                None => groups.push((buft, vec![(i, meta)])),
+            match groups.iter_mut().find(|(b, c, _)| *b == buft && *c == convert) {
+                Some((_, _, list)) => list.push((i, desc)),
+                None => groups.push((buft, convert, vec![(i, desc)])),
             }
         }
 
         let total: u64 = groups
             .iter()
-            .flat_map(|(_, list)| list.iter())
+            .flat_map(|(_, _, list)| list.iter())
             .map(|&(i, _)| f.tensor_bytes(&wanted[i].file_name).map_or(0, |b| b.len() as u64))
             .sum();
         let mut weights_contexts = Vec::new();
@@ -277,7 +289,7 @@ impl Weights {
         let mut counted_tied: *const u8 = std::ptr::null();
         // SAFETY: registry device.
         let cpu_buft = unsafe { sys::ggml_backend_dev_buffer_type(device.cpu) };
-        for (buft, list) in &groups {
+        for (buft, convert, list) in &groups {
             // SAFETY: a fresh no_alloc context sized for the tensor descriptions it will hold.
             let ctx = unsafe {
                 sys::ggml_init(sys::ggml_init_params {
@@ -300,7 +312,7 @@ impl Weights {
                 placed[i] = Some(t);
             }
             // On the CPU, weights in plain host memory are used where they lie in the mapping.
-            let in_place = device.is_cpu() && *buft == cpu_buft;
+            let in_place = device.is_cpu() && *buft == cpu_buft && !convert;
             if in_place {
                 let mmap = f.mmap();
                 let max = list.iter().map(|&(_, m)| {
@@ -347,13 +359,40 @@ impl Weights {
                     .ok_or_else(|| Error::Ggml(format!("cannot allocate weights in {}", buft_name(*buft))))?;
                 buffers.push(buf);
                 for &(i, t) in &tensors {
-                    let bytes = f.tensor_bytes(&wanted[i].file_name).expect("tensor exists");
-                    // SAFETY: the tensor is allocated with exactly bytes.len() bytes (same type
-                    // and shape as in the file); the buffer type repacks while copying.
-                    unsafe {
-                        sys::ggml_backend_tensor_set(t.as_ptr(), bytes.as_ptr() as *const _, 0, bytes.len())
-                    };
-                    copied_bytes += bytes.len() as u64;
+                    let name = &wanted[i].file_name;
+                    let bytes = f.tensor_bytes(name).expect("tensor exists");
+                    if *convert {
+                        let meta = f.tensor(name).expect("tensor exists");
+                        // SAFETY: valid descriptions (the file's and the placed one).
+                        let (from, to, ne) =
+                            unsafe { ((*meta.as_ptr()).type_, (*t.as_ptr()).type_, (*t.as_ptr()).ne) };
+                        convert_matrix(from, to, bytes, ne[0] as usize, ne[1] as usize, &mut |at, chunk| {
+                            // SAFETY: the tensor is allocated with its converted size, and
+                            // convert_matrix hands out consecutive chunks that tile it.
+                            unsafe {
+                                sys::ggml_backend_tensor_set(
+                                    t.as_ptr(),
+                                    chunk.as_ptr().cast(),
+                                    at,
+                                    chunk.len(),
+                                )
+                            };
+                        });
+                        // SAFETY: a placed tensor.
+                        copied_bytes += unsafe { sys::ggml_nbytes(t.as_ptr()) } as u64;
+                    } else {
+                        // SAFETY: the tensor is allocated with exactly bytes.len() bytes (same
+                        // type and shape as in the file); the buffer type repacks while copying.
+                        unsafe {
+                            sys::ggml_backend_tensor_set(
+                                t.as_ptr(),
+                                bytes.as_ptr() as *const _,
+                                0,
+                                bytes.len(),
+                            )
+                        };
+                        copied_bytes += bytes.len() as u64;
+                    }
                     progress(mapped_bytes + copied_bytes, total);
                     let offset = bytes.as_ptr() as usize - f.mmap().as_ptr() as usize;
                     // SAFETY: the range is inside the mapping and nothing borrows it any more:
@@ -400,6 +439,37 @@ impl Weights {
             contexts: weights_contexts,
             buffers,
         })
+    }
+}
+
+/// A no_alloc ggml context for tensor descriptions, freed on drop.
+struct ScratchContext(NonNull<sys::ggml_context>);
+
+impl ScratchContext {
+    fn new(capacity: usize) -> Result<Self> {
+        // SAFETY: a fresh no_alloc context sized for `capacity` descriptions.
+        let ctx = unsafe {
+            sys::ggml_init(sys::ggml_init_params {
+                mem_size: sys::ggml_tensor_overhead() * (capacity + 1),
+                mem_buffer: std::ptr::null_mut(),
+                no_alloc: true,
+            })
+        };
+        NonNull::new(ctx).map(ScratchContext).ok_or_else(|| Error::Ggml("ggml_init failed".into()))
+    }
+
+    /// A description of an `ne0 × ne1` matrix of type `ty`.
+    fn matrix(&self, ty: sys::ggml_type, ne0: i64, ne1: i64) -> Result<NonNull<sys::ggml_tensor>> {
+        // SAFETY: the context was sized for every wanted tensor; ggml only records the shape.
+        let t = unsafe { sys::ggml_new_tensor_2d(self.0.as_ptr(), ty, ne0, ne1) };
+        NonNull::new(t).ok_or_else(|| Error::Ggml("ggml_new_tensor_2d failed".into()))
+    }
+}
+
+impl Drop for ScratchContext {
+    fn drop(&mut self) {
+        // SAFETY: created by `new`, freed once; the descriptions in it were only copied.
+        unsafe { sys::ggml_free(self.0.as_ptr()) };
     }
 }
 

@@ -19,7 +19,7 @@ use pocket_core::{
     ChatMessage, GenerateRequest, Generation, KvType, Model, Rows, SamplingConfig, Session, StopConfig,
     Token, generate_speculative,
 };
-use pocket_ggml::GgmlModel;
+use pocket_ggml::{GgmlModel, WeightFormat};
 
 /// One prompt of each kind the issue names: edit (output copies the input), summarize
 /// (grounded in the input) and qa (open-ended).
@@ -182,6 +182,15 @@ fn verification_is_batch_invariant_on_smollm2() {
 fn verification_is_batch_invariant_on_qwen() {
     let _serial = serial();
     verification_rows_equal_single_steps(&model(QWEN), 1);
+}
+
+#[test]
+fn verification_is_batch_invariant_with_weights_widened_to_q8_0() {
+    let _serial = serial();
+    let smol = model_as(SMOL, WeightFormat::Q8_0);
+    verification_rows_equal_single_steps(&smol, 1);
+    verification_rows_equal_single_steps(&smol, 2);
+    verification_rows_equal_single_steps(&model_as(QWEN, WeightFormat::Q8_0), 1);
 }
 
 #[test]

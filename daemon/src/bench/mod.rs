@@ -30,7 +30,7 @@ pub mod suite;
 pub mod summary;
 pub mod workload;
 
-pub use modes::{Mode, RunOutput, Runner};
+pub use modes::{Mode, RunMode, RunOutput, Runner};
 pub use results::BenchResults;
 pub use suite::{BenchConfig, Progress};
 pub use workload::{Kind, Prompt, PromptInput, WorkloadError};

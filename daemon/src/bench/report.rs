@@ -20,17 +20,28 @@ pub fn table(r: &BenchResults) -> String {
         r.machine.backend,
         r.machine.cpu,
     );
-    if !r.cost_curve.is_empty() {
-        let points: Vec<String> = r
-            .cost_curve
+    let curve = |points: &[super::results::CostPoint]| -> String {
+        let points: Vec<String> = points
             .iter()
             .map(|p| format!("n={} {:.2}x ({:.1} ms)", p.n, p.relative, p.seconds * 1e3))
             .collect();
+        points.join(", ")
+    };
+    if r.cost_curves_by_weights.len() > 1 {
+        for (weights, points) in &r.cost_curves_by_weights {
+            let _ = writeln!(
+                out,
+                "cost curve t(n)/t(1), weights {weights}, at {} tokens of context: {}",
+                r.settings.cost_curve_context,
+                curve(points)
+            );
+        }
+    } else if !r.cost_curve.is_empty() {
         let _ = writeln!(
             out,
             "cost curve t(n)/t(1) at {} tokens of context: {}",
             r.settings.cost_curve_context,
-            points.join(", ")
+            curve(&r.cost_curve)
         );
     }
     let _ = writeln!(out);
@@ -39,6 +50,7 @@ pub fn table(r: &BenchResults) -> String {
         "mode",
         "runs",
         "decode tok/s",
+        "vs vanilla",
         "vs llama.cpp",
         "prefill tok/s",
         "vs llama.cpp",
@@ -61,6 +73,10 @@ pub fn table(r: &BenchResults) -> String {
             mode.to_string(),
             s.runs.to_string(),
             num(s.decode_tok_per_s_median, 1),
+            match s.speedup_vs_same_weights {
+                Some(same) => format!("{} ({} same weights)", ratio(s.speedup_vs_vanilla), ratio(Some(same))),
+                None => ratio(s.speedup_vs_vanilla),
+            },
             ratio(s.decode_vs_llama_cpp),
             num(s.prefill_tok_per_s_median, 1),
             ratio(s.prefill_vs_llama_cpp),
@@ -78,19 +94,19 @@ pub fn table(r: &BenchResults) -> String {
     kinds.sort();
     kinds.dedup();
     if !kinds.is_empty() {
-        let _ = writeln!(out, "\ndecode tok/s (median) by kind");
+        let _ = writeln!(out, "\ndecode tok/s (median) by kind, and the median speed-up over vanilla");
         let mut header = vec!["kind".to_string()];
         header.extend(modes.iter().map(|m| m.to_string()));
         let mut rows = vec![header];
         for kind in kinds {
             let mut row = vec![kind.to_string()];
             for mode in &modes {
-                let v = r
-                    .summary
-                    .get(*mode)
-                    .and_then(|s| s.by_kind.get(&kind))
-                    .and_then(|k| k.decode_tok_per_s_median);
-                row.push(num(v, 1));
+                let k = r.summary.get(*mode).and_then(|s| s.by_kind.get(&kind));
+                let tok_s = num(k.and_then(|k| k.decode_tok_per_s_median), 1);
+                row.push(match k.and_then(|k| k.speedup_vs_vanilla) {
+                    Some(x) if *mode != "vanilla" => format!("{tok_s} ({x:.2}x)"),
+                    _ => tok_s,
+                });
             }
             rows.push(row);
         }

@@ -19,8 +19,12 @@ pub struct BenchResults {
     pub model: BenchModel,
     /// How it was run.
     pub settings: Settings,
-    /// Our engine's verification cost curve t(n)/t(1); empty when not measured.
+    /// Our engine's verification cost curve t(n)/t(1), for the weight format of the first
+    /// of our modes; empty when not measured.
     pub cost_curve: Vec<CostPoint>,
+    /// The cost curve of every weight format the modes ran on (`stored`, `q8_0`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cost_curves_by_weights: BTreeMap<String, Vec<CostPoint>>,
     /// Every measured run, in the order they ran (modes alternating per prompt).
     pub runs: Vec<RunRecord>,
     /// Per mode (by name).
@@ -161,6 +165,10 @@ pub struct ModeSummary {
     /// Median over prompts of this mode's decode tok/s over `vanilla`'s; `null` without
     /// `vanilla`.
     pub speedup_vs_vanilla: Option<f64>,
+    /// For a mode on converted weights (`suffix@q8_0`): the same over plain decoding on
+    /// those weights (`vanilla@q8_0`); `null` otherwise or without that mode.
+    #[serde(default)]
+    pub speedup_vs_same_weights: Option<f64>,
     /// Median over prompts of this mode's decode tok/s over `llama.cpp`'s; `null` without
     /// `llama.cpp`.
     pub decode_vs_llama_cpp: Option<f64>,
@@ -170,7 +178,8 @@ pub struct ModeSummary {
     pub by_kind: BTreeMap<Kind, KindSummary>,
     /// Accepted over drafted tokens; `null` for modes that do not draft.
     pub acceptance: Option<f64>,
-    /// Whether every run's output equals `vanilla`'s; `null` without `vanilla`.
+    /// Whether every run's output equals plain decoding's on the same weights (`vanilla`, or
+    /// `vanilla@q8_0` for `suffix@q8_0` when it ran, else `vanilla`); `null` without either.
     pub all_identical: Option<bool>,
     /// The highest peak RSS of any run.
     pub peak_rss_bytes_max: u64,
@@ -189,6 +198,9 @@ pub struct KindSummary {
     pub prefill_tok_per_s_median: Option<f64>,
     /// Median over prompts of decode tok/s over `vanilla`'s.
     pub speedup_vs_vanilla: Option<f64>,
+    /// The same over plain decoding on the same converted weights (see [`ModeSummary`]).
+    #[serde(default)]
+    pub speedup_vs_same_weights: Option<f64>,
 }
 
 #[cfg(test)]
@@ -233,6 +245,7 @@ pub(crate) mod tests {
             cost_curve: [(1, 0.0071, 1.0), (2, 0.0093, 1.31), (4, 0.0140, 1.97)]
                 .map(|(n, seconds, relative)| CostPoint { n, seconds, relative })
                 .to_vec(),
+            cost_curves_by_weights: BTreeMap::new(),
             runs,
             summary,
         }

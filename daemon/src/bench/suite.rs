@@ -1,17 +1,18 @@
 //! Running a benchmark: load, measure the cost curve, warm up, then every prompt in every
 //! mode, alternating.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use pocket_core::cost::{CostCurveConfig, CostModel, measure_cost_curve};
 use pocket_core::spec::SpecMode;
 use pocket_core::{KvType, Model, SessionConfig, Token, default_threads};
-use pocket_ggml::{DeviceChoice, GgmlModel, LoadOptions};
+use pocket_ggml::{DeviceChoice, GgmlModel, LoadOptions, WeightFormat};
 
 use super::Error;
 use super::machine::{CpuTimes, cpu_name, settle, sha256_file, sha256_tokens, wait_for_quiet};
-use super::modes::{self, Mode, RunOutput, Runner, RunnerContext};
+use super::modes::{self, Mode, RunMode, RunOutput, Runner, RunnerContext};
 use super::results::{BenchModel, BenchResults, Machine, RunRecord, Settings};
 use super::summary::{compare_outputs, summarize};
 use super::workload::{Prompt, prompt_tokens};
@@ -41,7 +42,7 @@ pub struct BenchConfig {
     /// The workload's name in the results (its path).
     pub workload: String,
     /// Modes, in the order they run for each prompt.
-    pub modes: Vec<Mode>,
+    pub modes: Vec<RunMode>,
     /// CPU threads for every engine.
     pub threads: usize,
     /// KV cache type for every engine.
@@ -74,7 +75,7 @@ impl BenchConfig {
             models_dir: None,
             file_sha256: None,
             workload: String::new(),
-            modes: vec![Mode::LlamaCpp, Mode::Vanilla],
+            modes: vec![Mode::LlamaCpp.into(), Mode::Vanilla.into()],
             threads: default_threads(),
             kv: KvType::F16,
             device: DeviceChoice::default(),
@@ -115,6 +116,16 @@ pub enum Progress<'a> {
     },
 }
 
+/// Our engine's model in one weight format, with what its speculative modes need.
+struct Target {
+    weights: WeightFormat,
+    model: GgmlModel,
+    /// This run's cost curve (empty when not measured).
+    curve: Vec<pocket_core::cost::CostPoint>,
+    cost: CostModel,
+    skip_set: Option<pocket_core::spec::SkipSet>,
+}
+
 /// A prompt ready to run: its token ids and effective `max_tokens`.
 struct Prepared<'p> {
     prompt: &'p Prompt,
@@ -148,67 +159,93 @@ pub fn run(
         None => sha256_file(&config.model_path)?,
     };
     let options = LoadOptions { device: config.device.clone(), ..LoadOptions::default() };
-    let model = GgmlModel::load(&config.model_path, &options)?;
-    progress(Progress::Loaded { device: model.device_name() });
+    // Our engine's model in every weight format a mode asks for; the first mode's is the main
+    // one (prompts are tokenized and the session sized with it, and its curve is `cost_curve`).
+    let mut models: Vec<Target> = Vec::new();
+    for m in &config.modes {
+        if !models.iter().any(|t| t.weights == m.weights) {
+            let model =
+                GgmlModel::load(&config.model_path, &LoadOptions { weights: m.weights, ..options.clone() })?;
+            models.push(Target {
+                weights: m.weights,
+                model,
+                curve: Vec::new(),
+                cost: CostModel::linear(1.0),
+                skip_set: None,
+            });
+        }
+    }
+    let main = models[0].model.clone();
+    progress(Progress::Loaded { device: main.device_name() });
 
-    let prepared = prepare(&model, prompts, config.max_tokens_cap)?;
-    let session = session_config(config, &model, &prepared)?;
+    let prepared = prepare(&main, prompts, config.max_tokens_cap)?;
+    let session = session_config(config, &main, &prepared)?;
 
     // The longest prompt fills the context for the cost curve and the skip-set search.
     let filler = &prepared.iter().max_by_key(|p| p.tokens.len()).expect("prompts").tokens;
-    // Measured on a session of its own, dropped before the memory baseline is taken.
-    let measured = match &config.cost_curve {
-        Some(cc) => {
-            let mut s = model.new_session(&session)?;
+    for t in &mut models {
+        // Measured on a session of its own, dropped before the memory baseline is taken.
+        if let Some(cc) = &config.cost_curve {
+            let mut s = t.model.new_session(&session)?;
             if !config.wait_quiet.is_zero() {
                 wait_for_quiet(config.wait_quiet);
             }
-            let curve = measure_cost_curve(&mut s, model.info().n_layers, filler, cc)?;
-            progress(Progress::CostCurve);
-            curve
+            t.curve = measure_cost_curve(&mut s, t.model.info().n_layers, filler, cc)?;
         }
-        None => Vec::new(),
-    };
-
-    // What the speculative modes need: the cost model (this run's curve, else the cached or a
-    // freshly measured one) and the layer-skip set (cached, else searched now).
-    let speculates = config.modes.iter().any(|m| m.spec().is_some_and(|s| s != SpecMode::Off));
-    let (cost, skip_set) = if speculates {
+        // What the speculative modes need: the cost model (this run's curve, else the cached
+        // or a freshly measured one) and the layer-skip set (cached, else searched now).
+        let modes = config.modes.iter().filter(|m| m.weights == t.weights);
+        let speculates = modes.clone().any(|m| m.mode.spec().is_some_and(|s| s != SpecMode::Off));
+        if !speculates {
+            continue;
+        }
         let spec_err = |e: anyhow::Error| Error::Invalid(format!("{e:#}"));
-        let mut cache = SpecCache::open(&config.model_path);
-        let cost = if measured.is_empty() {
-            CostModel::from_curve(&cache.cost_curve(&model, &session, filler).map_err(spec_err)?)
+        let mut cache = SpecCache::open(&config.model_path, t.weights);
+        t.cost = if t.curve.is_empty() {
+            CostModel::from_curve(&cache.cost_curve(&t.model, &session, filler).map_err(spec_err)?)
         } else {
-            CostModel::from_curve(&measured)
+            CostModel::from_curve(&t.curve)
         };
-        let mut skip_set = cache.skip_set().cloned();
-        if skip_set.is_none() && config.modes.contains(&Mode::LayerSkip) {
-            let set = search_skip_set(&model, &session, cost.clone(), filler, 0).map_err(spec_err)?;
-            tracing::info!(skip = ?set.skip, agreement = set.agreement, "found a layer-skip set");
+        t.skip_set = cache.skip_set().cloned();
+        if t.skip_set.is_none() && modes.clone().any(|m| m.mode == Mode::LayerSkip) {
+            let set = search_skip_set(&t.model, &session, t.cost.clone(), filler, 0).map_err(spec_err)?;
+            tracing::info!(skip = ?set.skip, agreement = set.agreement, weights = %t.weights, "found a layer-skip set");
             cache.set_skip_set(set.clone());
-            skip_set = Some(set);
+            t.skip_set = Some(set);
         }
-        (cost, skip_set)
-    } else {
-        (CostModel::linear(1.0), None)
-    };
-    let cost_curve: Vec<super::results::CostPoint> = measured.into_iter().map(Into::into).collect();
+    }
+    if config.cost_curve.is_some() {
+        progress(Progress::CostCurve);
+    }
     let mut draft_models = Vec::new();
     for m in &config.modes {
-        if let Mode::Draft(name) = m {
+        if let Mode::Draft(name) = &m.mode
+            && !draft_models.iter().any(|(n, _)| n == name)
+        {
             let dir = pocket_models::models_dir(config.models_dir.as_deref());
             let path = pocket_models::resolve(name, &dir).map_err(|e| Error::Invalid(e.to_string()))?.path;
             draft_models.push((name.clone(), GgmlModel::load(&path, &options)?));
         }
     }
-    let cx = RunnerContext {
-        model: &model,
-        session: &session,
-        cost: &cost,
-        skip_set: skip_set.as_ref(),
-        draft_models: &draft_models,
-    };
-    let mut runners = config.modes.iter().map(|m| modes::open(m, cx)).collect::<Result<Vec<_>, _>>()?;
+    let mut runners = Vec::with_capacity(config.modes.len());
+    for m in &config.modes {
+        let t = models.iter().find(|t| t.weights == m.weights).expect("every mode's weights were loaded");
+        let cx = RunnerContext {
+            model: &t.model,
+            session: &session,
+            cost: &t.cost,
+            skip_set: t.skip_set.as_ref(),
+            draft_models: &draft_models,
+        };
+        runners.push(modes::open(m, cx)?);
+    }
+    let cost_curve: Vec<super::results::CostPoint> =
+        models[0].curve.iter().copied().map(Into::into).collect();
+    let cost_curves_by_weights: BTreeMap<String, Vec<super::results::CostPoint>> = models
+        .iter()
+        .filter(|t| !t.curve.is_empty())
+        .map(|t| (t.weights.name().to_owned(), t.curve.iter().copied().map(Into::into).collect()))
+        .collect();
 
     if config.warmup {
         let short = prepared.iter().min_by_key(|p| p.tokens.len()).expect("prompts");
@@ -258,15 +295,11 @@ pub fn run(
     let cc = config.cost_curve.clone().unwrap_or_default();
     Ok(BenchResults {
         pocket_version: env!("CARGO_PKG_VERSION").to_owned(),
-        machine: Machine {
-            cpu: cpu_name(),
-            threads: config.threads,
-            backend: model.device_name().to_owned(),
-        },
+        machine: Machine { cpu: cpu_name(), threads: config.threads, backend: main.device_name().to_owned() },
         model: BenchModel {
             name: config.model_name.clone(),
             file_sha256,
-            weights_bytes: model.info().weights_bytes,
+            weights_bytes: main.info().weights_bytes,
         },
         settings: Settings {
             kv: config.kv.name().to_owned(),
@@ -282,6 +315,7 @@ pub fn run(
             rounds: config.rounds,
         },
         cost_curve,
+        cost_curves_by_weights,
         runs,
         summary,
     })

@@ -21,14 +21,26 @@ pub fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
 /// token ids in `outputs`, one per run) with `vanilla`'s for the same prompt and round; both
 /// stay `None` where `vanilla` has no such run.
 pub fn compare_outputs(runs: &mut [RunRecord], outputs: &[Vec<u32>]) {
-    let vanilla: HashMap<(String, usize), usize> = runs
+    let vanilla: HashMap<(String, String, usize), usize> = runs
         .iter()
         .enumerate()
-        .filter(|(_, r)| r.mode == "vanilla")
-        .map(|(i, r)| ((r.prompt_id.clone(), r.round), i))
+        .filter(|(_, r)| r.mode == "vanilla" || r.mode.starts_with("vanilla@"))
+        .map(|(i, r)| ((r.mode.clone(), r.prompt_id.clone(), r.round), i))
         .collect();
     for i in 0..runs.len().min(outputs.len()) {
-        let Some(&v) = vanilla.get(&(runs[i].prompt_id.clone(), runs[i].round)) else {
+        let (id, round) = (runs[i].prompt_id.clone(), runs[i].round);
+        // Plain decoding on the same weights, else on the weights as stored (where a
+        // difference may then be the conversion's, which `diverges_at` locates). Plain
+        // decoding on converted weights is compared with the stored weights': how often the
+        // conversion changes a greedy output.
+        let same = same_weights_vanilla(&runs[i].mode);
+        let candidates = if runs[i].mode.starts_with("vanilla@") {
+            ["vanilla", "vanilla"]
+        } else {
+            [same.as_str(), "vanilla"]
+        };
+        let reference = candidates.into_iter().find_map(|v| vanilla.get(&(v.to_owned(), id.clone(), round)));
+        let Some(&v) = reference else {
             continue;
         };
         let (own, reference) = (&outputs[i], &outputs[v]);
@@ -37,6 +49,15 @@ pub fn compare_outputs(runs: &mut [RunRecord], outputs: &[Vec<u32>]) {
         });
         runs[i].identical_to_vanilla = Some(diverges_at.is_none());
         runs[i].diverges_at = diverges_at;
+    }
+}
+
+/// The name of plain decoding on the weights `mode` runs on: `vanilla@q8_0` for
+/// `suffix@q8_0`, `vanilla` for `suffix`.
+fn same_weights_vanilla(mode: &str) -> String {
+    match mode.rsplit_once('@') {
+        Some((_, weights)) => format!("vanilla@{weights}"),
+        None => "vanilla".to_owned(),
     }
 }
 
@@ -80,6 +101,8 @@ pub fn summarize(runs: &[RunRecord], modes: &[String]) -> BTreeMap<String, ModeS
     let mut summary = BTreeMap::new();
     for mode in modes {
         let own: Vec<&RunRecord> = runs.iter().filter(|r| r.mode == *mode).collect();
+        let same_name = same_weights_vanilla(mode);
+        let same = if same_name == "vanilla" { HashMap::new() } else { of_mode(&same_name) };
         let mut kinds: BTreeMap<_, Vec<&RunRecord>> = BTreeMap::new();
         for r in &own {
             kinds.entry(r.kind).or_default().push(r);
@@ -92,6 +115,7 @@ pub fn summarize(runs: &[RunRecord], modes: &[String]) -> BTreeMap<String, ModeS
                     decode_tok_per_s_median: median(rs.iter().filter_map(|r| decode(r))),
                     prefill_tok_per_s_median: median(rs.iter().filter_map(|r| prefill(r))),
                     speedup_vs_vanilla: vs(&rs, &vanilla, decode),
+                    speedup_vs_same_weights: vs(&rs, &same, decode),
                 };
                 (kind, s)
             })
@@ -99,7 +123,7 @@ pub fn summarize(runs: &[RunRecord], modes: &[String]) -> BTreeMap<String, ModeS
         let drafted: u64 = own.iter().map(|r| r.drafted).sum();
         let accepted: u64 = own.iter().map(|r| r.accepted).sum();
         let identical: Vec<Option<bool>> = own.iter().map(|r| r.identical_to_vanilla).collect();
-        let all_identical = if vanilla.is_empty() || identical.iter().any(Option::is_none) {
+        let all_identical = if identical.is_empty() || identical.iter().any(Option::is_none) {
             None
         } else {
             Some(identical.iter().all(|i| *i == Some(true)))
@@ -111,6 +135,7 @@ pub fn summarize(runs: &[RunRecord], modes: &[String]) -> BTreeMap<String, ModeS
                 decode_tok_per_s_median: median(own.iter().filter_map(|r| decode(r))),
                 prefill_tok_per_s_median: median(own.iter().filter_map(|r| prefill(r))),
                 speedup_vs_vanilla: vs(&own, &vanilla, decode),
+                speedup_vs_same_weights: vs(&own, &same, decode),
                 decode_vs_llama_cpp: vs(&own, &llama, decode),
                 prefill_vs_llama_cpp: vs(&own, &llama, prefill),
                 by_kind,
@@ -270,5 +295,25 @@ pub(crate) mod tests {
         let s = summarize(&[drafted], &["suffix".to_string()]);
         assert_eq!(s["suffix"].acceptance, Some(0.75));
         assert_eq!(s["suffix"].decode_vs_llama_cpp, None);
+    }
+
+    #[test]
+    fn converted_weights_are_compared_with_plain_decoding_on_the_same_weights() {
+        let runs_of = |mode: &str, tok_s: f64| run(mode, "a", Kind::Edit, Some(tok_s), 1.0);
+        let mut runs =
+            vec![runs_of("vanilla", 100.0), runs_of("vanilla@q8_0", 90.0), runs_of("suffix@q8_0", 120.0)];
+        // The conversion changed the output at token 1; speculation on it did not.
+        let outputs = vec![vec![1, 2, 3], vec![1, 5, 6], vec![1, 5, 6]];
+        compare_outputs(&mut runs, &outputs);
+        assert_eq!(runs[1].identical_to_vanilla, Some(false));
+        assert_eq!(runs[1].diverges_at, Some(1));
+        assert_eq!(runs[2].identical_to_vanilla, Some(true));
+        let modes: Vec<String> = runs.iter().map(|r| r.mode.clone()).collect();
+        let s = summarize(&runs, &modes);
+        assert_eq!(s["suffix@q8_0"].speedup_vs_vanilla, Some(1.2));
+        assert!((s["suffix@q8_0"].speedup_vs_same_weights.unwrap() - 120.0 / 90.0).abs() < 1e-12);
+        assert_eq!(s["suffix@q8_0"].all_identical, Some(true));
+        assert_eq!(s["vanilla@q8_0"].all_identical, Some(false));
+        assert_eq!(s["vanilla"].speedup_vs_same_weights, None);
     }
 }

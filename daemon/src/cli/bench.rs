@@ -7,7 +7,7 @@ use anyhow::Context;
 use pocket_core::KvType;
 
 use super::common::ModelArgs;
-use crate::bench::{self, BenchConfig, Mode, Progress, workload};
+use crate::bench::{self, BenchConfig, Progress, RunMode, workload};
 
 /// Flags of `pocket bench`.
 #[derive(Debug, clap::Args)]
@@ -17,7 +17,8 @@ pub struct Args {
     /// The workload, JSON Lines (default: the built-in `benches/workload.jsonl`).
     #[arg(long)]
     prompts: Option<PathBuf>,
-    /// Modes to compare, comma-separated, run alternately per prompt.
+    /// Modes to compare, comma-separated, run alternately per prompt. Our engine's modes may
+    /// name the weight format of the model (`suffix@q8_0`); those that do not use `--weights`.
     #[arg(long, default_value = "llama.cpp,vanilla")]
     modes: String,
     /// CPU threads for every mode (default: all cores this process may use).
@@ -53,7 +54,7 @@ pub struct Args {
 
 /// Run `pocket bench`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let modes = Mode::parse_list(&args.modes)?;
+    let modes = RunMode::parse_list_with(&args.modes, args.model.weights)?;
     let (mut prompts, workload_name) = match &args.prompts {
         Some(path) => (workload::load(path)?, path.display().to_string()),
         None => (

@@ -20,6 +20,11 @@ pub struct ModelArgs {
     /// The ggml device: `auto` (a GPU if there is one), `cpu`, or a device name.
     #[arg(long, default_value = "auto")]
     pub device: pocket_ggml::DeviceChoice,
+    /// The format weight matrices are held in: `stored` (as the file has them) or `q8_0`
+    /// (4- to 6-bit matrices widened at load: more memory, cheaper verification of drafts on
+    /// CPUs).
+    #[arg(long, default_value = "stored")]
+    pub weights: pocket_ggml::WeightFormat,
 }
 
 impl ModelArgs {
@@ -32,7 +37,10 @@ impl ModelArgs {
     /// Resolve and load the model, with a progress bar on stderr if loading takes over a second.
     pub fn load(&self) -> anyhow::Result<GgmlModel> {
         let path = self.resolve()?;
-        load_model(&path, &LoadOptions { device: self.device.clone(), ..LoadOptions::default() })
+        load_model(
+            &path,
+            &LoadOptions { device: self.device.clone(), weights: self.weights, ..LoadOptions::default() },
+        )
     }
 }
 

@@ -172,7 +172,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .as_ref()
         .map(|name| ModelArgs { model: name.clone(), ..args.model.clone() }.load())
         .transpose()?;
-    let mut cache = SpecCache::open(model.path());
+    let mut cache = SpecCache::open(model.path(), model.weight_format());
     let cost = match args.spec.spec {
         SpecMode::Off => CostModel::linear(1.0),
         _ => CostModel::from_curve(&cache.cost_curve(&model, &config, &tokens)?),

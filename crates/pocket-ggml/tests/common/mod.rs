@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
 use pocket_core::{LayerPlan, Logits, Model, SessionConfig, Token};
-use pocket_ggml::{GgmlModel, GgmlSession, LoadOptions};
+use pocket_ggml::{GgmlModel, GgmlSession, LoadOptions, WeightFormat};
 
 /// SmolLM2-135M-Instruct (llama, 30 layers): the model most tests run on, being the fastest.
 pub const SMOL: &str = "smollm2-135m";
@@ -33,15 +33,20 @@ pub fn model_path(name: &str) -> PathBuf {
 
 /// The model `name` on the CPU, loaded once per test binary and shared by its tests.
 pub fn model(name: &str) -> GgmlModel {
-    static MODELS: Mutex<Vec<(String, GgmlModel)>> = Mutex::new(Vec::new());
+    model_as(name, WeightFormat::AsStored)
+}
+
+/// The model `name` on the CPU with its matrices in `weights`, loaded once per test binary.
+pub fn model_as(name: &str, weights: WeightFormat) -> GgmlModel {
+    static MODELS: Mutex<Vec<(String, WeightFormat, GgmlModel)>> = Mutex::new(Vec::new());
     let mut models = MODELS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, m)) = models.iter().find(|(n, _)| n == name) {
+    if let Some((_, _, m)) = models.iter().find(|(n, w, _)| n == name && *w == weights) {
         return m.clone();
     }
     let path = model_path(name);
-    let options = LoadOptions { device: pocket_ggml::DeviceChoice::Cpu, ..LoadOptions::default() };
+    let options = LoadOptions { device: pocket_ggml::DeviceChoice::Cpu, weights, ..LoadOptions::default() };
     let m = GgmlModel::load(&path, &options).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
-    models.push((name.to_owned(), m.clone()));
+    models.push((name.to_owned(), weights, m.clone()));
     m
 }
 

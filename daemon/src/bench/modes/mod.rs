@@ -11,7 +11,7 @@ use std::str::FromStr;
 use pocket_core::cost::CostModel;
 use pocket_core::spec::{SkipSet, SpecMode};
 use pocket_core::{SessionConfig, Token};
-use pocket_ggml::GgmlModel;
+use pocket_ggml::{GgmlModel, WeightFormat};
 
 use super::Error;
 
@@ -70,20 +70,6 @@ impl Mode {
             Mode::Auto => Some(SpecMode::Auto),
         }
     }
-
-    /// Parse a comma-separated list of modes (`llama.cpp,vanilla`); unknown or repeated
-    /// names are errors.
-    pub fn parse_list(list: &str) -> Result<Vec<Mode>, Error> {
-        let mut modes: Vec<Mode> = Vec::new();
-        for name in list.split(',').map(str::trim) {
-            let mode: Mode = name.parse()?;
-            if modes.contains(&mode) {
-                return Err(Error::Invalid(format!("mode {name:?} is listed twice")));
-            }
-            modes.push(mode);
-        }
-        Ok(modes)
-    }
 }
 
 impl fmt::Display for Mode {
@@ -107,6 +93,84 @@ impl FromStr for Mode {
                 _ => Err(Error::UnknownMode(s.to_owned())),
             },
         }
+    }
+}
+
+/// A mode and the weight format our engine holds the model in for it: `suffix`, or
+/// `suffix@q8_0` for the model's matrices widened to Q8_0 at load
+/// ([`pocket_ggml::WeightFormat`]), so both can be compared in one run.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RunMode {
+    /// The mode.
+    pub mode: Mode,
+    /// The weight format of the target model (draft models stay as stored).
+    pub weights: WeightFormat,
+}
+
+impl RunMode {
+    /// The name used on the command line and in results.
+    pub fn name(&self) -> String {
+        match self.weights {
+            WeightFormat::AsStored => self.mode.name(),
+            w => format!("{}@{w}", self.mode.name()),
+        }
+    }
+
+    /// The name of plain decoding on the same weights: what this mode's output must equal.
+    pub fn vanilla_name(&self) -> String {
+        RunMode { mode: Mode::Vanilla, weights: self.weights }.name()
+    }
+
+    /// Parse a comma-separated list of modes (`llama.cpp,vanilla,suffix@q8_0`); unknown or
+    /// repeated names are errors.
+    pub fn parse_list(list: &str) -> Result<Vec<RunMode>, Error> {
+        Self::parse_list_with(list, WeightFormat::AsStored)
+    }
+
+    /// As [`RunMode::parse_list`], with our engine's modes that name no weight format on
+    /// `weights` (llama.cpp always runs the file as stored).
+    pub fn parse_list_with(list: &str, weights: WeightFormat) -> Result<Vec<RunMode>, Error> {
+        let mut modes: Vec<RunMode> = Vec::new();
+        for name in list.split(',').map(str::trim) {
+            let mut mode: RunMode = name.parse()?;
+            if !name.contains('@') && mode.mode != Mode::LlamaCpp {
+                mode.weights = weights;
+            }
+            if modes.contains(&mode) {
+                return Err(Error::Invalid(format!("mode {name:?} is listed twice")));
+            }
+            modes.push(mode);
+        }
+        Ok(modes)
+    }
+}
+
+impl From<Mode> for RunMode {
+    fn from(mode: Mode) -> Self {
+        RunMode { mode, weights: WeightFormat::AsStored }
+    }
+}
+
+impl fmt::Display for RunMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl FromStr for RunMode {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let Some((mode, weights)) = s.rsplit_once('@') else { return Ok(s.parse::<Mode>()?.into()) };
+        let mode: Mode = mode.parse()?;
+        let weights: WeightFormat =
+            weights.parse().map_err(|e| Error::Invalid(format!("mode {s:?}: {e}")))?;
+        if mode == Mode::LlamaCpp && weights != WeightFormat::AsStored {
+            return Err(Error::Invalid(format!(
+                "mode {s:?}: llama.cpp runs the file as stored; weight formats are for our engine's modes"
+            )));
+        }
+        Ok(RunMode { mode, weights })
     }
 }
 
@@ -164,9 +228,9 @@ pub struct RunnerContext<'a> {
     pub draft_models: &'a [(String, GgmlModel)],
 }
 
-/// Make the runner for `mode`.
-pub fn open(mode: &Mode, cx: RunnerContext<'_>) -> Result<Box<dyn Runner>, Error> {
-    Ok(match mode {
+/// Make the runner for `mode`; `cx` holds the target model in `mode.weights`.
+pub fn open(mode: &RunMode, cx: RunnerContext<'_>) -> Result<Box<dyn Runner>, Error> {
+    Ok(match &mode.mode {
         Mode::LlamaCpp => Box::new(LlamaCppRunner::load(cx)?),
         Mode::Draft(name) => {
             let draft = cx.draft_models.iter().find(|(n, _)| n == name).map(|(_, m)| m.clone());
@@ -175,7 +239,7 @@ pub fn open(mode: &Mode, cx: RunnerContext<'_>) -> Result<Box<dyn Runner>, Error
         }
         m => {
             let spec = m.spec().unwrap_or_default();
-            Box::new(SpecRunner::new(m.name(), spec, None, cx)?)
+            Box::new(SpecRunner::new(mode.name(), spec, None, cx)?)
         }
     })
 }
@@ -186,16 +250,39 @@ mod tests {
 
     #[test]
     fn mode_lists_parse_and_unknown_modes_name_the_known_ones() {
-        assert_eq!(Mode::parse_list("llama.cpp, vanilla").unwrap(), vec![Mode::LlamaCpp, Mode::Vanilla]);
-        let e = Mode::parse_list("vanilla,turbo").unwrap_err().to_string();
+        let stored = |m: Mode| RunMode::from(m);
+        assert_eq!(
+            RunMode::parse_list("llama.cpp, vanilla").unwrap(),
+            vec![stored(Mode::LlamaCpp), stored(Mode::Vanilla)]
+        );
+        let e = RunMode::parse_list("vanilla,turbo").unwrap_err().to_string();
         assert!(e.contains("\"turbo\"") && e.contains("llama.cpp, vanilla, suffix"), "{e}");
         assert_eq!(
-            Mode::parse_list("suffix,draft:qwen2.5-coder-0.5b,auto").unwrap(),
-            vec![Mode::Suffix, Mode::Draft("qwen2.5-coder-0.5b".into()), Mode::Auto]
+            RunMode::parse_list("suffix,draft:qwen2.5-coder-0.5b,auto").unwrap(),
+            vec![stored(Mode::Suffix), stored(Mode::Draft("qwen2.5-coder-0.5b".into())), stored(Mode::Auto)]
         );
-        assert!(Mode::parse_list("draft:").is_err());
-        let e = Mode::parse_list("vanilla,vanilla").unwrap_err().to_string();
+        assert!(RunMode::parse_list("draft:").is_err());
+        let e = RunMode::parse_list("vanilla,vanilla").unwrap_err().to_string();
         assert!(e.contains("twice"), "{e}");
-        assert!(Mode::parse_list("").is_err());
+        assert!(RunMode::parse_list("").is_err());
+    }
+
+    #[test]
+    fn a_mode_may_name_a_weight_format() {
+        let list = RunMode::parse_list("vanilla,vanilla@q8_0,suffix@q8_0,draft:qwen@q8_0").unwrap();
+        let names: Vec<String> = list.iter().map(RunMode::name).collect();
+        assert_eq!(names, ["vanilla", "vanilla@q8_0", "suffix@q8_0", "draft:qwen@q8_0"]);
+        assert_eq!(list[2].weights, WeightFormat::Q8_0);
+        assert_eq!(list[3].mode, Mode::Draft("qwen".into()));
+        assert_eq!(list[2].vanilla_name(), "vanilla@q8_0");
+        assert_eq!(RunMode::from(Mode::Suffix).vanilla_name(), "vanilla");
+        let e = RunMode::parse_list("suffix@q3").unwrap_err().to_string();
+        assert!(e.contains("stored, q8_0"), "{e}");
+        assert!(RunMode::parse_list("llama.cpp@q8_0").unwrap_err().to_string().contains("as stored"));
+        assert!(RunMode::parse_list("vanilla@stored,vanilla").unwrap_err().to_string().contains("twice"));
+        let defaulted =
+            RunMode::parse_list_with("llama.cpp,vanilla,suffix@stored", WeightFormat::Q8_0).unwrap();
+        let names: Vec<String> = defaulted.iter().map(RunMode::name).collect();
+        assert_eq!(names, ["llama.cpp", "vanilla@q8_0", "suffix"]);
     }
 }

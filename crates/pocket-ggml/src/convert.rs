@@ -1,0 +1,197 @@
+//! Converting quantized weights to another format while they are loaded.
+//!
+//! The format a file ships in decides how steep the CPU's cost curve is: ggml multiplies
+//! Q8_0 (and Q4_0) matrices by several rows at once with llamafile's tiled kernels, whose
+//! arithmetic per output element does not depend on the number of rows, while Q4_1 and the
+//! K-quants go through the one-row dot product for every row. Verifying 8 draft tokens costs
+//! about 2.7 decode steps in Q8_0 and 4.8 in Q4_1 on this project's 2-core CPU
+//! (../shared/FACTS.md), so speculation pays far more often on the converted weights.
+//! Widening 4- to 6-bit blocks to Q8_0 changes each weight by at most half a Q8_0 step
+//! (1/254 of its block's largest magnitude); the bench reports how often that changes a
+//! greedy token.
+
+use std::fmt;
+use std::str::FromStr;
+
+use llama_cpp_sys_2 as sys;
+
+/// The format weight matrices are held in after loading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum WeightFormat {
+    /// As the file stores them.
+    #[default]
+    AsStored,
+    /// Quantized matrices of at most 8 bits per weight widened to Q8_0 (blocks of 32 int8
+    /// weights with one f16 scale). Matrices already in Q8_0, f16 or f32 stay as they are.
+    Q8_0,
+}
+
+impl WeightFormat {
+    /// Every format, by name.
+    pub const NAMES: [&'static str; 2] = ["stored", "q8_0"];
+
+    /// The name used on command lines and in results.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::AsStored => "stored",
+            WeightFormat::Q8_0 => "q8_0",
+        }
+    }
+
+    /// The type a matrix of type `ty` with rows of `ne0` weights is held in.
+    pub(crate) fn target(self, ty: sys::ggml_type, ne0: i64) -> sys::ggml_type {
+        match self {
+            WeightFormat::AsStored => ty,
+            WeightFormat::Q8_0 => {
+                // SAFETY: ggml's static per-type table; any valid type id has an entry.
+                let traits = unsafe { &*sys::ggml_get_type_traits(ty) };
+                let bits = traits.type_size as f64 * 8.0 / traits.blck_size as f64;
+                let widens = traits.is_quantized && ty != sys::GGML_TYPE_Q8_0 && bits <= 8.5;
+                if widens && traits.to_float.is_some() && ne0 % 32 == 0 { sys::GGML_TYPE_Q8_0 } else { ty }
+            }
+        }
+    }
+}
+
+impl fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for WeightFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "stored" | "as-stored" => Ok(WeightFormat::AsStored),
+            "q8_0" | "q8" => Ok(WeightFormat::Q8_0),
+            _ => Err(format!("unknown weight format {s:?}; known: {}", WeightFormat::NAMES.join(", "))),
+        }
+    }
+}
+
+/// Rows converted per chunk: bounds the f32 scratch to `CHUNK_ROWS × ne0` floats (a few
+/// hundred KiB for these models) however large the matrix.
+const CHUNK_ROWS: usize = 64;
+
+/// Convert the matrix `src` (`ne1` rows of `ne0` weights of type `from`) to `to`, handing each
+/// converted chunk to `sink(byte_offset, bytes)` in order.
+///
+/// `to` must be a type [`WeightFormat::target`] returned for `from`, so `from` has a
+/// dequantizer and `ne0` is a whole number of `to`'s blocks.
+pub(crate) fn convert_matrix(
+    from: sys::ggml_type,
+    to: sys::ggml_type,
+    src: &[u8],
+    ne0: usize,
+    ne1: usize,
+    sink: &mut dyn FnMut(usize, &[u8]),
+) {
+    // SAFETY: static type tables and row sizes of valid types.
+    let (from_traits, src_row, dst_row) = unsafe {
+        (
+            &*sys::ggml_get_type_traits(from),
+            sys::ggml_row_size(from, ne0 as i64),
+            sys::ggml_row_size(to, ne0 as i64),
+        )
+    };
+    let to_float = from_traits.to_float.expect("target() only converts types with a dequantizer");
+    assert_eq!(src.len(), src_row * ne1, "matrix bytes do not match its shape");
+    let mut floats = vec![0f32; CHUNK_ROWS * ne0];
+    let mut out = vec![0u8; CHUNK_ROWS * dst_row];
+    let mut row = 0;
+    while row < ne1 {
+        let rows = CHUNK_ROWS.min(ne1 - row);
+        let chunk = &src[row * src_row..(row + rows) * src_row];
+        // SAFETY: `chunk` holds `rows` whole rows of `from` (rows are whole blocks), and
+        // `floats` has room for all their weights.
+        unsafe { to_float(chunk.as_ptr().cast(), floats.as_mut_ptr(), (rows * ne0) as i64) };
+        // SAFETY: `floats` holds rows × ne0 weights; `out` has room for rows rows of `to`;
+        // Q8_0 needs no importance matrix.
+        let written = unsafe {
+            sys::ggml_quantize_chunk(
+                to,
+                floats.as_ptr(),
+                out.as_mut_ptr().cast(),
+                0,
+                rows as i64,
+                ne0 as i64,
+                std::ptr::null(),
+            )
+        };
+        debug_assert_eq!(written, rows * dst_row);
+        sink(row * dst_row, &out[..rows * dst_row]);
+        row += rows;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for name in WeightFormat::NAMES {
+            let f: WeightFormat = name.parse().unwrap();
+            assert_eq!(f.name(), name);
+        }
+        assert!("q3".parse::<WeightFormat>().unwrap_err().contains("stored, q8_0"));
+    }
+
+    #[test]
+    fn only_narrow_quantized_types_widen() {
+        let q8 = WeightFormat::Q8_0;
+        assert_eq!(q8.target(sys::GGML_TYPE_Q4_1, 576), sys::GGML_TYPE_Q8_0);
+        assert_eq!(q8.target(sys::GGML_TYPE_Q4_K, 896), sys::GGML_TYPE_Q8_0);
+        assert_eq!(q8.target(sys::GGML_TYPE_Q6_K, 896), sys::GGML_TYPE_Q8_0);
+        assert_eq!(q8.target(sys::GGML_TYPE_Q8_0, 576), sys::GGML_TYPE_Q8_0);
+        assert_eq!(q8.target(sys::GGML_TYPE_F16, 576), sys::GGML_TYPE_F16);
+        assert_eq!(q8.target(sys::GGML_TYPE_F32, 576), sys::GGML_TYPE_F32);
+        assert_eq!(WeightFormat::AsStored.target(sys::GGML_TYPE_Q4_1, 576), sys::GGML_TYPE_Q4_1);
+    }
+
+    #[test]
+    fn q4_1_widens_within_half_a_q8_step() {
+        crate::init();
+        let (ne0, ne1) = (64usize, 130usize);
+        let original: Vec<f32> = (0..ne0 * ne1).map(|i| ((i * 7919) % 251) as f32 / 50.0 - 2.5).collect();
+        let q4_row = unsafe { sys::ggml_row_size(sys::GGML_TYPE_Q4_1, ne0 as i64) };
+        let mut q4 = vec![0u8; q4_row * ne1];
+        // SAFETY: buffers sized for ne1 rows of ne0 weights.
+        unsafe {
+            sys::ggml_quantize_chunk(
+                sys::GGML_TYPE_Q4_1,
+                original.as_ptr(),
+                q4.as_mut_ptr().cast(),
+                0,
+                ne1 as i64,
+                ne0 as i64,
+                std::ptr::null(),
+            )
+        };
+        let dequant = |ty: sys::ggml_type, bytes: &[u8]| {
+            let mut out = vec![0f32; ne0 * ne1];
+            // SAFETY: `bytes` holds ne1 rows of `ty`; `out` has room for all weights.
+            unsafe {
+                let f = (*sys::ggml_get_type_traits(ty)).to_float.unwrap();
+                f(bytes.as_ptr().cast(), out.as_mut_ptr(), out.len() as i64);
+            }
+            out
+        };
+        let mut q8 = Vec::new();
+        convert_matrix(sys::GGML_TYPE_Q4_1, sys::GGML_TYPE_Q8_0, &q4, ne0, ne1, &mut |off, b| {
+            assert_eq!(off, q8.len(), "chunks arrive in order");
+            q8.extend_from_slice(b);
+        });
+        let a = dequant(sys::GGML_TYPE_Q4_1, &q4);
+        let b = dequant(sys::GGML_TYPE_Q8_0, &q8);
+        for (block_a, block_b) in a.chunks(32).zip(b.chunks(32)) {
+            let amax = block_a.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for (x, y) in block_a.iter().zip(block_b) {
+                // Half a step of 127 levels, plus the f16 rounding of the block scale.
+                assert!((x - y).abs() <= amax / 254.0 * 1.01 + 1e-6, "{x} widened to {y}");
+            }
+        }
+    }
+}
