@@ -176,7 +176,20 @@ fn run_with_suffix_speculation_gives_the_plain_text_and_reports_drafts() {
     let run = |spec: &str| {
         let o = pocket_cached(
             cache.path(),
-            &["run", "--chat", prompt, "-n", "48", "-t", "1", "--spec", spec, "--json"],
+            &[
+                "run",
+                "--chat",
+                prompt,
+                "-n",
+                "48",
+                "-t",
+                "1",
+                "--spec",
+                spec,
+                "--weights",
+                "stored",
+                "--json",
+            ],
         );
         assert!(o.status.success(), "{}", stderr(&o));
         serde_json::from_str::<serde_json::Value>(&stdout(&o)).expect("one JSON object")
@@ -188,4 +201,45 @@ fn run_with_suffix_speculation_gives_the_plain_text_and_reports_drafts() {
     assert!(spec["spec"]["passes"].as_u64().unwrap() > 0, "{spec}");
     // The cost curve was measured once and cached for the next run.
     assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn auto_weights_measure_both_formats_and_speculation_on_the_chosen_one_is_lossless() {
+    require_default_model();
+    let cache = tempfile::tempdir().unwrap();
+    let prompt = "Repeat this line three times: the quick brown fox jumps over the lazy dog";
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "--chat", prompt, "-n", "48", "-t", "1", "--json"];
+        args.extend_from_slice(extra);
+        let o = pocket_cached(cache.path(), &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).expect("one JSON object")
+    };
+    let spec = run(&["--spec", "suffix"]);
+    let estimates = spec["weight_estimates"].as_array().expect("estimates for --weights auto");
+    let formats: Vec<&str> = estimates.iter().map(|e| e["weights"].as_str().unwrap()).collect();
+    assert_eq!(formats, ["stored", "q8_0"], "{spec}");
+    assert!(estimates.iter().all(|e| e["step_seconds"].as_f64().unwrap() > 0.0), "{spec}");
+    let chosen = spec["weights"].as_str().unwrap();
+    assert!(formats.contains(&chosen), "{spec}");
+    // Plain decoding on the chosen format gives the same text; without speculation, auto
+    // keeps the stored weights and measures nothing.
+    let plain = run(&["--spec", "off", "--weights", chosen]);
+    assert_eq!(spec["text"], plain["text"]);
+    assert_eq!(plain["weights"], chosen);
+    let default = run(&["--spec", "off"]);
+    assert_eq!(default["weights"], "stored");
+    assert!(default.get("weight_estimates").is_none(), "{default}");
+    // Explicit Q8_0 speculation equals plain Q8_0 decoding too.
+    let wide = run(&["--spec", "suffix", "--weights", "q8_0"]);
+    let wide_plain = run(&["--spec", "off", "--weights", "q8_0"]);
+    assert_eq!(wide["text"], wide_plain["text"]);
+    assert_eq!(wide["weights"], "q8_0");
+}
+
+#[test]
+fn an_unknown_weight_format_names_the_allowed_ones() {
+    let o = pocket(&["run", "--weights", "q3", "hi"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("stored, q8_0, or auto"), "{}", stderr(&o));
 }

@@ -118,6 +118,15 @@ impl SpecCache {
         }
     }
 
+    fn curve_key(&self, model: &GgmlModel, config: &SessionConfig) -> String {
+        format!("{}/t{}/{}/{}", model.device_name(), config.threads, config.kv, self.weights)
+    }
+
+    /// The cached cost curve for `model`'s device with `config`, if any.
+    pub fn cached_cost_curve(&self, model: &GgmlModel, config: &SessionConfig) -> Option<Vec<CostPoint>> {
+        self.data.cost_curves.get(&self.curve_key(model, config)).cloned()
+    }
+
     /// The cost curve of `model` with `config`: cached, or measured now (about a second for
     /// a small model) from `filler` tokens and cached.
     pub fn cost_curve(
@@ -126,15 +135,24 @@ impl SpecCache {
         config: &SessionConfig,
         filler: &[Token],
     ) -> anyhow::Result<Vec<CostPoint>> {
-        let key = format!("{}/t{}/{}/{}", model.device_name(), config.threads, config.kv, self.weights);
-        if let Some(c) = self.data.cost_curves.get(&key) {
-            return Ok(c.clone());
+        match self.cached_cost_curve(model, config) {
+            Some(c) => Ok(c),
+            None => self.measure_cost_curve(model, config, filler),
         }
+    }
+
+    /// Measure the cost curve of `model` with `config` now and cache it.
+    pub fn measure_cost_curve(
+        &mut self,
+        model: &GgmlModel,
+        config: &SessionConfig,
+        filler: &[Token],
+    ) -> anyhow::Result<Vec<CostPoint>> {
         let mut session = model.new_session(config)?;
-        let cc = CostCurveConfig { repetitions: 5, warmup: 1, ..CostCurveConfig::default() };
+        let cc = CostCurveConfig { repetitions: 7, warmup: 2, ..CostCurveConfig::default() };
         let curve = measure_cost_curve(&mut session, model.info().n_layers, filler, &cc)
             .context("measuring the verification cost curve")?;
-        self.data.cost_curves.insert(key, curve.clone());
+        self.data.cost_curves.insert(self.curve_key(model, config), curve.clone());
         self.save();
         Ok(curve)
     }
@@ -281,4 +299,139 @@ pub fn search_skip_set(
         }
     }
     drafter.skip_set().context("the skip-set search scored no candidate")
+}
+
+/// Acceptance assumed when comparing weight formats: drafts are only made where a drafter
+/// expects them to be accepted, and this is about what the suffix drafter's accepted drafts
+/// reach on the sample workload (85–95%), rounded down.
+pub const WEIGHTS_REFERENCE_ACCEPTANCE: f64 = 0.8;
+
+/// How a weight format would serve speculation on this device, from its cost curve.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct WeightsEstimate {
+    /// The format.
+    #[serde(serialize_with = "format_name")]
+    pub weights: WeightFormat,
+    /// Seconds of a plain decode step.
+    pub step_seconds: f64,
+    /// Tokens per second while drafting at [`WEIGHTS_REFERENCE_ACCEPTANCE`] with the best
+    /// draft length of its curve.
+    pub drafting_tok_per_s: f64,
+}
+
+fn format_name<S: serde::Serializer>(w: &WeightFormat, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(w.name())
+}
+
+impl WeightsEstimate {
+    /// The estimate from a measured curve (`None` if it has no `n = 1` point).
+    pub fn from_curve(weights: WeightFormat, curve: &[CostPoint]) -> Option<Self> {
+        let step_seconds = curve.iter().find(|p| p.n == 1).map(|p| p.seconds).filter(|s| *s > 0.0)?;
+        let cost = CostModel::from_curve(curve);
+        let (_, speedup) = cost.best_k(WEIGHTS_REFERENCE_ACCEPTANCE, 0.0, pocket_core::spec::MAX_DRAFT);
+        Some(WeightsEstimate { weights, step_seconds, drafting_tok_per_s: speedup / step_seconds })
+    }
+}
+
+/// The weight format speculation should run on: the one whose measured curve serves drafted
+/// steps fastest, as long as that beats the stored format by more than its slower plain
+/// steps lose. Both estimates are returned for reports.
+///
+/// Widened weights make plain steps slower where decoding is bound by memory bandwidth (on
+/// this project's CPU, 7.1 ms against 6.5 ms for SmolLM2) but verification passes much
+/// cheaper (8 tokens for 3.3 steps against 4.4); where no drafts are made the stored
+/// format is faster, so it must win by the plain-step ratio to be chosen.
+pub fn choose_weights(estimates: &[WeightsEstimate]) -> WeightFormat {
+    let stored = estimates.iter().find(|e| e.weights == WeightFormat::AsStored);
+    let Some(stored) = stored else { return WeightFormat::AsStored };
+    estimates
+        .iter()
+        .filter(|e| e.weights != WeightFormat::AsStored)
+        .filter(|e| {
+            let plain_loss = e.step_seconds / stored.step_seconds;
+            e.drafting_tok_per_s > stored.drafting_tok_per_s * plain_loss.max(1.0)
+        })
+        .max_by(|a, b| a.drafting_tok_per_s.total_cmp(&b.drafting_tok_per_s))
+        .map_or(WeightFormat::AsStored, |e| e.weights)
+}
+
+/// For `--weights auto`: given the model loaded as stored, measure (or read from the cache)
+/// the cost curves of the stored and the Q8_0-widened weights and return the model in the
+/// format [`choose_weights`] picks, with both estimates. Plain decoding, and devices other
+/// than the CPU (whose curves are flat and whose memory is scarcer), keep the stored format.
+pub fn resolve_auto_weights(
+    stored: GgmlModel,
+    spec: SpecMode,
+    config: &SessionConfig,
+    filler: &[Token],
+    load: &dyn Fn(WeightFormat) -> anyhow::Result<GgmlModel>,
+) -> anyhow::Result<(GgmlModel, Vec<WeightsEstimate>)> {
+    if spec == SpecMode::Off || stored.device_name() != "CPU" {
+        return Ok((stored, Vec::new()));
+    }
+    let mut stored_cache = SpecCache::open(stored.path(), WeightFormat::AsStored);
+    let mut wide_cache = SpecCache::open(stored.path(), WeightFormat::Q8_0);
+    // The two curves' step times are compared, so they are measured together (a curve
+    // cached on its own may come from a busier moment of the machine).
+    let mut wide = None;
+    let (curve, wide_curve) = match (
+        stored_cache.cached_cost_curve(&stored, config),
+        wide_cache.cached_cost_curve(&stored, config),
+    ) {
+        (Some(a), Some(b)) => (a, b),
+        _ => {
+            tracing::info!("measuring the cost curves of the stored and Q8_0-widened weights (once)");
+            let a = stored_cache.measure_cost_curve(&stored, config, filler)?;
+            let m = load(WeightFormat::Q8_0)?;
+            let b = wide_cache.measure_cost_curve(&m, config, filler)?;
+            wide = Some(m);
+            (a, b)
+        }
+    };
+    let estimates: Vec<WeightsEstimate> = [(WeightFormat::AsStored, curve), (WeightFormat::Q8_0, wide_curve)]
+        .iter()
+        .filter_map(|(w, c)| WeightsEstimate::from_curve(*w, c))
+        .collect();
+    let chosen = choose_weights(&estimates);
+    tracing::info!(?estimates, %chosen, "chose the weight format for speculation");
+    let model = match (chosen, wide) {
+        (WeightFormat::AsStored, _) => stored,
+        (_, Some(m)) => {
+            drop(stored);
+            m
+        }
+        (w, None) => {
+            drop(stored);
+            load(w)?
+        }
+    };
+    Ok((model, estimates))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn estimate(weights: WeightFormat, step_ms: f64, relative: &[(usize, f64)]) -> WeightsEstimate {
+        let curve: Vec<CostPoint> = relative
+            .iter()
+            .map(|&(n, r)| CostPoint { n, seconds: step_ms * 1e-3 * r, relative: r })
+            .collect();
+        WeightsEstimate::from_curve(weights, &curve).unwrap()
+    }
+
+    #[test]
+    fn widened_weights_are_chosen_only_when_their_flatter_curve_outweighs_slower_steps() {
+        // This project's CPU: Q4_1 steep, Q8_0 flat from 4 to 8 rows, steps 8% slower.
+        let stored = estimate(WeightFormat::AsStored, 6.5, &[(1, 1.0), (2, 2.1), (4, 2.9), (8, 4.4)]);
+        let wide = estimate(WeightFormat::Q8_0, 7.1, &[(1, 1.0), (2, 2.6), (4, 3.1), (8, 3.3)]);
+        assert_eq!(choose_weights(&[stored, wide]), WeightFormat::Q8_0);
+        // A GPU: both flat, the stored format's steps faster.
+        let stored = estimate(WeightFormat::AsStored, 2.0, &[(1, 1.0), (8, 1.1)]);
+        let wide = estimate(WeightFormat::Q8_0, 2.4, &[(1, 1.0), (8, 1.05)]);
+        assert_eq!(choose_weights(&[stored, wide]), WeightFormat::AsStored);
+        // Nothing to compare with: stored.
+        assert_eq!(choose_weights(&[wide]), WeightFormat::AsStored);
+        assert_eq!(choose_weights(&[]), WeightFormat::AsStored);
+    }
 }

@@ -1,14 +1,14 @@
 //! Converting quantized weights to another format while they are loaded.
 //!
 //! The format a file ships in decides how steep the CPU's cost curve is: ggml multiplies
-//! Q8_0 (and Q4_0) matrices by several rows at once with llamafile's tiled kernels, whose
+//! Q8_0 matrices by several rows at once with llamafile's tiled kernels, whose
 //! arithmetic per output element does not depend on the number of rows, while Q4_1 and the
 //! K-quants go through the one-row dot product for every row. Verifying 8 draft tokens costs
 //! about 2.7 decode steps in Q8_0 and 4.8 in Q4_1 on this project's 2-core CPU
 //! (../shared/FACTS.md), so speculation pays far more often on the converted weights.
-//! Widening 4- to 6-bit blocks to Q8_0 changes each weight by at most half a Q8_0 step
-//! (1/254 of its block's largest magnitude); the bench reports how often that changes a
-//! greedy token.
+//! Widening 4- to 6-bit blocks to Q8_0 changes each weight by little more than half a Q8_0
+//! step (the step is 1/127 of its block's largest magnitude); the bench reports how often
+//! that changes a greedy output (`vanilla@q8_0` against `vanilla`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -156,6 +156,7 @@ mod tests {
         crate::init();
         let (ne0, ne1) = (64usize, 130usize);
         let original: Vec<f32> = (0..ne0 * ne1).map(|i| ((i * 7919) % 251) as f32 / 50.0 - 2.5).collect();
+        // SAFETY: a row size query for a valid type.
         let q4_row = unsafe { sys::ggml_row_size(sys::GGML_TYPE_Q4_1, ne0 as i64) };
         let mut q4 = vec![0u8; q4_row * ne1];
         // SAFETY: buffers sized for ne1 rows of ne0 weights.
@@ -189,8 +190,9 @@ mod tests {
         for (block_a, block_b) in a.chunks(32).zip(b.chunks(32)) {
             let amax = block_a.iter().fold(0f32, |m, x| m.max(x.abs()));
             for (x, y) in block_a.iter().zip(block_b) {
-                // Half a step of 127 levels, plus the f16 rounding of the block scale.
-                assert!((x - y).abs() <= amax / 254.0 * 1.01 + 1e-6, "{x} widened to {y}");
+                // Half a step d = amax/127, plus the f16 rounding of d (2^-11 relative) over
+                // up to 127 steps: at most 0.57 d.
+                assert!((x - y).abs() <= amax / 127.0 * 0.57 + 1e-6, "{x} widened to {y}");
             }
         }
     }

@@ -54,7 +54,8 @@ pub struct Args {
 
 /// Run `pocket bench`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let modes = RunMode::parse_list_with(&args.modes, args.model.weights)?;
+    // A benchmark compares formats explicitly (`suffix@q8_0`): `auto` is the stored format here.
+    let modes = RunMode::parse_list_with(&args.modes, args.model.weights.initial())?;
     let (mut prompts, workload_name) = match &args.prompts {
         Some(path) => (workload::load(path)?, path.display().to_string()),
         None => (

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pocket_ggml::{GgmlModel, LoadOptions};
+use pocket_ggml::{GgmlModel, LoadOptions, WeightFormat};
 
 /// Flags that choose a model.
 #[derive(Debug, Clone, clap::Args)]
@@ -20,11 +20,42 @@ pub struct ModelArgs {
     /// The ggml device: `auto` (a GPU if there is one), `cpu`, or a device name.
     #[arg(long, default_value = "auto")]
     pub device: pocket_ggml::DeviceChoice,
-    /// The format weight matrices are held in: `stored` (as the file has them) or `q8_0`
-    /// (4- to 6-bit matrices widened at load: more memory, cheaper verification of drafts on
-    /// CPUs).
-    #[arg(long, default_value = "stored")]
-    pub weights: pocket_ggml::WeightFormat,
+    /// The format weight matrices are held in: `stored` (as the file has them), `q8_0` (4-
+    /// to 6-bit matrices widened at load: more memory, cheaper verification of drafts on
+    /// CPUs), or `auto` (`q8_0` when speculating on a CPU whose measured cost curves say it
+    /// pays, else `stored`).
+    #[arg(long, default_value = "auto")]
+    pub weights: WeightChoice,
+}
+
+/// `--weights`: a format, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightChoice {
+    /// Chosen from the device's measured cost curves ([`crate::spec::choose_weights`]).
+    Auto,
+    /// This format.
+    Format(WeightFormat),
+}
+
+impl std::str::FromStr for WeightChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(WeightChoice::Auto);
+        }
+        s.parse().map(WeightChoice::Format).map_err(|e| format!("{e}, or auto"))
+    }
+}
+
+impl WeightChoice {
+    /// The format to load first: the chosen one, or the stored one for `auto`.
+    pub fn initial(self) -> WeightFormat {
+        match self {
+            WeightChoice::Auto => WeightFormat::AsStored,
+            WeightChoice::Format(w) => w,
+        }
+    }
 }
 
 impl ModelArgs {
@@ -34,13 +65,16 @@ impl ModelArgs {
         Ok(pocket_models::resolve(&self.model, &dir)?.path)
     }
 
-    /// Resolve and load the model, with a progress bar on stderr if loading takes over a second.
+    /// Resolve and load the model, with a progress bar on stderr if loading takes over a second
+    /// (`--weights auto` loads it as stored; see [`crate::spec::resolve_auto_weights`]).
     pub fn load(&self) -> anyhow::Result<GgmlModel> {
+        self.load_as(self.weights.initial())
+    }
+
+    /// Resolve and load the model with its matrices in `weights`.
+    pub fn load_as(&self, weights: WeightFormat) -> anyhow::Result<GgmlModel> {
         let path = self.resolve()?;
-        load_model(
-            &path,
-            &LoadOptions { device: self.device.clone(), weights: self.weights, ..LoadOptions::default() },
-        )
+        load_model(&path, &LoadOptions { device: self.device.clone(), weights, ..LoadOptions::default() })
     }
 }
 

@@ -12,9 +12,9 @@ use pocket_core::{
 };
 use serde::Serialize;
 
-use super::common::ModelArgs;
+use super::common::{ModelArgs, WeightChoice};
 use crate::mem::{MemStats, PeakSampler};
-use crate::spec::{SpecCache, SpecSetup};
+use crate::spec::{SpecCache, SpecSetup, WeightsEstimate, resolve_auto_weights};
 
 /// Flags of `pocket run`.
 #[derive(Debug, clap::Args)]
@@ -110,6 +110,11 @@ impl SamplingArgs {
 struct Report<'a> {
     model: &'a str,
     device: &'a str,
+    /// The format the weight matrices were held in.
+    weights: &'a str,
+    /// For `--weights auto` while speculating: each format's estimate from its cost curve.
+    #[serde(skip_serializing_if = "<[WeightsEstimate]>::is_empty")]
+    weight_estimates: &'a [WeightsEstimate],
     kv: KvType,
     threads: usize,
     text: &'a str,
@@ -172,6 +177,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .as_ref()
         .map(|name| ModelArgs { model: name.clone(), ..args.model.clone() }.load())
         .transpose()?;
+    let (model, weight_estimates) = match args.model.weights {
+        WeightChoice::Auto => {
+            resolve_auto_weights(model, args.spec.spec, &config, &tokens, &|w| args.model.load_as(w))?
+        }
+        WeightChoice::Format(_) => (model, Vec::new()),
+    };
+    let tokenizer = model.tokenizer();
     let mut cache = SpecCache::open(model.path(), model.weight_format());
     let cost = match args.spec.spec {
         SpecMode::Off => CostModel::linear(1.0),
@@ -225,6 +237,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let report = Report {
             model: &model.info().name,
             device: model.device_name(),
+            weights: model.weight_format().name(),
+            weight_estimates: &weight_estimates,
             kv: args.kv,
             threads,
             text: &generation.text,
