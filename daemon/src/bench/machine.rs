@@ -124,13 +124,18 @@ const SETTLE_WINDOW: Duration = Duration::from_millis(10);
 /// for work). When modes alternate, one mode's still-spinning workers would take the cores
 /// from the next mode's first tokens; waiting here keeps every run on a quiet process.
 pub(crate) fn settle(max: Duration) -> Duration {
+    settle_on(max, &mut own_cpu_ns)
+}
+
+/// [`settle`] reading the process's CPU nanoseconds from `cpu_ns`.
+fn settle_on(max: Duration, cpu_ns: &mut dyn FnMut() -> Option<u64>) -> Duration {
     let start = Instant::now();
-    let Some(mut before) = own_cpu_ns() else {
+    let Some(mut before) = cpu_ns() else {
         return Duration::ZERO;
     };
     while start.elapsed() < max {
         std::thread::sleep(SETTLE_WINDOW);
-        let Some(now) = own_cpu_ns() else {
+        let Some(now) = cpu_ns() else {
             break;
         };
         let used = now.saturating_sub(before);
@@ -202,22 +207,24 @@ mod tests {
     }
 
     #[test]
-    fn settling_an_idle_process_takes_one_window() {
+    fn settling_waits_while_the_process_is_busy_and_stops_when_it_is_idle() {
+        // This test binary's other tests run threads of their own, so the process's real
+        // counter says nothing here; the counters are given.
         assert!(own_cpu_ns().is_some_and(|ns| ns > 0));
-        let waited = settle(Duration::from_secs(2));
-        assert!(waited < Duration::from_secs(2), "{waited:?}");
-        // A busy thread keeps it waiting until the limit.
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let spinning = std::sync::Arc::clone(&stop);
-        let spinner = std::thread::spawn(move || {
-            while !spinning.load(std::sync::atomic::Ordering::Relaxed) {
-                std::hint::spin_loop();
-            }
+        let window = SETTLE_WINDOW.as_nanos() as u64;
+        // Busy for three windows (a full window of CPU each), then idle.
+        let mut readings = [0, window, 2 * window, 3 * window, 3 * window].into_iter();
+        let waited = settle_on(Duration::from_secs(2), &mut || readings.next());
+        assert!(waited >= 4 * SETTLE_WINDOW && waited < Duration::from_secs(2), "{waited:?}");
+        // Always busy: waits until the limit.
+        let mut t = 0;
+        let waited = settle_on(Duration::from_millis(100), &mut || {
+            t += window;
+            Some(t)
         });
-        let waited = settle(Duration::from_millis(100));
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        spinner.join().unwrap();
         assert!(waited >= Duration::from_millis(100), "{waited:?}");
+        // No counter: no wait.
+        assert_eq!(settle_on(Duration::from_secs(1), &mut || None), Duration::ZERO);
     }
 
     #[test]

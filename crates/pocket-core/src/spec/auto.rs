@@ -12,6 +12,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::acceptance::AcceptanceEstimate;
 use super::suffix_drafter::SuffixDrafter;
 use super::{Draft, DraftModelDrafter, Drafter, LayerSkipDrafter, MAX_DRAFT};
 use crate::cost::CostModel;
@@ -68,32 +69,6 @@ impl AutoConfig {
     /// Defaults for a device with cost model `cost`.
     pub fn new(cost: CostModel) -> Self {
         AutoConfig { cost, max_draft: MAX_DRAFT, min_gain: 1.02, draft_model_cost: 0.3 }
-    }
-}
-
-/// Acceptance per drafted token, estimated from decayed counts with a prior.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct AcceptanceEstimate {
-    accepted: f64,
-    rejected: f64,
-}
-
-impl AcceptanceEstimate {
-    const DECAY: f64 = 0.95;
-
-    pub(super) fn prior(alpha: f64, weight: f64) -> Self {
-        AcceptanceEstimate { accepted: alpha * weight, rejected: (1.0 - alpha) * weight }
-    }
-
-    pub(super) fn alpha(&self) -> f64 {
-        self.accepted / (self.accepted + self.rejected).max(1e-9)
-    }
-
-    /// A draft of `drafted` tokens of which `accepted` were kept: under independent
-    /// acceptance, `accepted` successes and one failure unless all were kept.
-    pub(super) fn update(&mut self, drafted: usize, accepted: usize) {
-        self.accepted = self.accepted * Self::DECAY + accepted as f64;
-        self.rejected = self.rejected * Self::DECAY + f64::from(accepted < drafted);
     }
 }
 

@@ -16,6 +16,7 @@
 //! - [`AutoDrafter`]: picks among them per step from measured acceptance and the device's
 //!   cost curve, and drafts nothing when nothing is expected to pay.
 
+mod acceptance;
 mod auto;
 mod draft_model;
 mod layerskip;

@@ -6,7 +6,7 @@
 //! verdicts and the device's cost model says how many tokens that acceptance pays for. A
 //! step whose best draft would not beat plain decoding drafts nothing.
 
-use super::auto::AcceptanceEstimate;
+use super::acceptance::AcceptanceEstimate;
 use super::suffix::SuffixAutomaton;
 use super::{Draft, Drafter};
 use crate::cost::CostModel;
