@@ -1,8 +1,9 @@
 //! The benchmark: our engine against llama.cpp (and, later, each drafter) on a workload.
 //!
 //! [`suite::run`] loads the model once per mode, measures our engine's verification cost
-//! curve, then runs every prompt of a [`workload`] in every [`Mode`], alternating per
-//! prompt (A B A B …) so a drifting machine affects all modes alike. Each run is timed the
+//! curve, then runs every prompt of a [`workload`] in every [`RunMode`] (a [`Mode`] on a
+//! weight format), alternating per prompt (A B A B …) so a drifting machine affects all
+//! modes alike. Each run is timed the
 //! same way in every mode (prefill: prompt tokens over the time to the first token; decode:
 //! tokens after the first over the time after the first) and measured for memory. The
 //! [`results`] document follows `shared/bench/README.md`; [`report`] prints it as a table
@@ -13,7 +14,7 @@
 //!
 //! let prompts = bench::workload::load("benches/workload.jsonl".as_ref())?;
 //! let mut config = BenchConfig::new("model.gguf".into(), "smollm2-135m".into());
-//! config.modes = vec![Mode::LlamaCpp, Mode::Vanilla];
+//! config.modes = vec![Mode::LlamaCpp.into(), Mode::Vanilla.into()];
 //! let results = bench::suite::run(&config, &prompts, &mut |_| {})?;
 //! print!("{}", bench::report::table(&results));
 //! # Ok::<(), bench::Error>(())
