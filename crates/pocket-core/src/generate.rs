@@ -156,6 +156,9 @@ pub fn generate_speculative(
     let start = Instant::now();
     let logits = session.decode(&request.prompt, &plan, Rows::Last)?;
     let mut next = sampler.sample(last_row(&logits, info)?, &out.history);
+    if let Some(d) = drafter.as_deref_mut() {
+        d.prefill(session.tokens())?;
+    }
     let first_at = Instant::now();
     let prefill_seconds = first_at.duration_since(start).as_secs_f64();
     let mut sampled_at = first_at;
@@ -611,6 +614,8 @@ mod tests {
         right: usize,
         wrong: usize,
         verdicts: Vec<(usize, usize)>,
+        /// What `prefill` was called with, each time.
+        prefills: Vec<Vec<Token>>,
     }
 
     impl Drafter for PatternDrafter {
@@ -638,6 +643,12 @@ mod tests {
 
         fn feedback(&mut self, drafted: &[Token], accepted: usize) {
             self.verdicts.push((drafted.len(), accepted));
+        }
+
+        fn prefill(&mut self, context: &[Token]) -> Result<()> {
+            assert!(self.verdicts.is_empty(), "prefill comes before any draft");
+            self.prefills.push(context.to_vec());
+            Ok(())
         }
     }
 
@@ -675,7 +686,7 @@ mod tests {
         ];
         for &(prompt, max_tokens, stop, n_ctx) in cases {
             for (right, wrong) in [(0, 1), (1, 0), (2, 1), (3, 0), (5, 2), (16, 0)] {
-                let mut d = PatternDrafter { right, wrong, verdicts: Vec::new() };
+                let mut d = PatternDrafter { right, wrong, verdicts: Vec::new(), prefills: Vec::new() };
                 let ((g, plain), (s, spec)) = plain_and_spec(prompt, max_tokens, stop, n_ctx, &mut d);
                 let what =
                     format!("{prompt:?} max {max_tokens} stop {stop:?} ctx {n_ctx} draft {right}+{wrong}");
@@ -684,13 +695,14 @@ mod tests {
                 let accepted: usize = d.verdicts.iter().map(|v| v.1).sum();
                 assert_eq!(s.spec.accepted, accepted, "{what}");
                 assert!(d.verdicts.iter().all(|&(n, a)| a <= n && a <= right), "{what}: {:?}", d.verdicts);
+                assert_eq!(d.prefills, [prompt.to_vec()], "{what}: one prefill, with the prompt");
             }
         }
     }
 
     #[test]
     fn accepted_drafts_save_passes() {
-        let mut d = PatternDrafter { right: 3, wrong: 0, verdicts: Vec::new() };
+        let mut d = PatternDrafter { right: 3, wrong: 0, verdicts: Vec::new(), prefills: Vec::new() };
         let ((g, _), (s, _)) = plain_and_spec(&[0], 100, &[], 64, &mut d);
         assert_eq!(g.tokens.len(), 6);
         // 1 is sampled after the prompt; one pass verifies 2 3 4 and yields 5; the next

@@ -127,6 +127,13 @@ impl Drafter for AutoDrafter {
         "auto"
     }
 
+    fn prefill(&mut self, context: &[Token]) -> Result<()> {
+        match &mut self.draft_model {
+            Some(d) => d.prefill(context),
+            None => Ok(()),
+        }
+    }
+
     fn draft(
         &mut self,
         target: &mut dyn Session,

@@ -73,6 +73,20 @@ pub fn check_same_vocabulary(target: &dyn Model, draft: &dyn Model) -> Result<()
     Ok(())
 }
 
+impl DraftModelDrafter {
+    /// Make the draft session hold exactly `tokens`: keep the longest common prefix, decode
+    /// the rest.
+    fn sync(&mut self, tokens: &[Token]) -> Result<()> {
+        let held = self.session.tokens();
+        let common = held.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        self.session.truncate(common)?;
+        if common < tokens.len() {
+            self.session.decode(&tokens[common..], &self.plan, Rows::None)?;
+        }
+        Ok(())
+    }
+}
+
 impl Drafter for DraftModelDrafter {
     fn name(&self) -> &str {
         "draft"
@@ -94,17 +108,16 @@ impl Drafter for DraftModelDrafter {
         if before.len() >= self.session.config().n_ctx {
             return Ok(());
         }
-        // Keep the longest common prefix, then catch up on everything before the pending token;
-        // `draft_greedy` decodes the pending token itself.
-        let held = self.session.tokens();
-        let common = held.iter().zip(before).take_while(|(a, b)| a == b).count();
-        self.session.truncate(common)?;
-        if common < before.len() {
-            self.session.decode(&before[common..], &self.plan, Rows::None)?;
-        }
+        // Catch up on everything before the pending token; `draft_greedy` decodes the pending
+        // token itself.
+        self.sync(before)?;
         let room = self.session.config().n_ctx - self.session.len();
         draft_greedy(self.session.as_mut(), &self.plan, pending, max.min(room), 0.0, out)
     }
 
     fn feedback(&mut self, _drafted: &[Token], _accepted: usize) {}
+
+    fn prefill(&mut self, context: &[Token]) -> Result<()> {
+        if context.len() < self.session.config().n_ctx { self.sync(context) } else { Ok(()) }
+    }
 }

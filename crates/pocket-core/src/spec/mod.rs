@@ -76,6 +76,15 @@ pub trait Drafter: Send {
     /// The verifier's verdict on the last draft: `accepted` of `drafted` tokens were kept.
     fn feedback(&mut self, drafted: &[Token], accepted: usize);
 
+    /// Called once the target has decoded the prompt, before its first token is sampled,
+    /// with every token the target holds: a drafter with state of its own (a draft model's
+    /// KV cache) catches up here, so that work counts as prefill rather than as the first
+    /// draft. By default nothing.
+    fn prefill(&mut self, context: &[Token]) -> Result<()> {
+        let _ = context;
+        Ok(())
+    }
+
     /// A one-line account of what the drafter did, for reports (by default its name).
     fn describe(&self) -> String {
         self.name().to_string()
