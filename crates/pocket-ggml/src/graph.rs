@@ -32,12 +32,16 @@ pub(crate) struct PassShape {
     pub(crate) n_kv: usize,
     /// Rows of logits wanted: the last `n_out` tokens of the pass (0 = fill the cache only).
     pub(crate) n_out: usize,
+    /// Query rows attention computes ([`attention_rows`]).
+    pub(crate) q_rows: usize,
 }
 
 impl PassShape {
-    /// The shape of a pass of `n_tokens` tokens starting at `pos0` in a cache of `n_ctx`.
-    pub(crate) fn new(pos0: usize, n_tokens: usize, n_out: usize, n_ctx: usize) -> Self {
-        PassShape { n_tokens, n_kv: (pos0 + n_tokens).next_multiple_of(KV_PAD).min(n_ctx), n_out }
+    /// The shape of a pass of `n_tokens` tokens starting at `pos0` in a cache of `n_ctx`
+    /// positions, quantized or not.
+    pub(crate) fn new(pos0: usize, n_tokens: usize, n_out: usize, n_ctx: usize, kv_quantized: bool) -> Self {
+        let n_kv = (pos0 + n_tokens).next_multiple_of(KV_PAD).min(n_ctx);
+        PassShape { n_tokens, n_kv, n_out, q_rows: attention_rows(n_tokens, n_kv, kv_quantized) }
     }
 }
 
@@ -149,7 +153,7 @@ pub(crate) unsafe fn build(
         };
         let tokens = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tokens), c"inp_tokens");
         let pos = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tokens), c"inp_pos");
-        let q_rows = attention_rows(shape.n_tokens, shape.n_kv, kv.k_quantized() || kv.v_quantized());
+        let q_rows = shape.q_rows;
         let mask = input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F16, n_kv, q_rows as i64), c"kq_mask");
         let kv_idxs = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I64, n_tokens), c"kv_idxs");
         let out_ids = (shape.n_out > 0 && shape.n_out < shape.n_tokens).then(|| {
@@ -303,6 +307,6 @@ const SPLIT_KV_MIN: usize = 512;
 /// decoded alone then differed from its row in a verification pass (max |Δ| 0.5 in logits).
 /// A single-token pass there attends with its query twice and drops the copy, so each row of
 /// a verification pass is exactly what decoding that token alone computes.
-pub(crate) fn attention_rows(n_tokens: usize, n_kv: usize, kv_quantized: bool) -> usize {
+fn attention_rows(n_tokens: usize, n_kv: usize, kv_quantized: bool) -> usize {
     if n_tokens == 1 && n_kv >= SPLIT_KV_MIN && !kv_quantized { 2 } else { n_tokens }
 }

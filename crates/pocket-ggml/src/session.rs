@@ -113,7 +113,9 @@ impl Compute {
         // Reserve the compute buffers for the largest pass this session will run, so that no
         // later pass allocates: a full batch at the end of the context, with the most rows.
         let n_batch = config.n_batch.min(kv.n_ctx());
-        let worst = PassShape::new(kv.n_ctx() - n_batch, n_batch, n_batch.min(MAX_LOGIT_ROWS), kv.n_ctx());
+        let quantized = kv.k_quantized() || kv.v_quantized();
+        let worst =
+            PassShape::new(kv.n_ctx() - n_batch, n_batch, n_batch.min(MAX_LOGIT_ROWS), kv.n_ctx(), quantized);
         let plan = LayerPlan::full(hp.n_layer).map_err(|e| Error::Ggml(e.to_string()))?;
         let (ctx, g) = compute.build(model, kv, &plan, worst)?;
         // SAFETY: a graph built for this scheduler's backends; its context is freed right after.
@@ -268,10 +270,9 @@ impl GgmlSession {
         row_off: usize,
     ) -> Result<()> {
         let n_vocab = self.model.hp.n_vocab;
-        let shape = PassShape::new(pos0, n_tokens, n_out, self.kv.n_ctx());
         let quantized = self.kv.k_quantized() || self.kv.v_quantized();
-        let q_rows = graph::attention_rows(n_tokens, shape.n_kv, quantized);
-        graph::fill_mask(&mut self.mask, pos0, n_tokens, q_rows, shape.n_kv);
+        let shape = PassShape::new(pos0, n_tokens, n_out, self.kv.n_ctx(), quantized);
+        graph::fill_mask(&mut self.mask, pos0, n_tokens, shape.q_rows, shape.n_kv);
         let sched = self.compute.sched;
         let g = self.compute.graph(&self.model, &self.kv, plan, shape)?;
         let scratch = &mut self.scratch_i32;
