@@ -222,6 +222,10 @@ fn auto_weights_measure_both_formats_and_speculation_on_the_chosen_one_is_lossle
     assert!(estimates.iter().all(|e| e["step_seconds"].as_f64().unwrap() > 0.0), "{spec}");
     let chosen = spec["weights"].as_str().unwrap();
     assert!(formats.contains(&chosen), "{spec}");
+    // Both curves were cached: a second run measures nothing.
+    let o = pocket_cached(cache.path(), &["run", prompt, "-n", "4", "-t", "1", "--spec", "suffix"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("measuring"), "{}", stderr(&o));
     // Plain decoding on the chosen format gives the same text; without speculation, auto
     // keeps the stored weights and measures nothing.
     let plain = run(&["--spec", "off", "--weights", chosen]);

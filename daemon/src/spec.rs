@@ -56,6 +56,11 @@ fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/pocketd"))
 }
 
+/// The cache file at `path`; empty if it is missing or unreadable.
+fn read_data(path: &Path) -> CacheData {
+    std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+}
+
 /// sha256 over the size, the first MiB and the last MiB of `path`.
 fn fingerprint(path: &Path) -> std::io::Result<String> {
     const MIB: u64 = 1 << 20;
@@ -84,11 +89,7 @@ impl SpecCache {
                 None
             }
         });
-        let data = path
-            .as_deref()
-            .and_then(|p| std::fs::read(p).ok())
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
+        let data = path.as_deref().map(read_data).unwrap_or_default();
         SpecCache { path, weights, data }
     }
 
@@ -103,14 +104,20 @@ impl SpecCache {
         self.save();
     }
 
+    /// Write this cache's entries into the file, over what it holds now: another `SpecCache`
+    /// of the same model (another weight format, another process) may have saved since this
+    /// one was opened, and its entries must survive.
     fn save(&self) {
         let Some(path) = &self.path else { return };
         let write = || -> std::io::Result<()> {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)?;
             }
-            let tmp = path.with_extension("json.tmp");
-            std::fs::write(&tmp, serde_json::to_vec_pretty(&self.data)?)?;
+            let mut merged = read_data(path);
+            merged.skip_sets.extend(self.data.skip_sets.iter().map(|(k, v)| (k.clone(), v.clone())));
+            merged.cost_curves.extend(self.data.cost_curves.iter().map(|(k, v)| (k.clone(), v.clone())));
+            let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
+            std::fs::write(&tmp, serde_json::to_vec_pretty(&merged)?)?;
             std::fs::rename(&tmp, path)
         };
         if let Err(e) = write() {
@@ -359,12 +366,15 @@ pub fn choose_weights(estimates: &[WeightsEstimate]) -> WeightFormat {
 /// the cost curves of the stored and the Q8_0-widened weights and return the model in the
 /// format [`choose_weights`] picks, with both estimates. Plain decoding, and devices other
 /// than the CPU (whose curves are flat and whose memory is scarcer), keep the stored format.
+/// `on_measure` is called before curves are measured (seconds for a small model, a minute for
+/// a 1.5B one on two cores), for a progress message.
 pub fn resolve_auto_weights(
     stored: GgmlModel,
     spec: SpecMode,
     config: &SessionConfig,
     filler: &[Token],
     load: &dyn Fn(WeightFormat) -> anyhow::Result<GgmlModel>,
+    on_measure: &mut dyn FnMut(),
 ) -> anyhow::Result<(GgmlModel, Vec<WeightsEstimate>)> {
     if spec == SpecMode::Off || stored.device_name() != "CPU" {
         return Ok((stored, Vec::new()));
@@ -381,6 +391,7 @@ pub fn resolve_auto_weights(
         (Some(a), Some(b)) => (a, b),
         _ => {
             tracing::info!("measuring the cost curves of the stored and Q8_0-widened weights (once)");
+            on_measure();
             let a = stored_cache.measure_cost_curve(&stored, config, filler)?;
             let m = load(WeightFormat::Q8_0)?;
             let b = wide_cache.measure_cost_curve(&m, config, filler)?;

@@ -179,7 +179,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .transpose()?;
     let (model, weight_estimates) = match args.model.weights {
         WeightChoice::Auto => {
-            resolve_auto_weights(model, args.spec.spec, &config, &tokens, &|w| args.model.load_as(w))?
+            let mut on_measure = || {
+                eprintln!(
+                    "--weights auto: measuring this device's cost curves for the stored and Q8_0 weights \
+                     (once; cached)"
+                )
+            };
+            let load = |w| args.model.load_as(w);
+            resolve_auto_weights(model, args.spec.spec, &config, &tokens, &load, &mut on_measure)?
         }
         WeightChoice::Format(_) => (model, Vec::new()),
     };
