@@ -287,6 +287,8 @@ impl Weights {
         let mut copied_bytes = 0u64;
         let mut mapped_bytes = 0u64;
         let mut counted_tied: *const u8 = std::ptr::null();
+        // Bytes of the file placed so far, for `progress` (converted weights differ in size).
+        let mut file_done = 0u64;
         // SAFETY: registry device.
         let cpu_buft = unsafe { sys::ggml_backend_dev_buffer_type(device.cpu) };
         for (buft, convert, list) in &groups {
@@ -350,7 +352,8 @@ impl Weights {
                     if wanted[i].file_name == "token_embd.weight" {
                         counted_tied = bytes.as_ptr();
                     }
-                    progress(mapped_bytes + copied_bytes, total);
+                    file_done += bytes.len() as u64;
+                    progress(file_done, total);
                 }
             } else {
                 // SAFETY: ctx holds only this group's descriptions; ggml allocates one buffer.
@@ -393,7 +396,8 @@ impl Weights {
                         };
                         copied_bytes += bytes.len() as u64;
                     }
-                    progress(mapped_bytes + copied_bytes, total);
+                    file_done += bytes.len() as u64;
+                    progress(file_done, total);
                     let offset = bytes.as_ptr() as usize - f.mmap().as_ptr() as usize;
                     // SAFETY: the range is inside the mapping and nothing borrows it any more:
                     // dropping pages of a read-only file mapping only makes later reads fault
