@@ -220,59 +220,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Logits, SessionConfig};
-
-    const V: usize = 4;
-
-    /// Records every decode; logits are zeros.
-    struct Recorder {
-        config: SessionConfig,
-        tokens: Vec<Token>,
-        logits: Vec<f32>,
-        calls: Vec<(usize, usize, Rows)>,
-    }
-
-    impl Recorder {
-        fn new(n_ctx: usize) -> Self {
-            Recorder {
-                config: SessionConfig { n_ctx, ..SessionConfig::default() },
-                tokens: Vec::new(),
-                logits: Vec::new(),
-                calls: Vec::new(),
-            }
-        }
-    }
-
-    impl Session for Recorder {
-        fn len(&self) -> usize {
-            self.tokens.len()
-        }
-
-        fn tokens(&self) -> &[Token] {
-            &self.tokens
-        }
-
-        fn config(&self) -> &SessionConfig {
-            &self.config
-        }
-
-        fn decode(&mut self, tokens: &[Token], plan: &LayerPlan, rows: Rows) -> Result<Logits<'_>> {
-            assert!(plan.is_full());
-            self.calls.push((self.tokens.len(), tokens.len(), rows));
-            self.tokens.extend_from_slice(tokens);
-            self.logits = vec![0.0; rows.count(tokens.len())? * V];
-            Ok(Logits::new(&self.logits, V))
-        }
-
-        fn truncate(&mut self, len: usize) -> Result<()> {
-            self.tokens.truncate(len);
-            Ok(())
-        }
-
-        fn memory(&self) -> u64 {
-            0
-        }
-    }
+    use crate::testing::FakeSession;
 
     #[test]
     fn cost_model_interpolates_and_picks_draft_lengths() {
@@ -293,20 +241,23 @@ mod tests {
 
     #[test]
     fn fills_the_context_times_every_size_and_restores_the_session() {
-        let mut s = Recorder::new(64);
+        let mut s = FakeSession::new(64);
         s.tokens = vec![3, 3];
         let config = CostCurveConfig { sizes: vec![1, 2, 4], context: 10, repetitions: 3, warmup: 1 };
         let curve = measure_cost_curve(&mut s, 2, &[0, 1, 2], &config).unwrap();
         assert_eq!(curve.iter().map(|p| p.n).collect::<Vec<_>>(), vec![1, 2, 4]);
         assert_eq!(curve[0].relative, 1.0);
         assert!(curve.iter().all(|p| p.seconds >= 0.0));
+        // Every pass runs the full model.
+        assert!(s.calls.iter().all(|c| c.3));
         // The filler continues from the tokens held; the session is back as it was.
-        assert_eq!(s.calls[0], (2, 8, Rows::None));
+        assert_eq!((s.calls[0].0, s.calls[0].1.len(), s.calls[0].2), (2, 8, Rows::None));
         assert_eq!(s.tokens, vec![3, 3]);
         // (warmup + repetitions) rounds of every size, each at the context position, all rows.
         let passes = &s.calls[1..];
         assert_eq!(passes.len(), 4 * 3);
-        for (i, &(at, n, rows)) in passes.iter().enumerate() {
+        for (i, (at, tokens, rows, _)) in passes.iter().enumerate() {
+            let (at, n, rows) = (*at, tokens.len(), *rows);
             assert_eq!(at, 10);
             assert_eq!(n, config.sizes[i % 3]);
             assert_eq!(rows, Rows::Tail(n));
@@ -315,7 +266,7 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_errors() {
-        let mut s = Recorder::new(32);
+        let mut s = FakeSession::new(32);
         let ok = CostCurveConfig::default();
         assert!(measure_cost_curve(&mut s, 2, &[], &ok).is_err());
         // 128 + 16 tokens do not fit a context of 32.

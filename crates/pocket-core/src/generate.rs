@@ -322,70 +322,9 @@ fn last_row<'a>(logits: &Logits<'a>, info: &ModelInfo) -> Result<&'a [f32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ModelKind;
     use crate::spec::Draft;
-    use crate::{ModelKind, SessionConfig};
-
-    const V: usize = 8;
-
-    /// A model whose argmax after token t is (t + 1) % V, with `bias` added to some logits.
-    struct FakeSession {
-        config: SessionConfig,
-        tokens: Vec<Token>,
-        logits: Vec<f32>,
-        bias: Vec<(Token, f32)>,
-        calls: Vec<(Vec<Token>, Rows, bool)>,
-    }
-
-    impl FakeSession {
-        fn new(n_ctx: usize) -> Self {
-            FakeSession {
-                config: SessionConfig { n_ctx, ..SessionConfig::default() },
-                tokens: Vec::new(),
-                logits: vec![0.0; V],
-                bias: Vec::new(),
-                calls: Vec::new(),
-            }
-        }
-    }
-
-    impl Session for FakeSession {
-        fn len(&self) -> usize {
-            self.tokens.len()
-        }
-
-        fn tokens(&self) -> &[Token] {
-            &self.tokens
-        }
-
-        fn config(&self) -> &SessionConfig {
-            &self.config
-        }
-
-        fn decode(&mut self, tokens: &[Token], plan: &LayerPlan, rows: Rows) -> Result<Logits<'_>> {
-            assert!(self.tokens.len() + tokens.len() <= self.config.n_ctx, "context overrun");
-            self.calls.push((tokens.to_vec(), rows, plan.is_full()));
-            self.tokens.extend_from_slice(tokens);
-            let n = rows.count(tokens.len())?;
-            self.logits.clear();
-            self.logits.resize(n * V, 0.0);
-            for (row, &t) in self.logits.chunks_mut(V).zip(&tokens[tokens.len() - n..]) {
-                row[(t as usize + 1) % V] = 1.0;
-                for &(t, b) in &self.bias {
-                    row[t as usize] += b;
-                }
-            }
-            Ok(Logits::new(&self.logits, V))
-        }
-
-        fn truncate(&mut self, len: usize) -> Result<()> {
-            self.tokens.truncate(len);
-            Ok(())
-        }
-
-        fn memory(&self) -> u64 {
-            0
-        }
-    }
+    use crate::testing::{FakeSession, V};
 
     /// Token t is the letter 'a' + t; token 7 is the end token.
     struct FakeTokenizer {
@@ -476,7 +415,11 @@ mod tests {
         run(&mut s, &FakeTokenizer::default(), &request(&[3, 0, 1], 3, &[])).0.unwrap();
         assert_eq!(
             s.calls,
-            vec![(vec![3, 0, 1], Rows::Last, true), (vec![2], Rows::Last, true), (vec![3], Rows::Last, true),]
+            vec![
+                (0, vec![3, 0, 1], Rows::Last, true),
+                (3, vec![2], Rows::Last, true),
+                (4, vec![3], Rows::Last, true),
+            ]
         );
     }
 

@@ -24,6 +24,8 @@ mod plan;
 pub mod sampling;
 pub mod spec;
 pub mod stop;
+#[cfg(test)]
+mod testing;
 mod tokenizer;
 
 pub use error::{Error, Result};
