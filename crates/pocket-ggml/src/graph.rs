@@ -10,6 +10,7 @@ use llama_cpp_sys_2 as sys;
 use pocket_core::LayerPlan;
 
 use crate::kv::KvCache;
+use crate::q4_1_gemm;
 use crate::weights::{Hparams, Tensor, Weights};
 
 /// Nodes a graph may hold: about 30 per layer, with room to spare.
@@ -186,7 +187,13 @@ pub(crate) unsafe fn build(
             sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, x, hp.rms_eps), weight.ptr())
         };
         let linear = |wt: Tensor, b: Option<Tensor>, x: *mut sys::ggml_tensor| {
-            let y = sys::ggml_mul_mat(ctx, wt.ptr(), x);
+            // Q4_1 over several tokens: our multi-row kernel, bitwise what ggml's one-row
+            // kernel gives each row, so verification stays batch-invariant.
+            let y = if q4_1_gemm::applies(wt.ptr(), x) {
+                q4_1_gemm::mul_mat(ctx, wt.ptr(), x)
+            } else {
+                sys::ggml_mul_mat(ctx, wt.ptr(), x)
+            };
             match b {
                 Some(b) => sys::ggml_add(ctx, y, b.ptr()),
                 None => y,

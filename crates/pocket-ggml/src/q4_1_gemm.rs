@@ -1,30 +1,41 @@
 //! A Q4_1 × Q8_1 matrix product over several activation rows whose every output element is
-//! bitwise what ggml's one-row kernel (`ggml_vec_dot_q4_1_q8_1`, AVX2) computes.
+//! bitwise what ggml's one-row kernel (`ggml_vec_dot_q4_1_q8_1`, AVX2) computes, and the
+//! ggml custom op that puts it in the graph for passes of two or more tokens.
 //!
 //! ggml has no multi-row kernel for Q4_1 on x86 (llamafile's tinyBLAS takes only the
-//! symmetric formats), so a verification pass of n tokens costs n one-row dot products per
-//! weight row: 4.1 plain steps for 8 tokens on this project's CPU. This kernel unpacks each
-//! weight block once for all rows and converts the activation scales once per block, and
-//! keeps the one-row kernel's arithmetic per element — the same f32 scale product, the same
-//! exact integer lane sums, the same fused multiply-add over blocks in order, the same
-//! horizontal sum — so a row of a verification pass stays what decoding that token alone
-//! computes.
+//! symmetric formats, and the repacked layouts break batch invariance), so a verification
+//! pass of n tokens costs n one-row dot products per weight row: 4.1 plain steps for 8
+//! tokens on this project's CPU. This kernel unpacks each weight block once for several
+//! activation rows and converts the activation scales once per block, and keeps the one-row
+//! kernel's arithmetic per element — the same f32 scale product, the same exact integer lane
+//! sums, the same fused multiply-add over blocks in order, the same horizontal sum — so a row
+//! of a verification pass stays what decoding that token alone computes. Single-token passes
+//! keep ggml's kernel, which is faster for one row.
 //!
-//! Work in progress: the kernel and its bitwise check against ggml; not yet in the graph.
-//! This version needs AVX-512 VNNI (`vpdpbusd`, one instruction for ggml's `maddubs` +
-//! `madd`, with the same int32 lane sums) and must be dispatched at run time
-//! (`is_x86_feature_detected!`) beside an AVX2 one before it goes in the graph.
+//! Tiles are 2 weight rows × up to 4 activation rows. The integer dot products use AVX-512
+//! VNNI's `vpdpbusd` where the CPU has it and AVX2's `maddubs` + `madd` elsewhere; both give
+//! the same exact int32 lane sums (4-bit × 8-bit pairs cannot saturate 16 bits), so the
+//! choice changes speed, not bits. On other architectures, or when ggml itself was built
+//! without AVX2 (its one-row kernel is then the scalar one, which sums in another order), the
+//! graph uses ggml's `mul_mat` as before. Setting `POCKET_GGML_MUL_MAT=1` does the same, for
+//! measuring one against the other.
+//!
 //! Measured (`time_against_the_one_row_kernel`, 1536 × 576, this project's CPU, quiet runs):
 //! ggml's one-row kernel about 31 µs per activation row; this one 20 µs per row at 4–16 rows
-//! (1.55–1.8×), 50 µs at one (ggml's path stays for single-token passes). Tiles are 2 weight
-//! rows × up to 4 activation rows.
+//! (1.55–1.8×) and 50 µs at one.
+
+use std::cell::RefCell;
+use std::ffi::{c_int, c_void};
+use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+use llama_cpp_sys_2 as sys;
+
 /// ggml's `block_q4_1`: 32 weights as 4-bit values `q` meaning `d·q + m`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct BlockQ4_1 {
     pub(crate) d: u16,
     pub(crate) m: u16,
@@ -33,166 +44,419 @@ pub(crate) struct BlockQ4_1 {
 
 /// ggml's `block_q8_1`: 32 activations as `d·q`, with `s = d·Σq`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct BlockQ8_1 {
     pub(crate) d: u16,
     pub(crate) s: u16,
     pub(crate) qs: [i8; 32],
 }
 
-/// An f16 as f32 (exact, as ggml's `GGML_CPU_FP16_TO_FP32`).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "f16c")]
-#[inline]
-fn f16(x: u16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(x))))
+/// The integer dot-product instructions a kernel uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// AVX-512 VNNI (`vpdpbusd` on 256-bit registers).
+    Vnni,
+    /// AVX2 (`vpmaddubsw` then `vpmaddwd`).
+    Avx2,
 }
 
-/// Activation rows handled together: one accumulator register each.
-pub(crate) const COLS: usize = 8;
+/// The kernel this process uses, or `None` where the graph keeps ggml's `mul_mat`.
+pub(crate) fn kernel() -> Option<Kernel> {
+    static KERNEL: OnceLock<Option<Kernel>> = OnceLock::new();
+    *KERNEL.get_or_init(|| {
+        if std::env::var_os("POCKET_GGML_MUL_MAT").is_some_and(|v| v == "1") {
+            return None;
+        }
+        crate::init();
+        // SAFETY: a query of how ggml was compiled.
+        let ggml_avx2 = unsafe { sys::ggml_cpu_has_avx2() != 0 && sys::ggml_cpu_has_fma() != 0 };
+        if ggml_avx2 { detect() } else { None }
+    })
+}
 
-/// Activation rows per tile (a multiple of which fills [`COLS`] lanes).
-const TILE_COLS: usize = 4;
+#[cfg(target_arch = "x86_64")]
+fn detect() -> Option<Kernel> {
+    if !(is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c"))
+    {
+        return None;
+    }
+    if is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+    {
+        Some(Kernel::Vnni)
+    } else {
+        Some(Kernel::Avx2)
+    }
+}
 
-/// `out[c * ld + r] = dot(w row r, y row c)` for `r` in `rows` and every activation row `c`
-/// of `y` (`y.len() / nb` of them), where each weight row is `nb` blocks of `w`.
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> Option<Kernel> {
+    None
+}
+
+/// Whether the graph computes `w · x` with [`mul_mat`]: a Q4_1 matrix in host memory in
+/// ggml's plain layout, times two or more contiguous f32 rows, on a CPU with a [`Kernel`].
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C; `w` holds `rows.end * nb` blocks, `y` a multiple of
-/// `nb`, and `out` room for every `(c, r)`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+/// `w` and `x` must be live tensors; `w` allocated (its buffer set).
+pub(crate) unsafe fn applies(w: *const sys::ggml_tensor, x: *const sys::ggml_tensor) -> bool {
+    if kernel().is_none() {
+        return false;
+    }
+    // SAFETY: live tensors, by the caller; reading their shape and buffer.
+    unsafe {
+        let (w, x) = (&*w, &*x);
+        let k = w.ne[0];
+        w.type_ == sys::GGML_TYPE_Q4_1
+            && x.type_ == sys::GGML_TYPE_F32
+            && k % 32 == 0
+            && x.ne[0] == k
+            && x.ne[1] >= 2
+            && w.ne[2] == 1
+            && w.ne[3] == 1
+            && x.ne[2] == 1
+            && x.ne[3] == 1
+            && w.nb[1] == (k as usize / 32) * size_of::<BlockQ4_1>()
+            && x.nb[0] == size_of::<f32>()
+            && w.extra.is_null()
+            && !w.buffer.is_null()
+            && sys::ggml_backend_buffer_is_host(w.buffer)
+    }
+}
+
+/// `w · x` as a ggml custom op: `[w.ne1, x.ne1]` f32, each row what `ggml_mul_mat` gives.
+/// Call only where [`applies`] holds.
+///
+/// # Safety
+/// `ctx` must be a live context; `w` and `x` live tensors for which [`applies`] holds.
+pub(crate) unsafe fn mul_mat(
+    ctx: *mut sys::ggml_context,
+    w: *mut sys::ggml_tensor,
+    x: *mut sys::ggml_tensor,
+) -> *mut sys::ggml_tensor {
+    let mut args = [w, x];
+    // SAFETY: by the caller; the op keeps pointers to w and x as its sources.
+    unsafe {
+        sys::ggml_custom_4d(
+            ctx,
+            sys::GGML_TYPE_F32,
+            (*w).ne[1],
+            (*x).ne[1],
+            1,
+            1,
+            args.as_mut_ptr(),
+            args.len() as c_int,
+            Some(compute),
+            -1, // GGML_N_TASKS_MAX: every thread of the pool
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// Per-thread scratch: the activations quantized to Q8_1 and a tile's scales. ggml's thread
+/// pool keeps its threads, so these grow once and are reused.
+#[derive(Default)]
+struct Scratch {
+    y: Vec<BlockQ8_1>,
+    scales: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// ggml's CPU quantizer for Q8_1: what its `mul_mat` applies to activations for Q4_1.
+fn quantize_row_q8_1() -> unsafe extern "C" fn(*const f32, *mut c_void, i64) {
+    static FROM_FLOAT: OnceLock<unsafe extern "C" fn(*const f32, *mut c_void, i64)> = OnceLock::new();
+    // SAFETY: ggml's CPU type traits are static; Q8_1 has a quantizer on every CPU build.
+    *FROM_FLOAT.get_or_init(|| unsafe {
+        (*sys::ggml_get_type_traits_cpu(sys::GGML_TYPE_Q8_1))
+            .from_float
+            .expect("ggml's CPU backend quantizes Q8_1")
+    })
+}
+
+/// The custom op's body on thread `ith` of `nth`: quantize every activation row (as
+/// `ggml_mul_mat` does, once per row), then compute this thread's share of weight rows.
+unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, _: *mut c_void) {
+    let Some(kernel) = kernel() else { return };
+    let quantize = quantize_row_q8_1();
+    // SAFETY: ggml calls this with the tensor `mul_mat` built, its sources and destination
+    // allocated; `applies` checked their types and layout. Threads write disjoint rows of dst.
+    unsafe {
+        let (w, x) = (&*(*dst).src[0], &*(*dst).src[1]);
+        let k = w.ne[0] as usize;
+        let (m, n) = (w.ne[1] as usize, x.ne[1] as usize);
+        let nb = k / 32;
+        let per_thread = m.div_ceil(nth.max(1) as usize).next_multiple_of(2);
+        let r0 = (ith as usize * per_thread).min(m);
+        let r1 = (r0 + per_thread).min(m);
+        if r0 == r1 {
+            return;
+        }
+        let weights = std::slice::from_raw_parts(w.data.cast::<BlockQ4_1>(), m * nb);
+        SCRATCH.with_borrow_mut(|s| {
+            s.y.clear();
+            s.y.resize(n * nb, BlockQ8_1::default());
+            for c in 0..n {
+                let row = x.data.cast::<u8>().add(c * x.nb[1]).cast::<f32>();
+                quantize(row, s.y[c * nb..].as_mut_ptr().cast(), k as i64);
+            }
+            gemm(kernel, weights, &s.y, nb, r0..r1, (*dst).data.cast(), m, &mut s.scales);
+        });
+    }
+}
+
+/// `out[c * ld + r] = dot(w row r, y row c)` for `r` in `rows` and every activation row `c`
+/// of `y` (`y.len() / nb` of them), where each weight row is `nb` blocks of `w`. `scratch`
+/// is working memory.
+///
+/// # Safety
+/// The CPU must have the kernel's instructions ([`kernel`] chose it); `w` holds
+/// `rows.end * nb` blocks, `y` a multiple of `nb`, and `out` is valid for writes at every
+/// `(c, r)` and not read or written by anyone else there meanwhile.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm(
+    kernel: Kernel,
     w: &[BlockQ4_1],
     y: &[BlockQ8_1],
     nb: usize,
     rows: std::ops::Range<usize>,
-    out: &mut [f32],
+    out: *mut f32,
     ld: usize,
+    scratch: &mut Vec<f32>,
+) {
+    assert!(w.len() >= rows.end * nb && y.len().is_multiple_of(nb) && rows.end <= ld);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: by the caller.
+    unsafe {
+        match kernel {
+            Kernel::Vnni => gemm_vnni(w, y, nb, rows, out, ld, scratch),
+            Kernel::Avx2 => gemm_avx2(w, y, nb, rows, out, ld, scratch),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!(
+        "no Q4_1 kernel on this architecture: {kernel:?} {w:?} {y:?} {nb} {rows:?} {out:?} {ld} {scratch:?}"
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_vnni(
+    w: &[BlockQ4_1],
+    y: &[BlockQ8_1],
+    nb: usize,
+    rows: std::ops::Range<usize>,
+    out: *mut f32,
+    ld: usize,
+    scratch: &mut Vec<f32>,
+) {
+    // SAFETY: by the caller; this function has the instructions `Vnni` uses.
+    unsafe { gemm_body::<Vnni>(w, y, nb, rows, out, ld, scratch) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_avx2(
+    w: &[BlockQ4_1],
+    y: &[BlockQ8_1],
+    nb: usize,
+    rows: std::ops::Range<usize>,
+    out: *mut f32,
+    ld: usize,
+    scratch: &mut Vec<f32>,
+) {
+    // SAFETY: by the caller; this function has the instructions `Avx2` uses.
+    unsafe { gemm_body::<Avx2>(w, y, nb, rows, out, ld, scratch) }
+}
+
+/// Exact int32 lane sums of 4 products of unsigned 4-bit `qx` and signed 8-bit `qy` bytes.
+#[cfg(target_arch = "x86_64")]
+trait Dot {
+    /// # Safety
+    /// The CPU must have the instructions the implementation uses.
+    unsafe fn dot(qx: __m256i, qy: __m256i) -> __m256i;
+}
+
+#[cfg(target_arch = "x86_64")]
+struct Vnni;
+
+#[cfg(target_arch = "x86_64")]
+impl Dot for Vnni {
+    #[inline(always)]
+    unsafe fn dot(qx: __m256i, qy: __m256i) -> __m256i {
+        // SAFETY: by the caller (AVX-512 VNNI and VL).
+        unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), qx, qy) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+impl Dot for Avx2 {
+    #[inline(always)]
+    unsafe fn dot(qx: __m256i, qy: __m256i) -> __m256i {
+        // SAFETY: by the caller (AVX2).
+        unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), _mm256_set1_epi16(1)) }
+    }
+}
+
+/// An f16 as f32 (exact, as ggml's `GGML_CPU_FP16_TO_FP32`).
+///
+/// # Safety
+/// The CPU must have F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn f16(x: u16) -> f32 {
+    // SAFETY: by the caller.
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(x)))) }
+}
+
+/// Lanes of the per-tile scale vectors: one per activation row of a tile, padded to a
+/// 256-bit register.
+const COLS: usize = 8;
+
+/// Activation rows per tile: one accumulator register per (weight row, activation row).
+const TILE_COLS: usize = 4;
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_body<D: Dot>(
+    w: &[BlockQ4_1],
+    y: &[BlockQ8_1],
+    nb: usize,
+    rows: std::ops::Range<usize>,
+    out: *mut f32,
+    ld: usize,
+    scales: &mut Vec<f32>,
 ) {
     let ncols = y.len() / nb;
-    assert!(w.len() >= rows.end * nb && out.len() >= (ncols.max(1) - 1) * ld + rows.end);
-    let mut c0 = 0;
     // The activation scales of a tile as f32, converted once (ggml converts them in every
-    // dot product; the conversion is exact, so once is the same): per block, the tile's 8
-    // `d` then its 8 `s` (unused lanes zero).
-    let mut scales = vec![0f32; nb * 2 * COLS];
+    // dot product; the conversion is exact, so once is the same): per block, the tile's
+    // `d` then its `s`, COLS lanes each (unused lanes zero).
+    scales.clear();
+    scales.resize(nb * 2 * COLS, 0.0);
+    let mut c0 = 0;
     while c0 < ncols {
         let nc = TILE_COLS.min(ncols - c0);
         scales.fill(0.0);
         for c in 0..nc {
             for ib in 0..nb {
                 let b = &y[(c0 + c) * nb + ib];
-                scales[ib * 2 * COLS + c] = f16(b.d);
-                scales[ib * 2 * COLS + COLS + c] = f16(b.s);
+                // SAFETY: the caller's CPU has F16C.
+                unsafe {
+                    scales[ib * 2 * COLS + c] = f16(b.d);
+                    scales[ib * 2 * COLS + COLS + c] = f16(b.s);
+                }
             }
         }
-        // SAFETY: bounds asserted above; the columns c0..c0 + nc exist.
+        // SAFETY: by the caller; the columns c0..c0 + nc exist.
         unsafe {
             match nc {
-                8 => tile::<8>(w, y, &scales, nb, c0, rows.clone(), out, ld),
-                7 => tile::<7>(w, y, &scales, nb, c0, rows.clone(), out, ld),
-                6 => tile::<6>(w, y, &scales, nb, c0, rows.clone(), out, ld),
-                5 => tile::<5>(w, y, &scales, nb, c0, rows.clone(), out, ld),
-                4 => tile::<4>(w, y, &scales, nb, c0, rows.clone(), out, ld),
-                3 => tile::<3>(w, y, &scales, nb, c0, rows.clone(), out, ld),
-                2 => tile::<2>(w, y, &scales, nb, c0, rows.clone(), out, ld),
-                _ => tile::<1>(w, y, &scales, nb, c0, rows.clone(), out, ld),
+                4 => tile::<D, 4>(w, y, scales, nb, c0, rows.clone(), out, ld),
+                3 => tile::<D, 3>(w, y, scales, nb, c0, rows.clone(), out, ld),
+                2 => tile::<D, 2>(w, y, scales, nb, c0, rows.clone(), out, ld),
+                _ => tile::<D, 1>(w, y, scales, nb, c0, rows.clone(), out, ld),
             }
         }
         c0 += nc;
     }
 }
 
-/// [`gemm`] for the `N` activation rows from `c0`, `RM` weight rows at a time: one
-/// accumulator register per (weight row, activation row), each activation block loaded once
-/// per tile; the tile's scales and `m·s` sums travel as 8-lane vectors (lane c for c0 + c).
+/// [`gemm_body`] for the `N` activation rows from `c0`, 2 weight rows at a time.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile<const N: usize>(
+unsafe fn tile<D: Dot, const N: usize>(
     w: &[BlockQ4_1],
     y: &[BlockQ8_1],
     scales: &[f32],
     nb: usize,
     c0: usize,
     rows: std::ops::Range<usize>,
-    out: &mut [f32],
+    out: *mut f32,
     ld: usize,
 ) {
     let mut r = rows.start;
     while r + 2 <= rows.end {
         // SAFETY: as for the caller.
-        unsafe { tile_rows::<2, N>(w, y, scales, nb, c0, r, out, ld) };
+        unsafe { tile_rows::<D, 2, N>(w, y, scales, nb, c0, r, out, ld) };
         r += 2;
     }
     if r < rows.end {
         // SAFETY: as for the caller.
-        unsafe { tile_rows::<1, N>(w, y, scales, nb, c0, r, out, ld) };
+        unsafe { tile_rows::<D, 1, N>(w, y, scales, nb, c0, r, out, ld) };
     }
 }
 
+/// `RM` weight rows from `r0` times `N` activation rows from `c0`: one accumulator register
+/// per pair, each activation block loaded once per tile; the tile's scales and `m·s` sums
+/// travel as 8-lane vectors (lane c for c0 + c).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
-#[inline]
-unsafe fn tile_rows<const RM: usize, const N: usize>(
+unsafe fn tile_rows<D: Dot, const RM: usize, const N: usize>(
     w: &[BlockQ4_1],
     y: &[BlockQ8_1],
     scales: &[f32],
     nb: usize,
     c0: usize,
     r0: usize,
-    out: &mut [f32],
+    out: *mut f32,
     ld: usize,
 ) {
-    let low = _mm256_set1_epi8(0xF);
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); N]; RM];
-    let mut summs = [_mm256_setzero_ps(); RM];
-    for ib in 0..nb {
-        // SAFETY: the scales hold 2·COLS floats per block.
-        let (yd, ys) = unsafe {
+    // SAFETY: the caller's CPU has the instructions used (AVX2, FMA, F16C and D's); every
+    // index is in range by the caller's checks (w holds r0 + RM rows of nb blocks, y the
+    // tile's columns, scales 2·COLS floats per block, out every (c, r) written).
+    unsafe {
+        let low = _mm256_set1_epi8(0xF);
+        let mut acc = [[_mm256_setzero_ps(); N]; RM];
+        let mut summs = [_mm256_setzero_ps(); RM];
+        for ib in 0..nb {
             let p = scales.as_ptr().add(ib * 2 * COLS);
-            (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(COLS)))
-        };
-        let mut qx = [_mm256_setzero_si256(); RM];
-        let mut d0d1 = [_mm256_setzero_ps(); RM];
-        for rr in 0..RM {
-            // SAFETY: the caller checked that w holds every row's blocks.
-            let x = unsafe { w.get_unchecked((r0 + rr) * nb + ib) };
-            // m·s of two f16 values is exact in f32, so this sum per lane is ggml's scalar
-            // `summs` whether or not either side fuses the multiply-add.
-            summs[rr] = _mm256_add_ps(summs[rr], _mm256_mul_ps(_mm256_set1_ps(f16(x.m)), ys));
-            d0d1[rr] = _mm256_mul_ps(_mm256_set1_ps(f16(x.d)), yd);
-            // SAFETY: 16 bytes of the block.
-            let tmp = unsafe { _mm_loadu_si128(x.qs.as_ptr().cast()) };
-            let bytes = _mm256_insertf128_si256::<1>(_mm256_castsi128_si256(tmp), _mm_srli_epi16::<4>(tmp));
-            qx[rr] = _mm256_and_si256(low, bytes);
-        }
-        for c in 0..N {
-            // SAFETY: 32 bytes of the block of column c0 + c (the caller's N columns).
-            let qy = unsafe { _mm256_loadu_si256(y.get_unchecked((c0 + c) * nb + ib).qs.as_ptr().cast()) };
-            let lane = _mm256_set1_epi32(c as i32);
+            let (yd, ys) = (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(COLS)));
+            let mut qx = [_mm256_setzero_si256(); RM];
+            let mut d0d1 = [_mm256_setzero_ps(); RM];
             for rr in 0..RM {
-                let xy = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), qx[rr], qy));
-                let scale = _mm256_permutevar8x32_ps(d0d1[rr], lane);
-                acc[rr][c] = _mm256_fmadd_ps(scale, xy, acc[rr][c]);
+                let x = w.get_unchecked((r0 + rr) * nb + ib);
+                // m·s of two f16 values is exact in f32, so this sum per lane is ggml's
+                // scalar `summs` whether or not either side fuses the multiply-add.
+                summs[rr] = _mm256_add_ps(summs[rr], _mm256_mul_ps(_mm256_set1_ps(f16(x.m)), ys));
+                d0d1[rr] = _mm256_mul_ps(_mm256_set1_ps(f16(x.d)), yd);
+                let tmp = _mm_loadu_si128(x.qs.as_ptr().cast());
+                let bytes =
+                    _mm256_insertf128_si256::<1>(_mm256_castsi128_si256(tmp), _mm_srli_epi16::<4>(tmp));
+                qx[rr] = _mm256_and_si256(low, bytes);
+            }
+            for c in 0..N {
+                let qy = _mm256_loadu_si256(y.get_unchecked((c0 + c) * nb + ib).qs.as_ptr().cast());
+                let lane = _mm256_set1_epi32(c as i32);
+                for rr in 0..RM {
+                    let xy = _mm256_cvtepi32_ps(D::dot(qx[rr], qy));
+                    let scale = _mm256_permutevar8x32_ps(d0d1[rr], lane);
+                    acc[rr][c] = _mm256_fmadd_ps(scale, xy, acc[rr][c]);
+                }
             }
         }
-    }
-    for rr in 0..RM {
-        let mut sums = [0f32; COLS];
-        // SAFETY: 8 floats.
-        unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), summs[rr]) };
-        for c in 0..N {
-            let x = acc[rr][c];
-            let mut res = _mm256_extractf128_ps::<1>(x);
-            res = _mm_add_ps(res, _mm256_castps256_ps128(x));
-            res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-            res = _mm_add_ss(res, _mm_movehdup_ps(res));
-            // SAFETY: the caller checked out's size.
-            unsafe { *out.get_unchecked_mut((c0 + c) * ld + r0 + rr) = _mm_cvtss_f32(res) + sums[c] };
+        for rr in 0..RM {
+            let mut sums = [0f32; COLS];
+            _mm256_storeu_ps(sums.as_mut_ptr(), summs[rr]);
+            for c in 0..N {
+                let x = acc[rr][c];
+                let mut res = _mm256_extractf128_ps::<1>(x);
+                res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+                res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+                res = _mm_add_ss(res, _mm_movehdup_ps(res));
+                *out.add((c0 + c) * ld + r0 + rr) = _mm_cvtss_f32(res) + sums[c];
+            }
         }
     }
 }
@@ -256,25 +520,35 @@ mod tests {
         s
     }
 
+    /// The kernels this CPU can run: the one chosen, and AVX2 beside VNNI.
+    fn kernels() -> Vec<Kernel> {
+        match detect() {
+            Some(Kernel::Vnni) => vec![Kernel::Vnni, Kernel::Avx2],
+            Some(Kernel::Avx2) => vec![Kernel::Avx2],
+            None => Vec::new(),
+        }
+    }
+
     #[test]
     fn every_element_is_what_the_one_row_kernel_computes() {
         crate::init();
         for (rows, cols, k) in [(64, 1, 576), (37, 9, 576), (16, 17, 1536), (5, 8, 32)] {
             let nb = k / 32;
             let (w, y) = data(rows, cols, k, rows as u64 * 31 + cols as u64);
-            let mut out = vec![0f32; cols * rows];
-            // SAFETY: the test machine has AVX2/FMA/F16C (the ggml build requires them);
-            // sizes as documented.
-            unsafe { gemm(&w, &y, nb, 0..rows, &mut out, rows) };
-            for c in 0..cols {
-                for r in 0..rows {
-                    let want = vec_dot(&w, &y, nb, r, c);
-                    let got = out[c * rows + r];
-                    assert_eq!(
-                        got.to_bits(),
-                        want.to_bits(),
-                        "row {r} col {c} of {rows}x{cols}x{k}: {got} vs {want}"
-                    );
+            for kernel in kernels() {
+                let mut out = vec![0f32; cols * rows];
+                // SAFETY: a kernel this CPU has; sizes as documented.
+                unsafe { gemm(kernel, &w, &y, nb, 0..rows, out.as_mut_ptr(), rows, &mut Vec::new()) };
+                for c in 0..cols {
+                    for r in 0..rows {
+                        let want = vec_dot(&w, &y, nb, r, c);
+                        let got = out[c * rows + r];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{kernel:?}: row {r} col {c} of {rows}x{cols}x{k}: {got} vs {want}"
+                        );
+                    }
                 }
             }
         }
@@ -299,18 +573,21 @@ mod tests {
                 }
             }
             let one_row = t.elapsed().as_secs_f64() / reps as f64;
-            let t = Instant::now();
-            for _ in 0..reps {
-                // SAFETY: as in the equality test.
-                unsafe { gemm(&w, &y, nb, 0..rows, &mut out, rows) };
+            for kernel in kernels() {
+                let mut scratch = Vec::new();
+                let t = Instant::now();
+                for _ in 0..reps {
+                    // SAFETY: as in the equality test.
+                    unsafe { gemm(kernel, &w, &y, nb, 0..rows, out.as_mut_ptr(), rows, &mut scratch) };
+                }
+                let tiled = t.elapsed().as_secs_f64() / reps as f64;
+                eprintln!(
+                    "{cols:2} columns: one-row kernel {:.1} µs, {kernel:?} kernel {:.1} µs ({:.2}x)",
+                    one_row * 1e6,
+                    tiled * 1e6,
+                    one_row / tiled
+                );
             }
-            let tiled = t.elapsed().as_secs_f64() / reps as f64;
-            eprintln!(
-                "{cols:2} columns: one-row kernel {:.1} µs, this kernel {:.1} µs ({:.2}x)",
-                one_row * 1e6,
-                tiled * 1e6,
-                one_row / tiled
-            );
         }
     }
 }
