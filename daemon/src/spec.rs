@@ -33,7 +33,7 @@ struct CacheData {
     /// The skip sets found for layer-skip drafting, by weight format.
     #[serde(default)]
     skip_sets: BTreeMap<String, SkipSet>,
-    /// Cost curves by device, threads, KV type and weight format.
+    /// Cost curves by device, kernels, threads, KV type and weight format.
     #[serde(default)]
     cost_curves: BTreeMap<String, Vec<CostPoint>>,
 }
@@ -126,7 +126,14 @@ impl SpecCache {
     }
 
     fn curve_key(&self, model: &GgmlModel, config: &SessionConfig) -> String {
-        format!("{}/t{}/{}/{}", model.device_name(), config.threads, config.kv, self.weights)
+        format!(
+            "{}/{}/t{}/{}/{}",
+            model.device_name(),
+            model.kernels(),
+            config.threads,
+            config.kv,
+            self.weights
+        )
     }
 
     /// The cached cost curve for `model`'s device with `config`, if any.

@@ -29,7 +29,6 @@ mod graph;
 mod kv;
 mod model;
 pub mod parity;
-#[allow(dead_code)] // work in progress: not yet in the graph
 mod q4_1_gemm;
 mod reference;
 mod session;

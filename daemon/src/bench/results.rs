@@ -40,6 +40,10 @@ pub struct Machine {
     pub threads: usize,
     /// The ggml device the models ran on (`CPU`, `CUDA0`, ...).
     pub backend: String,
+    /// Our own matrix kernels used beside ggml's (`q4_1-avx512`, ..., or `ggml`); results
+    /// written before there were any lack the field.
+    #[serde(default)]
+    pub kernels: Option<String>,
 }
 
 /// The model benchmarked.
@@ -223,7 +227,12 @@ pub(crate) mod tests {
         let summary = summarize(&runs, &["llama.cpp".into(), "vanilla".into()]);
         BenchResults {
             pocket_version: "0.1.0".into(),
-            machine: Machine { cpu: "AMD EPYC".into(), threads: 2, backend: "CPU".into() },
+            machine: Machine {
+                cpu: "AMD EPYC".into(),
+                threads: 2,
+                backend: "CPU".into(),
+                kernels: Some("ggml".into()),
+            },
             model: BenchModel {
                 name: "smollm2-135m".into(),
                 file_sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53".into(),

@@ -295,7 +295,12 @@ pub fn run(
     let cc = config.cost_curve.clone().unwrap_or_default();
     Ok(BenchResults {
         pocket_version: env!("CARGO_PKG_VERSION").to_owned(),
-        machine: Machine { cpu: cpu_name(), threads: config.threads, backend: main.device_name().to_owned() },
+        machine: Machine {
+            cpu: cpu_name(),
+            threads: config.threads,
+            backend: main.device_name().to_owned(),
+            kernels: Some(main.kernels().to_owned()),
+        },
         model: BenchModel {
             name: config.model_name.clone(),
             file_sha256,
