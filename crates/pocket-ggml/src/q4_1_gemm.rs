@@ -461,8 +461,7 @@ unsafe fn tile_rows<D: Dot, const RM: usize, const N: usize>(
         for rr in 0..RM {
             let mut sums = [0f32; COLS];
             _mm256_storeu_ps(sums.as_mut_ptr(), summs[rr]);
-            for c in 0..N {
-                let x = acc[rr][c];
+            for (c, &x) in acc[rr].iter().enumerate() {
                 let mut res = _mm256_extractf128_ps::<1>(x);
                 res = _mm_add_ps(res, _mm256_castps256_ps128(x));
                 res = _mm_add_ps(res, _mm_movehl_ps(res, res));
@@ -607,10 +606,10 @@ unsafe fn tile_rows_512<const RM: usize, const NP: usize>(
         for rr in 0..RM {
             let mut sums = [0f32; 16];
             _mm512_storeu_ps(sums.as_mut_ptr(), summs[rr]);
-            for q in 0..NP {
+            for (q, &pair) in acc[rr].iter().enumerate() {
                 let halves = [
-                    _mm512_castps512_ps256(acc[rr][q]),
-                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[rr][q]))),
+                    _mm512_castps512_ps256(pair),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(pair))),
                 ];
                 for (h, x) in halves.into_iter().enumerate() {
                     let c = 2 * q + h;
