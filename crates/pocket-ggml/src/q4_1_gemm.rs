@@ -414,7 +414,7 @@ unsafe fn tile<D: Dot, const N: usize>(
 /// travel as 8-lane vectors (lane c for c0 + c).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // c indexes y, lanes and acc
 unsafe fn tile_rows<D: Dot, const RM: usize, const N: usize>(
     w: &[BlockQ4_1],
     y: &[BlockQ8_1],
