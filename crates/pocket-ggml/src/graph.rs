@@ -33,16 +33,27 @@ pub(crate) struct PassShape {
     pub(crate) n_kv: usize,
     /// Rows of logits wanted: the last `n_out` tokens of the pass (0 = fill the cache only).
     pub(crate) n_out: usize,
-    /// Query rows attention computes ([`attention_rows`]).
+    /// Query rows attention computes (the tokens, or two for [`LoneQuery::Duplicated`]).
     pub(crate) q_rows: usize,
+    /// How a single-token pass keeps off ggml's split-KV path ([`lone_query`]).
+    pub(crate) lone_query: LoneQuery,
 }
 
 impl PassShape {
     /// The shape of a pass of `n_tokens` tokens starting at `pos0` in a cache of `n_ctx`
-    /// positions, quantized or not.
-    pub(crate) fn new(pos0: usize, n_tokens: usize, n_out: usize, n_ctx: usize, kv_quantized: bool) -> Self {
+    /// positions, quantized or not, of a model with `n_head_kv` KV heads.
+    pub(crate) fn new(
+        pos0: usize,
+        n_tokens: usize,
+        n_out: usize,
+        n_ctx: usize,
+        kv_quantized: bool,
+        n_head_kv: usize,
+    ) -> Self {
         let n_kv = (pos0 + n_tokens).next_multiple_of(KV_PAD).min(n_ctx);
-        PassShape { n_tokens, n_kv, n_out, q_rows: attention_rows(n_tokens, n_kv, kv_quantized) }
+        let lone_query = lone_query(n_tokens, n_kv, kv_quantized, n_head_kv);
+        let q_rows = if lone_query == LoneQuery::Duplicated { 2 } else { n_tokens };
+        PassShape { n_tokens, n_kv, n_out, q_rows, lone_query }
     }
 }
 
@@ -235,14 +246,20 @@ pub(crate) unsafe fn build(
 
             // One cached row holds all KV heads of a token; heads are head_stride bytes apart.
             let head_stride = row / hp.n_head_kv;
-            let k_all = sys::ggml_view_3d(ctx, k_cache, head_dim, n_head_kv, n_kv, head_stride, row, 0);
-            let v_all = sys::ggml_view_3d(ctx, v_cache, head_dim, n_head_kv, n_kv, head_stride, row, 0);
+            // [head_dim, heads / g, tokens, g]: g = 1, except that a lone query over a long
+            // cache puts each KV head's group of query heads in dimension 3 (see LoneQuery).
+            let g = if shape.lone_query == LoneQuery::HeadsApart { n_head_kv } else { 1 };
             let q = if q_rows > shape.n_tokens { sys::ggml_concat(ctx, q, q, 2) } else { q };
+            let q = sys::ggml_reshape_4d(ctx, q, head_dim, n_head / g, q_rows as i64, g);
+            let kv_view = |cache| {
+                let stride3 = head_stride * (hp.n_head_kv / g as usize);
+                sys::ggml_view_4d(ctx, cache, head_dim, n_head_kv / g, n_kv, g, head_stride, row, stride3, 0)
+            };
             let attn = sys::ggml_flash_attn_ext(
                 ctx,
                 sys::ggml_permute(ctx, q, 0, 2, 1, 3),
-                sys::ggml_permute(ctx, k_all, 0, 2, 1, 3),
-                sys::ggml_permute(ctx, v_all, 0, 2, 1, 3),
+                sys::ggml_permute(ctx, kv_view(k_cache), 0, 2, 1, 3),
+                sys::ggml_permute(ctx, kv_view(v_cache), 0, 2, 1, 3),
                 mask,
                 kq_scale,
                 0.0,
@@ -308,12 +325,33 @@ pub(crate) fn fill_mask(mask: &mut Vec<u16>, pos0: usize, n_tokens: usize, n_row
 /// across threads (its `use_split_kv_path`).
 const SPLIT_KV_MIN: usize = 512;
 
-/// Query rows the attention of a pass computes. ggml's CPU flash attention takes a split-KV
-/// path for a lone query over 512 or more f16/f32 positions, whose partial sums round
-/// differently from the per-row path every multi-token pass takes: with two threads a token
-/// decoded alone then differed from its row in a verification pass (max |Δ| 0.5 in logits).
-/// A single-token pass there attends with its query twice and drops the copy, so each row of
-/// a verification pass is exactly what decoding that token alone computes.
-fn attention_rows(n_tokens: usize, n_kv: usize, kv_quantized: bool) -> usize {
-    if n_tokens == 1 && n_kv >= SPLIT_KV_MIN && !kv_quantized { 2 } else { n_tokens }
+/// How attention keeps a single-token pass off ggml's split-KV path.
+///
+/// ggml's CPU flash attention takes a split-KV path for a lone query (one token, nothing in
+/// dimension 3) over 512 or more f16/f32 positions, whose partial sums round differently from
+/// the per-row path every multi-token pass takes: with two threads a token decoded alone then
+/// differed from its row in a verification pass (max |Δ| 0.5 in logits). Each row of a
+/// verification pass must be exactly what decoding that token alone computes, so such a pass
+/// is shaped to take the per-row path, whose arithmetic for a row does not depend on the
+/// others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LoneQuery {
+    /// Not needed: several tokens, a short cache, or a quantized one.
+    No,
+    /// Query heads laid out by KV head in dimension 3 (`[head_dim, 1, heads per KV head,
+    /// KV heads]`, K and V viewed alike): the same rows, the same memory, no split-KV path.
+    HeadsApart,
+    /// A model with one KV head cannot spread heads apart: the query attends twice and the
+    /// copy is dropped (twice the attention work).
+    Duplicated,
+}
+
+fn lone_query(n_tokens: usize, n_kv: usize, kv_quantized: bool, n_head_kv: usize) -> LoneQuery {
+    if n_tokens != 1 || n_kv < SPLIT_KV_MIN || kv_quantized {
+        LoneQuery::No
+    } else if n_head_kv >= 2 {
+        LoneQuery::HeadsApart
+    } else {
+        LoneQuery::Duplicated
+    }
 }

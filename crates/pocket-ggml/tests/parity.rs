@@ -113,7 +113,7 @@ fn long_context_matches_llama_cpp() {
     let (prompt, forced) = text.split_at(1000);
     // One thread: with two, llama.cpp's one-token attention over 512+ positions takes ggml's
     // split-KV path, which our engine avoids on purpose (each row of a verification pass must
-    // equal decoding that token alone; see graph::attention_rows). With one thread the split
+    // equal decoding that token alone; see graph::LoneQuery). With one thread the split
     // path is a single chunk and computes what the per-row path does.
     let threads = 1;
     // A context that is a multiple of 256, as llama.cpp rounds its own up to: attention then
