@@ -41,7 +41,8 @@ pub(crate) struct PassShape {
 
 impl PassShape {
     /// The shape of a pass of `n_tokens` tokens starting at `pos0` in a cache of `n_ctx`
-    /// positions, quantized or not, of a model with `n_head_kv` KV heads.
+    /// positions, quantized or not. `n_head_kv` is the model's KV heads where the CPU attends
+    /// (1 elsewhere: only ggml's CPU kernels were measured with spread-out heads).
     pub(crate) fn new(
         pos0: usize,
         n_tokens: usize,

@@ -170,6 +170,12 @@ impl KvCache {
         self.v[layer]
     }
 
+    /// Whether the cache is in host memory (a CPU cache), where ggml's CPU kernels read it.
+    pub(crate) fn in_host_memory(&self) -> bool {
+        // SAFETY: the buffer is live for the cache's lifetime.
+        unsafe { sys::ggml_backend_buffer_is_host(self.buffer.as_ptr()) }
+    }
+
     /// Whether K (and so V: both use one type) is stored quantized.
     pub(crate) fn k_quantized(&self) -> bool {
         matches!(self.kv, KvType::Q8_0 | KvType::Q4_0)

@@ -120,7 +120,7 @@ impl Compute {
             n_batch.min(MAX_LOGIT_ROWS),
             kv.n_ctx(),
             quantized,
-            hp.n_head_kv,
+            if kv.in_host_memory() { hp.n_head_kv } else { 1 },
         );
         let plan = LayerPlan::full(hp.n_layer).map_err(|e| Error::Ggml(e.to_string()))?;
         let (ctx, g) = compute.build(model, kv, &plan, worst)?;
@@ -277,8 +277,8 @@ impl GgmlSession {
     ) -> Result<()> {
         let n_vocab = self.model.hp.n_vocab;
         let quantized = self.kv.k_quantized() || self.kv.v_quantized();
-        let shape =
-            PassShape::new(pos0, n_tokens, n_out, self.kv.n_ctx(), quantized, self.model.hp.n_head_kv);
+        let n_head_kv = if self.kv.in_host_memory() { self.model.hp.n_head_kv } else { 1 };
+        let shape = PassShape::new(pos0, n_tokens, n_out, self.kv.n_ctx(), quantized, n_head_kv);
         graph::fill_mask(&mut self.mask, pos0, n_tokens, shape.q_rows, shape.n_kv);
         let sched = self.compute.sched;
         let g = self.compute.graph(&self.model, &self.kv, plan, shape)?;
