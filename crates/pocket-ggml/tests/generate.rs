@@ -7,17 +7,9 @@ use std::ops::ControlFlow;
 
 use common::*;
 use pocket_core::{
-    ChatMessage, GenerateRequest, Generation, Model, SamplingConfig, Session, StopConfig, StopReason, Token,
-    generate,
+    GenerateRequest, Generation, Model, SamplingConfig, Session, StopConfig, StopReason, Token, generate,
 };
 use pocket_ggml::GgmlModel;
-
-/// The chat prompt for one user message, with the assistant's turn opened.
-fn chat(model: &GgmlModel, user: &str) -> Vec<Token> {
-    let messages = [ChatMessage { role: "user".into(), content: user.into() }];
-    let text = model.tokenizer().apply_chat_template(&messages, true).expect("SmolLM2 has a chat template");
-    tokens(model, &text)
-}
 
 /// Generate in a fresh session; returns the generation and the tokens the session holds after.
 fn run(

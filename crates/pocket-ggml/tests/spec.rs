@@ -16,8 +16,8 @@ use pocket_core::spec::{
     SkipSet, SuffixDrafter,
 };
 use pocket_core::{
-    ChatMessage, GenerateRequest, Generation, KvType, Model, Rows, SamplingConfig, Session, StopConfig,
-    Token, generate_speculative,
+    GenerateRequest, Generation, KvType, Model, Rows, SamplingConfig, Session, StopConfig, Token,
+    generate_speculative,
 };
 use pocket_ggml::{GgmlModel, WeightFormat};
 
@@ -43,12 +43,6 @@ const PROMPTS: [(&str, &str); 3] = [
 ];
 
 const MAX_TOKENS: usize = 64;
-
-fn chat(model: &GgmlModel, user: &str) -> Vec<Token> {
-    let messages = [ChatMessage { role: "user".into(), content: user.into() }];
-    let text = model.tokenizer().apply_chat_template(&messages, true).expect("a chat template");
-    tokens(model, &text)
-}
 
 /// Generate `prompt` in a fresh session; returns the generation and the session.
 fn run(

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
-use pocket_core::{LayerPlan, Logits, Model, SessionConfig, Token};
+use pocket_core::{ChatMessage, LayerPlan, Logits, Model, SessionConfig, Token};
 use pocket_ggml::{GgmlModel, GgmlSession, LoadOptions, WeightFormat};
 
 /// SmolLM2-135M-Instruct (llama, 30 layers): the model most tests run on, being the fastest.
@@ -104,6 +104,13 @@ const PROSE: &str = "The old lighthouse keeper climbed the spiral stairs every e
 /// The tokens of `text` (with the model's BOS if it uses one).
 pub fn tokens(model: &GgmlModel, text: &str) -> Vec<Token> {
     model.tokenizer().encode(text, true).expect("tokenize")
+}
+
+/// The chat prompt for one user message, with the assistant's turn opened.
+pub fn chat(model: &GgmlModel, user: &str) -> Vec<Token> {
+    let messages = [ChatMessage { role: "user".into(), content: user.into() }];
+    let text = model.tokenizer().apply_chat_template(&messages, true).expect("the model has a chat template");
+    tokens(model, &text)
 }
 
 /// Exactly `n` tokens of English prose (repeated as needed), BOS first if the model uses one.
