@@ -125,12 +125,7 @@ impl GgmlModel {
     /// (`q4_1-avx512`, `q4_1-avx2`, ... or `ggml` for none): measurements of speed, such as
     /// cached cost curves, hold only for the kernels they were taken with.
     pub fn kernels(&self) -> &'static str {
-        match crate::q4_1_gemm::kernel() {
-            Some(crate::q4_1_gemm::Kernel::Avx512) => "q4_1-avx512",
-            Some(crate::q4_1_gemm::Kernel::AvxVnni) => "q4_1-avxvnni",
-            Some(crate::q4_1_gemm::Kernel::Avx2) => "q4_1-avx2",
-            None => "ggml",
-        }
+        crate::q4_1_gemm::kernel().map_or("ggml", crate::q4_1_gemm::Kernel::name)
     }
 
     /// The model file.

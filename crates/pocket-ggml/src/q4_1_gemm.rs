@@ -69,6 +69,17 @@ pub(crate) enum Kernel {
     Avx2,
 }
 
+impl Kernel {
+    /// A short name, as `GgmlModel::kernels` reports it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kernel::Avx512 => "q4_1-avx512",
+            Kernel::AvxVnni => "q4_1-avxvnni",
+            Kernel::Avx2 => "q4_1-avx2",
+        }
+    }
+}
+
 /// The kernel this process uses, or `None` where the graph keeps ggml's `mul_mat`.
 pub(crate) fn kernel() -> Option<Kernel> {
     static KERNEL: OnceLock<Option<Kernel>> = OnceLock::new();
@@ -251,9 +262,10 @@ pub(crate) unsafe fn gemm(
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!(
-        "no Q4_1 kernel on this architecture: {kernel:?} {w:?} {y:?} {nb} {rows:?} {out:?} {ld} {scratch:?}"
-    );
+    {
+        let _ = (kernel, w, y, nb, rows, out, ld, scratch);
+        unreachable!("`kernel()` finds no Q4_1 kernel on this architecture");
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -329,6 +341,38 @@ impl Dot for Avx2 {
 unsafe fn f16(x: u16) -> f32 {
     // SAFETY: by the caller.
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(x)))) }
+}
+
+/// The 32 4-bit weights of a block as bytes, low nibbles first (ggml's `bytes_from_nibbles_32`).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn unpack_q4(x: &BlockQ4_1) -> __m256i {
+    // SAFETY: by the caller; 16 bytes of the block are read.
+    unsafe {
+        let tmp = _mm_loadu_si128(x.qs.as_ptr().cast());
+        let bytes = _mm256_insertf128_si256::<1>(_mm256_castsi128_si256(tmp), _mm_srli_epi16::<4>(tmp));
+        _mm256_and_si256(_mm256_set1_epi8(0xF), bytes)
+    }
+}
+
+/// The sum of 8 lanes in ggml's order (`hsum_float_8`): halves, then pairs, then the last two.
+///
+/// # Safety
+/// The CPU must have AVX.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn hsum(x: __m256) -> f32 {
+    // SAFETY: by the caller.
+    unsafe {
+        let mut res = _mm256_extractf128_ps::<1>(x);
+        res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+        res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+        res = _mm_add_ss(res, _mm_movehdup_ps(res));
+        _mm_cvtss_f32(res)
+    }
 }
 
 /// Lanes of the per-tile scale vectors: one per activation row of a tile, padded to a
@@ -429,7 +473,6 @@ unsafe fn tile_rows<D: Dot, const RM: usize, const N: usize>(
     // index is in range by the caller's checks (w holds r0 + RM rows of nb blocks, y the
     // tile's columns, scales 2·COLS floats per block, out every (c, r) written).
     unsafe {
-        let low = _mm256_set1_epi8(0xF);
         let mut acc = [[_mm256_setzero_ps(); N]; RM];
         let mut summs = [_mm256_setzero_ps(); RM];
         for ib in 0..nb {
@@ -443,10 +486,7 @@ unsafe fn tile_rows<D: Dot, const RM: usize, const N: usize>(
                 // scalar `summs` whether or not either side fuses the multiply-add.
                 summs[rr] = _mm256_add_ps(summs[rr], _mm256_mul_ps(_mm256_set1_ps(f16(x.m)), ys));
                 d0d1[rr] = _mm256_mul_ps(_mm256_set1_ps(f16(x.d)), yd);
-                let tmp = _mm_loadu_si128(x.qs.as_ptr().cast());
-                let bytes =
-                    _mm256_insertf128_si256::<1>(_mm256_castsi128_si256(tmp), _mm_srli_epi16::<4>(tmp));
-                qx[rr] = _mm256_and_si256(low, bytes);
+                qx[rr] = unpack_q4(x);
             }
             for c in 0..N {
                 let qy = _mm256_loadu_si256(y.get_unchecked((c0 + c) * nb + ib).qs.as_ptr().cast());
@@ -462,11 +502,7 @@ unsafe fn tile_rows<D: Dot, const RM: usize, const N: usize>(
             let mut sums = [0f32; COLS];
             _mm256_storeu_ps(sums.as_mut_ptr(), summs[rr]);
             for (c, &x) in acc[rr].iter().enumerate() {
-                let mut res = _mm256_extractf128_ps::<1>(x);
-                res = _mm_add_ps(res, _mm256_castps256_ps128(x));
-                res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-                res = _mm_add_ss(res, _mm_movehdup_ps(res));
-                *out.add((c0 + c) * ld + r0 + rr) = _mm_cvtss_f32(res) + sums[c];
+                *out.add((c0 + c) * ld + r0 + rr) = hsum(x) + sums[c];
             }
         }
     }
@@ -574,7 +610,6 @@ unsafe fn tile_rows_512<const RM: usize, const NP: usize>(
     // is in range by the caller's checks (w holds r0 + RM rows of nb blocks, y the columns
     // c0..c0 + nc, scales STRIDE_512 floats per block, out every (c, r) written).
     unsafe {
-        let low = _mm256_set1_epi8(0xF);
         let col = |c: usize| c0 + c.min(nc - 1);
         let mut acc = [[_mm512_setzero_ps(); NP]; RM];
         let mut summs = [_mm512_setzero_ps(); RM];
@@ -592,10 +627,7 @@ unsafe fn tile_rows_512<const RM: usize, const NP: usize>(
                 // As in `tile_rows`: m·s is exact, so this is ggml's scalar `summs`.
                 summs[rr] = _mm512_add_ps(summs[rr], _mm512_mul_ps(_mm512_set1_ps(f16(x.m)), ys));
                 let dx = _mm512_set1_ps(f16(x.d));
-                let tmp = _mm_loadu_si128(x.qs.as_ptr().cast());
-                let bytes =
-                    _mm256_insertf128_si256::<1>(_mm256_castsi128_si256(tmp), _mm_srli_epi16::<4>(tmp));
-                let qx = _mm512_broadcast_i64x4(_mm256_and_si256(low, bytes));
+                let qx = _mm512_broadcast_i64x4(unpack_q4(x));
                 for q in 0..NP {
                     let xy = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qx, qy[q]));
                     let scale = _mm512_mul_ps(dx, _mm512_loadu_ps(p.add(q * 16)));
@@ -616,11 +648,7 @@ unsafe fn tile_rows_512<const RM: usize, const NP: usize>(
                     if c >= nc {
                         break;
                     }
-                    let mut res = _mm256_extractf128_ps::<1>(x);
-                    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
-                    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-                    res = _mm_add_ss(res, _mm_movehdup_ps(res));
-                    *out.add((c0 + c) * ld + r0 + rr) = _mm_cvtss_f32(res) + sums[c];
+                    *out.add((c0 + c) * ld + r0 + rr) = hsum(x) + sums[c];
                 }
             }
         }
