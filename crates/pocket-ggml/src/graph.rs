@@ -40,19 +40,11 @@ pub(crate) struct PassShape {
 }
 
 impl PassShape {
-    /// The shape of a pass of `n_tokens` tokens starting at `pos0` in a cache of `n_ctx`
-    /// positions, quantized or not. `n_head_kv` is the model's KV heads where the CPU attends
-    /// (1 elsewhere: only ggml's CPU kernels were measured with spread-out heads).
-    pub(crate) fn new(
-        pos0: usize,
-        n_tokens: usize,
-        n_out: usize,
-        n_ctx: usize,
-        kv_quantized: bool,
-        n_head_kv: usize,
-    ) -> Self {
-        let n_kv = (pos0 + n_tokens).next_multiple_of(KV_PAD).min(n_ctx);
-        let lone_query = lone_query(n_tokens, n_kv, kv_quantized, n_head_kv);
+    /// The shape of a pass of `n_tokens` tokens starting at `pos0` in `kv`, the cache of a
+    /// model with `n_head_kv` KV heads.
+    pub(crate) fn new(pos0: usize, n_tokens: usize, n_out: usize, kv: &KvCache, n_head_kv: usize) -> Self {
+        let n_kv = (pos0 + n_tokens).next_multiple_of(KV_PAD).min(kv.n_ctx());
+        let lone_query = lone_query(n_tokens, n_kv, kv, n_head_kv);
         let q_rows = if lone_query == LoneQuery::Duplicated { 2 } else { n_tokens };
         PassShape { n_tokens, n_kv, n_out, q_rows, lone_query }
     }
@@ -347,10 +339,12 @@ pub(crate) enum LoneQuery {
     Duplicated,
 }
 
-fn lone_query(n_tokens: usize, n_kv: usize, kv_quantized: bool, n_head_kv: usize) -> LoneQuery {
-    if n_tokens != 1 || n_kv < SPLIT_KV_MIN || kv_quantized {
+/// Heads are spread apart only where ggml's CPU kernels attend (a cache in host memory):
+/// that is where the layout was measured.
+fn lone_query(n_tokens: usize, n_kv: usize, kv: &KvCache, n_head_kv: usize) -> LoneQuery {
+    if n_tokens != 1 || n_kv < SPLIT_KV_MIN || kv.k_quantized() || kv.v_quantized() {
         LoneQuery::No
-    } else if n_head_kv >= 2 {
+    } else if n_head_kv >= 2 && kv.in_host_memory() {
         LoneQuery::HeadsApart
     } else {
         LoneQuery::Duplicated

@@ -113,15 +113,8 @@ impl Compute {
         // Reserve the compute buffers for the largest pass this session will run, so that no
         // later pass allocates: a full batch at the end of the context, with the most rows.
         let n_batch = config.n_batch.min(kv.n_ctx());
-        let quantized = kv.k_quantized() || kv.v_quantized();
-        let worst = PassShape::new(
-            kv.n_ctx() - n_batch,
-            n_batch,
-            n_batch.min(MAX_LOGIT_ROWS),
-            kv.n_ctx(),
-            quantized,
-            if kv.in_host_memory() { hp.n_head_kv } else { 1 },
-        );
+        let worst =
+            PassShape::new(kv.n_ctx() - n_batch, n_batch, n_batch.min(MAX_LOGIT_ROWS), kv, hp.n_head_kv);
         let plan = LayerPlan::full(hp.n_layer).map_err(|e| Error::Ggml(e.to_string()))?;
         let (ctx, g) = compute.build(model, kv, &plan, worst)?;
         // SAFETY: a graph built for this scheduler's backends; its context is freed right after.
@@ -276,9 +269,7 @@ impl GgmlSession {
         row_off: usize,
     ) -> Result<()> {
         let n_vocab = self.model.hp.n_vocab;
-        let quantized = self.kv.k_quantized() || self.kv.v_quantized();
-        let n_head_kv = if self.kv.in_host_memory() { self.model.hp.n_head_kv } else { 1 };
-        let shape = PassShape::new(pos0, n_tokens, n_out, self.kv.n_ctx(), quantized, n_head_kv);
+        let shape = PassShape::new(pos0, n_tokens, n_out, &self.kv, self.model.hp.n_head_kv);
         graph::fill_mask(&mut self.mask, pos0, n_tokens, shape.q_rows, shape.n_kv);
         let sched = self.compute.sched;
         let g = self.compute.graph(&self.model, &self.kv, plan, shape)?;
