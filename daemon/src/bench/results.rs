@@ -343,4 +343,13 @@ pub(crate) mod tests {
         assert_eq!((&back.machine, &back.model, &back.settings), (&r.machine, &r.model, &r.settings));
         assert_eq!(back.runs, r.runs);
     }
+
+    #[test]
+    fn results_written_before_the_kernels_field_still_load() {
+        let mut v = serde_json::to_value(sample()).unwrap();
+        v["machine"].as_object_mut().unwrap().remove("kernels");
+        let back: BenchResults = serde_json::from_value(v).unwrap();
+        assert_eq!(back.machine.kernels, None);
+        assert_eq!(back.machine.backend, "CPU");
+    }
 }
