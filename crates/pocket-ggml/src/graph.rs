@@ -3,13 +3,16 @@
 //! It follows llama.cpp's graph for the llama and qwen2 architectures (src/models/llama.cpp,
 //! qwen2.cpp) op for op — RMS norm, rotary embeddings, flash attention over the cache, SwiGLU
 //! — so that our logits can be checked against llama.cpp's. What differs is what llama.cpp
-//! cannot do: a skipped layer is simply not built (the residual stream passes through), and
-//! the KV cache is ours.
+//! cannot do: a skipped layer is simply not built (the residual stream passes through), the
+//! KV cache is ours, and on the CPU two kernels are ours (multi-row Q4_1 products and
+//! attention over an f16 cache), each computing a row of a pass independently of the others.
 
 use llama_cpp_sys_2 as sys;
 use pocket_core::LayerPlan;
 
+use crate::attention;
 use crate::kv::KvCache;
+use crate::model::AttentionKernel;
 use crate::q4_1_gemm;
 use crate::weights::{Hparams, Tensor, Weights};
 
@@ -37,16 +40,27 @@ pub(crate) struct PassShape {
     pub(crate) q_rows: usize,
     /// How a single-token pass keeps off ggml's split-KV path ([`lone_query`]).
     pub(crate) lone_query: LoneQuery,
+    /// Whether attention is our own ([`attention`]) rather than ggml's flash attention.
+    pub(crate) own_attention: bool,
 }
 
 impl PassShape {
     /// The shape of a pass of `n_tokens` tokens starting at `pos0` in `kv`, the cache of a
-    /// model with `n_head_kv` KV heads.
-    pub(crate) fn new(pos0: usize, n_tokens: usize, n_out: usize, kv: &KvCache, n_head_kv: usize) -> Self {
+    /// model with hyperparameters `hp` whose graph attends with `attention`.
+    pub(crate) fn new(
+        pos0: usize,
+        n_tokens: usize,
+        n_out: usize,
+        kv: &KvCache,
+        hp: &Hparams,
+        attention: AttentionKernel,
+    ) -> Self {
         let n_kv = (pos0 + n_tokens).next_multiple_of(KV_PAD).min(kv.n_ctx());
-        let lone_query = lone_query(n_tokens, n_kv, kv, n_head_kv);
+        let own_attention = attention == AttentionKernel::Auto && attention::applies(kv, hp.head_dim);
+        let lone_query =
+            if own_attention { LoneQuery::No } else { lone_query(n_tokens, n_kv, kv, hp.n_head_kv) };
         let q_rows = if lone_query == LoneQuery::Duplicated { 2 } else { n_tokens };
-        PassShape { n_tokens, n_kv, n_out, q_rows, lone_query }
+        PassShape { n_tokens, n_kv, n_out, q_rows, lone_query, own_attention }
     }
 }
 
@@ -239,30 +253,13 @@ pub(crate) unsafe fn build(
 
             // One cached row holds all KV heads of a token; heads are head_stride bytes apart.
             let head_stride = row / hp.n_head_kv;
-            // [head_dim, heads / g, tokens, g]: g = 1, except that a lone query over a long
-            // cache puts each KV head's group of query heads in dimension 3 (see LoneQuery).
-            let g = if shape.lone_query == LoneQuery::HeadsApart { n_head_kv } else { 1 };
-            let q = if q_rows > shape.n_tokens { sys::ggml_concat(ctx, q, q, 2) } else { q };
-            let q = sys::ggml_reshape_4d(ctx, q, head_dim, n_head / g, q_rows as i64, g);
-            let kv_view = |cache| {
-                let stride3 = head_stride * (hp.n_head_kv / g as usize);
-                sys::ggml_view_4d(ctx, cache, head_dim, n_head_kv / g, n_kv, g, head_stride, row, stride3, 0)
+            let mut attn = if shape.own_attention {
+                let view =
+                    |cache| sys::ggml_view_3d(ctx, cache, head_dim, n_head_kv, n_kv, head_stride, row, 0);
+                attention::attend(ctx, q, view(k_cache), view(v_cache), mask)
+            } else {
+                flash_attention(ctx, q, k_cache, v_cache, mask, hp, row, shape, kq_scale)
             };
-            let attn = sys::ggml_flash_attn_ext(
-                ctx,
-                sys::ggml_permute(ctx, q, 0, 2, 1, 3),
-                sys::ggml_permute(ctx, kv_view(k_cache), 0, 2, 1, 3),
-                sys::ggml_permute(ctx, kv_view(v_cache), 0, 2, 1, 3),
-                mask,
-                kq_scale,
-                0.0,
-                0.0,
-            );
-            sys::ggml_prec_set_acc(attn, sys::GGML_PREC_F32);
-            let mut attn = sys::ggml_reshape_2d(ctx, attn, head_dim * n_head, q_rows as i64);
-            if q_rows > shape.n_tokens {
-                attn = sys::ggml_view_2d(ctx, attn, head_dim * n_head, n_tokens, (*attn).nb[1], 0);
-            }
             if let Some(r) = v_rot {
                 attn = rotate(ctx, attn, r);
             }
@@ -297,6 +294,57 @@ pub(crate) unsafe fn build(
             logits
         });
         Graph { gf, tokens, pos, mask, kv_idxs, out_ids, k_rot, v_rot, logits }
+    }
+}
+
+/// ggml's flash attention of `q` (`[head_dim, n_head, n_tokens]`) over the cached K and V,
+/// `[head_dim · n_head, n_tokens]`: for caches our own [`attention`] does not take.
+///
+/// # Safety
+/// As for [`build`]; `k_cache` and `v_cache` are a layer's cache tensors.
+#[allow(clippy::too_many_arguments)]
+unsafe fn flash_attention(
+    ctx: *mut sys::ggml_context,
+    q: *mut sys::ggml_tensor,
+    k_cache: *mut sys::ggml_tensor,
+    v_cache: *mut sys::ggml_tensor,
+    mask: *mut sys::ggml_tensor,
+    hp: &Hparams,
+    row: usize,
+    shape: PassShape,
+    kq_scale: f32,
+) -> *mut sys::ggml_tensor {
+    let (head_dim, n_head, n_head_kv) = (hp.head_dim as i64, hp.n_head as i64, hp.n_head_kv as i64);
+    let (n_tokens, n_kv, q_rows) = (shape.n_tokens as i64, shape.n_kv as i64, shape.q_rows as i64);
+    let head_stride = row / hp.n_head_kv;
+    // SAFETY: by the caller.
+    unsafe {
+        // [head_dim, heads / g, tokens, g]: g = 1, except that a lone query over a long
+        // cache puts each KV head's group of query heads in dimension 3 (see LoneQuery).
+        let g = if shape.lone_query == LoneQuery::HeadsApart { n_head_kv } else { 1 };
+        let q = if q_rows > n_tokens { sys::ggml_concat(ctx, q, q, 2) } else { q };
+        let q = sys::ggml_reshape_4d(ctx, q, head_dim, n_head / g, q_rows, g);
+        let kv_view = |cache| {
+            let stride3 = head_stride * (hp.n_head_kv / g as usize);
+            sys::ggml_view_4d(ctx, cache, head_dim, n_head_kv / g, n_kv, g, head_stride, row, stride3, 0)
+        };
+        let attn = sys::ggml_flash_attn_ext(
+            ctx,
+            sys::ggml_permute(ctx, q, 0, 2, 1, 3),
+            sys::ggml_permute(ctx, kv_view(k_cache), 0, 2, 1, 3),
+            sys::ggml_permute(ctx, kv_view(v_cache), 0, 2, 1, 3),
+            mask,
+            kq_scale,
+            0.0,
+            0.0,
+        );
+        sys::ggml_prec_set_acc(attn, sys::GGML_PREC_F32);
+        let attn = sys::ggml_reshape_2d(ctx, attn, head_dim * n_head, q_rows);
+        if q_rows > n_tokens {
+            sys::ggml_view_2d(ctx, attn, head_dim * n_head, n_tokens, (*attn).nb[1], 0)
+        } else {
+            attn
+        }
     }
 }
 

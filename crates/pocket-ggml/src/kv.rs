@@ -181,6 +181,11 @@ impl KvCache {
         matches!(self.kv, KvType::Q8_0 | KvType::Q4_0)
     }
 
+    /// Whether K and V are stored as f16.
+    pub(crate) fn is_f16(&self) -> bool {
+        self.kv == KvType::F16
+    }
+
     pub(crate) fn v_quantized(&self) -> bool {
         self.k_quantized()
     }

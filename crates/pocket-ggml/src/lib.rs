@@ -21,6 +21,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod attention;
 mod convert;
 mod device;
 mod error;
@@ -39,7 +40,7 @@ pub use convert::WeightFormat;
 pub use device::{DeviceChoice, device_names};
 pub use error::{Error, Result};
 pub use kv::KV_BLOCK_TOKENS;
-pub use model::{GgmlModel, LoadOptions};
+pub use model::{AttentionKernel, GgmlModel, LoadOptions};
 pub use reference::LlamaCpp;
 pub use session::{GgmlSession, MAX_LOGIT_ROWS};
 pub use vocab::Vocab;

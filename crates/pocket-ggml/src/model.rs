@@ -30,6 +30,21 @@ pub struct LoadOptions {
     /// The format weight matrices are held in: as stored, or widened to Q8_0 for a flatter
     /// verification cost curve on CPUs (see [`WeightFormat`]).
     pub weights: WeightFormat,
+    /// Which attention kernel the graph uses over an f16 cache on the CPU.
+    pub attention: AttentionKernel,
+}
+
+/// The attention kernel of a model's graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionKernel {
+    /// Our own where it applies (an f16 cache in host memory): several times cheaper per
+    /// query row, f32 throughout, every row independent of the pass (see `attention.rs`).
+    /// Elsewhere ggml's.
+    #[default]
+    Auto,
+    /// ggml's flash attention everywhere, as llama.cpp computes it: for checking the rest of
+    /// the graph against llama.cpp bit for bit (its f16 accumulation rounds differently).
+    Ggml,
 }
 
 /// The parts of a model that sessions share.
@@ -42,6 +57,7 @@ pub(crate) struct Inner {
     pub(crate) info: ModelInfo,
     pub(crate) repack: bool,
     pub(crate) format: WeightFormat,
+    pub(crate) attention: AttentionKernel,
     pub(crate) file: GgufFile,
 }
 
@@ -92,8 +108,9 @@ impl GgmlModel {
             mapped = weights.mapped_bytes, copied = weights.copied_bytes, format = %options.weights,
             "loaded model"
         );
-        let (repack, format) = (options.repack, options.weights);
-        Ok(GgmlModel { inner: Arc::new(Inner { weights, vocab, hp, device, info, file, repack, format }) })
+        let (repack, format, attention) = (options.repack, options.weights, options.attention);
+        let inner = Inner { weights, vocab, hp, device, info, file, repack, format, attention };
+        Ok(GgmlModel { inner: Arc::new(inner) })
     }
 
     /// A new session, as the concrete type (with its engine-specific accessors).
@@ -121,11 +138,19 @@ impl GgmlModel {
         &self.inner.device.name
     }
 
-    /// The matrix kernels of our own that the graph uses beside ggml's, as a short name
-    /// (`q4_1-avx512`, `q4_1-avx2`, ... or `ggml` for none): measurements of speed, such as
-    /// cached cost curves, hold only for the kernels they were taken with.
-    pub fn kernels(&self) -> &'static str {
-        crate::q4_1_gemm::kernel().map_or("ggml", crate::q4_1_gemm::Kernel::name)
+    /// The kernels of our own that the graph uses beside ggml's, as a short name
+    /// (`q4_1-avx512+attn-avx512`, `q4_1-avx2`, `attn`, ... or `ggml` for none):
+    /// measurements of speed, such as cached cost curves, hold only for the kernels they
+    /// were taken with. Attention is named where this model's f16 caches would use it
+    /// (on the CPU); quantized caches keep ggml's.
+    pub fn kernels(&self) -> String {
+        let matmul = crate::q4_1_gemm::kernel().map(crate::q4_1_gemm::Kernel::name);
+        let attention = crate::attention::kernel()
+            .filter(|_| self.inner.attention == AttentionKernel::Auto)
+            .filter(|_| self.inner.device.is_cpu() && self.inner.hp.head_dim.is_multiple_of(16))
+            .map(crate::attention::Kernel::name);
+        let names: Vec<&str> = matmul.into_iter().chain(attention).collect();
+        if names.is_empty() { "ggml".to_owned() } else { names.join("+") }
     }
 
     /// The model file.

@@ -3,13 +3,19 @@
 //! llama.cpp generates a greedy continuation; our engine is then fed the very same tokens
 //! (teacher forcing, one token per pass as in generation) so every position compares logits
 //! computed from identical inputs, and one disagreement cannot cascade into the next.
+//!
+//! The graph is compared with ggml's flash attention, the kernel llama.cpp uses, so that every
+//! other op is checked to llama.cpp's rounding. Our own attention kernel (f32 where ggml
+//! accumulates an f16 cache in f16) is then run on the same tokens and reported beside it:
+//! its logits move by about what ggml's own attention paths differ by, so it is judged by
+//! top-1 agreement and by how close to a tie each disagreement was.
 
 use std::path::Path;
 
 use pocket_core::sampling::argmax;
 use pocket_core::{KvType, LayerPlan, Model, Rows, Session, SessionConfig, Token};
 
-use crate::{GgmlModel, LlamaCpp, Result};
+use crate::{AttentionKernel, GgmlModel, LlamaCpp, LoadOptions, Result};
 
 /// What to compare.
 #[derive(Debug, Clone)]
@@ -51,6 +57,18 @@ pub struct KvAgreement {
     pub max_abs_diff: f32,
 }
 
+/// Agreement of our own attention kernel with llama.cpp (first KV type).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AttentionAgreement {
+    /// Positions whose top-1 equals llama.cpp's.
+    pub top1_vs_llama_cpp: usize,
+    /// max |Δlogit| against llama.cpp.
+    pub max_abs_diff: f32,
+    /// Where the top-1 differs: by how much llama.cpp preferred its token over ours (its
+    /// logit margin; a near tie is a small one).
+    pub flip_margins: Vec<f32>,
+}
+
 /// The result of a parity run.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ParityReport {
@@ -62,6 +80,9 @@ pub struct ParityReport {
     pub positions: Vec<Position>,
     /// Per KV type.
     pub kv: Vec<KvAgreement>,
+    /// Our own attention kernel, where the model's first KV type uses it (an f16 cache on
+    /// the CPU).
+    pub own_attention: Option<AttentionAgreement>,
 }
 
 impl ParityReport {
@@ -126,7 +147,8 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Compare our engine with llama.cpp on the model at `path`.
 pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
-    let model = GgmlModel::load(path, &Default::default())?;
+    let model =
+        GgmlModel::load(path, &LoadOptions { attention: AttentionKernel::Ggml, ..Default::default() })?;
     let n_vocab = model.info().n_vocab;
     let prompt = model.tokenizer().encode(&options.prompt, true)?;
     if prompt.is_empty() {
@@ -134,7 +156,14 @@ pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
     }
     let kv_types = if options.kv_types.is_empty() { vec![KvType::F16] } else { options.kv_types.clone() };
     let n = options.n_tokens;
-    let mut report = ParityReport { prompt_tokens: prompt.len(), n, positions: Vec::new(), kv: Vec::new() };
+    let mut report = ParityReport {
+        prompt_tokens: prompt.len(),
+        n,
+        positions: Vec::new(),
+        kv: Vec::new(),
+        own_attention: None,
+    };
+    let mut first_reference = Vec::new();
     let mut first_top1: Vec<Token> = Vec::new();
     // The continuation is llama.cpp's greedy one with the first KV type; every KV type is then
     // fed those same tokens, so agreement between KV types compares like with like.
@@ -144,6 +173,9 @@ pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
             reference_run(path, &prompt, (k > 0).then_some(&forced[..]), n, options.threads, kv)?;
         if k == 0 {
             forced = tokens;
+        }
+        if k == 0 && kv == KvType::F16 {
+            first_reference = reference.clone();
         }
         let ours = teacher_forced(&model, &prompt, &forced, options.threads, kv)?;
         let mut agree = KvAgreement { kv, top1_vs_llama_cpp: 0, top1_vs_first: 0, max_abs_diff: 0.0 };
@@ -164,6 +196,22 @@ pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
         }
         agree.top1_vs_first = tops.iter().zip(&first_top1).filter(|(a, b)| a == b).count();
         report.kv.push(agree);
+    }
+    let own = GgmlModel::load(path, &LoadOptions::default())?;
+    if !first_reference.is_empty() && own.kernels().contains("attn") {
+        let ours = teacher_forced(&own, &prompt, &forced, options.threads, kv_types[0])?;
+        let mut agree =
+            AttentionAgreement { top1_vs_llama_cpp: 0, max_abs_diff: 0.0, flip_margins: Vec::new() };
+        for (r, o) in first_reference.chunks(n_vocab).zip(ours.chunks(n_vocab)) {
+            let (rt, ot) = (argmax(r), argmax(o));
+            agree.max_abs_diff = agree.max_abs_diff.max(max_abs_diff(r, o));
+            if rt == ot {
+                agree.top1_vs_llama_cpp += 1;
+            } else {
+                agree.flip_margins.push(r[rt as usize] - r[ot as usize]);
+            }
+        }
+        report.own_attention = Some(agree);
     }
     Ok(report)
 }

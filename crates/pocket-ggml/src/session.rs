@@ -113,8 +113,14 @@ impl Compute {
         // Reserve the compute buffers for the largest pass this session will run, so that no
         // later pass allocates: a full batch at the end of the context, with the most rows.
         let n_batch = config.n_batch.min(kv.n_ctx());
-        let worst =
-            PassShape::new(kv.n_ctx() - n_batch, n_batch, n_batch.min(MAX_LOGIT_ROWS), kv, hp.n_head_kv);
+        let worst = PassShape::new(
+            kv.n_ctx() - n_batch,
+            n_batch,
+            n_batch.min(MAX_LOGIT_ROWS),
+            kv,
+            hp,
+            model.attention,
+        );
         let plan = LayerPlan::full(hp.n_layer).map_err(|e| Error::Ggml(e.to_string()))?;
         let (ctx, g) = compute.build(model, kv, &plan, worst)?;
         // SAFETY: a graph built for this scheduler's backends; its context is freed right after.
@@ -269,7 +275,7 @@ impl GgmlSession {
         row_off: usize,
     ) -> Result<()> {
         let n_vocab = self.model.hp.n_vocab;
-        let shape = PassShape::new(pos0, n_tokens, n_out, &self.kv, self.model.hp.n_head_kv);
+        let shape = PassShape::new(pos0, n_tokens, n_out, &self.kv, &self.model.hp, self.model.attention);
         graph::fill_mask(&mut self.mask, pos0, n_tokens, shape.q_rows, shape.n_kv);
         let sched = self.compute.sched;
         let g = self.compute.graph(&self.model, &self.kv, plan, shape)?;

@@ -68,6 +68,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             k.max_abs_diff
         );
     }
+    if let Some(a) = &report.own_attention {
+        let margins: Vec<String> = a.flip_margins.iter().map(|m| format!("{m:.3}")).collect();
+        println!(
+            "our attention kernel: top1 vs llama.cpp {}/{}  max_abs_diff {}  llama.cpp's margin where top1 differs: [{}]",
+            a.top1_vs_llama_cpp,
+            report.n,
+            a.max_abs_diff,
+            margins.join(", ")
+        );
+    }
     println!("parity: top1 {}/{} max_abs_diff {}", report.top1(), report.n, report.max_abs_diff());
     Ok(())
 }

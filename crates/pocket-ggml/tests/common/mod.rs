@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
 use pocket_core::{ChatMessage, LayerPlan, Logits, Model, SessionConfig, Token};
-use pocket_ggml::{GgmlModel, GgmlSession, LoadOptions, WeightFormat};
+use pocket_ggml::{AttentionKernel, GgmlModel, GgmlSession, LoadOptions, WeightFormat};
 
 /// SmolLM2-135M-Instruct (llama, 30 layers): the model most tests run on, being the fastest.
 pub const SMOL: &str = "smollm2-135m";
@@ -38,15 +38,26 @@ pub fn model(name: &str) -> GgmlModel {
 
 /// The model `name` on the CPU with its matrices in `weights`, loaded once per test binary.
 pub fn model_as(name: &str, weights: WeightFormat) -> GgmlModel {
-    static MODELS: Mutex<Vec<(String, WeightFormat, GgmlModel)>> = Mutex::new(Vec::new());
+    model_with(name, weights, AttentionKernel::Auto)
+}
+
+/// The model `name` on the CPU attending with ggml's flash attention, as llama.cpp does: for
+/// comparing the rest of the graph with llama.cpp to its rounding.
+pub fn model_with_ggml_attention(name: &str) -> GgmlModel {
+    model_with(name, WeightFormat::AsStored, AttentionKernel::Ggml)
+}
+
+fn model_with(name: &str, weights: WeightFormat, attention: AttentionKernel) -> GgmlModel {
+    static MODELS: Mutex<Vec<(String, WeightFormat, AttentionKernel, GgmlModel)>> = Mutex::new(Vec::new());
     let mut models = MODELS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, _, m)) = models.iter().find(|(n, w, _)| n == name && *w == weights) {
+    if let Some((.., m)) = models.iter().find(|(n, w, a, _)| n == name && *w == weights && *a == attention) {
         return m.clone();
     }
     let path = model_path(name);
-    let options = LoadOptions { device: pocket_ggml::DeviceChoice::Cpu, weights, ..LoadOptions::default() };
+    let options =
+        LoadOptions { device: pocket_ggml::DeviceChoice::Cpu, weights, attention, ..LoadOptions::default() };
     let m = GgmlModel::load(&path, &options).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
-    models.push((name.to_owned(), weights, m.clone()));
+    models.push((name.to_owned(), weights, attention, m.clone()));
     m
 }
 
