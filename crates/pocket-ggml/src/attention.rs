@@ -213,7 +213,7 @@ unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int,
                     Kernel::Avx512 => attend_avx512(&shape, g, batch, q, k, v, mask, dst, s),
                     #[cfg(target_arch = "x86_64")]
                     Kernel::Avx2 => attend_avx2(&shape, g, batch, q, k, v, mask, dst, s),
-                    _ => attend_batch(&shape, g, batch, q, k, v, mask, dst, s),
+                    _ => attend_batch::<false>(&shape, g, batch, q, k, v, mask, dst, s),
                 }
                 i = end;
             }
@@ -235,8 +235,8 @@ unsafe fn attend_avx512(
     dst: *mut sys::ggml_tensor,
     s: &mut Scratch,
 ) {
-    // SAFETY: by the caller.
-    unsafe { attend_batch(shape, g, batch, q, k, v, mask, dst, s) }
+    // SAFETY: by the caller; this function has F16C.
+    unsafe { attend_batch::<true>(shape, g, batch, q, k, v, mask, dst, s) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -253,17 +253,19 @@ unsafe fn attend_avx2(
     dst: *mut sys::ggml_tensor,
     s: &mut Scratch,
 ) {
-    // SAFETY: by the caller.
-    unsafe { attend_batch(shape, g, batch, q, k, v, mask, dst, s) }
+    // SAFETY: by the caller; this function has F16C.
+    unsafe { attend_batch::<true>(shape, g, batch, q, k, v, mask, dst, s) }
 }
 
 /// Attend the queries of `batch`, all of KV head `g`, and write their rows of `dst`.
+/// `F16C`: convert f16 with x86's F16C instructions inline (else with ggml's converter).
 ///
 /// # Safety
-/// The tensors are the op's, allocated, with the shapes [`attend`] documents.
+/// The tensors are the op's, allocated, with the shapes [`attend`] documents; with `F16C`,
+/// the CPU has F16C and the caller is compiled for it.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend_batch(
+unsafe fn attend_batch<const F16C: bool>(
     shape: &Shape,
     g: usize,
     batch: &[Query],
@@ -294,7 +296,7 @@ unsafe fn attend_batch(
         let convert = |cache: &sys::ggml_tensor, c: usize, n: usize, block: &mut [f32]| {
             for j in 0..n {
                 let row = cache.data.cast::<u8>().add((c + j) * cache.nb[2] + g * cache.nb[1]);
-                sys::ggml_cpu_fp16_to_fp32(row.cast(), block[j * hd..].as_mut_ptr(), hd as i64);
+                f16_to_f32::<F16C>(row.cast(), &mut block[j * hd..(j + 1) * hd]);
             }
         };
 
@@ -315,19 +317,26 @@ unsafe fn attend_batch(
         for (b, query) in batch.iter().enumerate() {
             sums[b] = softmax_weights(&mut s.p[b * n_kv..b * n_kv + query.limit]);
         }
-        // Weighted sums of V rows, in position order.
+        // Weighted sums of V rows, in position order, 16 channels at a time in registers.
         for c in (0..longest).step_by(LANES) {
             let n = LANES.min(longest - c);
             convert(v, c, n, &mut s.block);
             for (b, query) in batch.iter().enumerate() {
-                let out = &mut s.out[b * hd..(b + 1) * hd];
-                for j in 0..n.min(query.limit.saturating_sub(c)) {
-                    let p = s.p[b * n_kv + c + j];
-                    // A weight of 0 (a masked position) adds nothing: skipping it keeps
-                    // whatever the row holds from mattering.
-                    if p != 0.0 {
-                        axpy(p, &s.block[j * hd..(j + 1) * hd], out);
+                let p = &s.p[b * n_kv + c..b * n_kv + c + n.min(query.limit.saturating_sub(c))];
+                for (i, out) in s.out[b * hd..(b + 1) * hd].chunks_exact_mut(LANES).enumerate() {
+                    let mut acc = [0f32; LANES];
+                    acc.copy_from_slice(out);
+                    for (j, &pj) in p.iter().enumerate() {
+                        // A weight of 0 (a masked position) adds nothing: skipping it keeps
+                        // whatever the row holds from mattering.
+                        if pj != 0.0 {
+                            let x = &s.block[j * hd + i * LANES..j * hd + (i + 1) * LANES];
+                            for l in 0..LANES {
+                                acc[l] = pj.mul_add(x[l], acc[l]);
+                            }
+                        }
                     }
+                    out.copy_from_slice(&acc);
                 }
             }
         }
@@ -380,12 +389,28 @@ fn tree_sum(mut acc: [f32; LANES]) -> f32 {
     acc[0]
 }
 
-/// `out += p · x`, lane-wise fused.
+/// Convert `dst.len()` (a multiple of 8) f16 values from `src`.
+///
+/// # Safety
+/// `src` holds `dst.len()` values; with `F16C`, as for [`attend_batch`].
 #[inline(always)]
-fn axpy(p: f32, x: &[f32], out: &mut [f32]) {
-    for (o, &x) in out.iter_mut().zip(x) {
-        *o = p.mul_add(x, *o);
+unsafe fn f16_to_f32<const F16C: bool>(src: *const u16, dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if F16C {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps};
+        for (i, out) in dst.chunks_exact_mut(8).enumerate() {
+            // SAFETY: by the caller: 8 values at src + 8i, and F16C.
+            unsafe {
+                _mm256_storeu_ps(
+                    out.as_mut_ptr(),
+                    _mm256_cvtph_ps(_mm_loadu_si128(src.add(8 * i).cast::<__m128i>())),
+                )
+            };
+        }
+        return;
     }
+    // SAFETY: by the caller.
+    unsafe { sys::ggml_cpu_fp16_to_fp32(src.cast(), dst.as_mut_ptr(), dst.len() as i64) };
 }
 
 /// Replace scores by `exp(score − max)` and return their sum (in 16 lanes, then a tree).
