@@ -172,9 +172,21 @@ struct Query {
 }
 
 unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, _: *mut c_void) {
-    let Some(kernel) = kernel() else { return };
-    // SAFETY: ggml calls this with the tensor `attend` built, its sources and destination
-    // allocated; threads write disjoint rows of dst (each (token, head) belongs to one).
+    if let Some(kernel) = kernel() {
+        // SAFETY: ggml calls this with the tensor `attend` built, its sources and destination
+        // allocated.
+        unsafe { compute_with(kernel, dst, ith, nth) }
+    }
+}
+
+/// The op's body on thread `ith` of `nth`, with `kernel`.
+///
+/// # Safety
+/// `dst` is the tensor [`attend`] built, its sources and destination allocated; the CPU has
+/// `kernel`'s instructions.
+unsafe fn compute_with(kernel: Kernel, dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int) {
+    // SAFETY: by the caller; threads write disjoint rows of dst (each (token, head) belongs
+    // to one).
     unsafe {
         let (q, k, v, mask) = (&*(*dst).src[0], &*(*dst).src[1], &*(*dst).src[2], &*(*dst).src[3]);
         let shape = Shape {
@@ -542,7 +554,7 @@ mod op_tests {
     }
 
     #[test]
-    fn matches_a_plain_softmax_attention() {
+    fn matches_a_plain_softmax_attention_with_the_same_bits_on_every_kernel() {
         let Some(_) = kernel() else { return };
         crate::init();
         let (hd, n_head, n_head_kv, n_tokens, n_kv, pos0) =
@@ -572,10 +584,29 @@ mod op_tests {
         dst.src[1] = &mut kt;
         dst.src[2] = &mut vt;
         dst.src[3] = &mut mt;
-        for nth in [1, 3] {
+        let mut kernels = vec![Kernel::Baseline];
+        #[cfg(target_arch = "x86_64")]
+        {
+            kernels.push(Kernel::Avx2);
+            if is_x86_feature_detected!("avx512f") {
+                kernels.push(Kernel::Avx512);
+            }
+        }
+        let mut first: Option<Vec<f32>> = None;
+        for (kernel, nth) in kernels.iter().flat_map(|&k| [(k, 1), (k, 3)]) {
             for ith in 0..nth {
-                // SAFETY: the tensors above, shaped as `attend` documents.
-                unsafe { compute(&mut dst, ith, nth, std::ptr::null_mut()) };
+                // SAFETY: the tensors above, shaped as `attend` documents; `kernel()` found
+                // AVX2 and FMA (the test returned early otherwise).
+                unsafe { compute_with(kernel, &mut dst, ith, nth) };
+            }
+            // Every kernel and thread count gives the same bits.
+            match &first {
+                None => first = Some(out.clone()),
+                Some(f) => assert!(
+                    f.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{kernel:?} on {nth} threads differs from {:?} on 1",
+                    kernels[0]
+                ),
             }
             // SAFETY: a pure conversion.
             let to32 = |x: u16| -> f64 { f64::from(unsafe { sys::ggml_fp16_to_fp32(x) }) };
