@@ -41,6 +41,24 @@ pub enum Error {
     /// The request was cancelled by its caller.
     #[error("cancelled")]
     Cancelled,
+    /// An allocation would take the process past its memory budget.
+    #[error(
+        "over the memory budget: {what} needs {} but {} of the {} budget is free; \
+         raise the budget, shorten the context or use a smaller KV type",
+        crate::memory::format_size(*.needed),
+        crate::memory::format_size(*.available),
+        crate::memory::format_size(*.budget)
+    )]
+    OverBudget {
+        /// What the memory was for.
+        what: String,
+        /// Bytes it needed.
+        needed: u64,
+        /// Bytes free in the budget then.
+        available: u64,
+        /// The budget.
+        budget: u64,
+    },
 }
 
 impl Error {

@@ -19,6 +19,7 @@
 pub mod cost;
 mod error;
 pub mod generate;
+pub mod memory;
 mod model;
 mod plan;
 pub mod sampling;
