@@ -1,5 +1,5 @@
-//! Memory: the budget a process may use, the ledger every allocation reserves against, and
-//! sizes as people write them.
+//! Memory: the budget a process may use, the ledger every allocation reserves against, the
+//! planner that fits a session into what is free, and sizes as people write them.
 //!
 //! The budget is never exceeded by planning, not by luck: an engine reserves what it is about
 //! to allocate (weights, each block of KV cache, compute buffers) and gives it back when it is
@@ -7,7 +7,9 @@
 //! bytes needed and free instead of being killed by the kernel.
 
 mod ledger;
+mod plan;
 mod size;
 
 pub use ledger::{Ledger, Reservation};
+pub use plan::{DraftModelCosts, Plan, PlanRequest, SUFFIX_BYTES_PER_TOKEN, plan};
 pub use size::{BudgetSpec, MemoryLimits, format_size, parse_size};
