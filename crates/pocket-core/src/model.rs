@@ -5,6 +5,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::memory::Ledger;
 use crate::{Error, LayerPlan, Result, Token, Tokenizer};
 
 /// Decoder-only or encoder-decoder.
@@ -213,8 +214,15 @@ pub trait Model: Send + Sync {
     /// The memory a session with `config` would take, computed without allocating it.
     fn footprint(&self, config: &SessionConfig) -> Result<Footprint>;
 
-    /// A new, empty session.
-    fn session(&self, config: &SessionConfig) -> Result<Box<dyn Session>>;
+    /// A new, empty session that reserves what it allocates (compute buffers, each block of
+    /// KV cache as it grows, logits) in `ledger` first, and fails with
+    /// [`Error::OverBudget`] rather than allocate past it.
+    fn session_in(&self, config: &SessionConfig, ledger: &Ledger) -> Result<Box<dyn Session>>;
+
+    /// A new, empty session with no memory budget.
+    fn session(&self, config: &SessionConfig) -> Result<Box<dyn Session>> {
+        self.session_in(config, &Ledger::unlimited())
+    }
 }
 
 /// One conversation's state: the tokens held and their KV cache.

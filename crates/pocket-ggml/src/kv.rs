@@ -5,7 +5,8 @@
 //! is a contiguous `[n_embd_kv, n_ctx]` tensor (so attention reads it as one view, no copies),
 //! and a page becomes resident when the first token in it is written. Truncating releases the
 //! pages past the tokens still held (in blocks), so a session's memory follows its length in
-//! both directions. Accounting is in blocks of [`KV_BLOCK_TOKENS`] tokens.
+//! both directions. Accounting is in blocks of [`KV_BLOCK_TOKENS`] tokens, and every block is
+//! reserved in the session's memory ledger before it is written.
 //!
 //! On other devices (CUDA, Vulkan) the cache is allocated for the whole context in device
 //! memory for now.
@@ -15,6 +16,7 @@ use std::ptr::NonNull;
 use llama_cpp_sys_2 as sys;
 use memmap2::{MmapMut, MmapOptions, UncheckedAdvice};
 use pocket_core::KvType;
+use pocket_core::memory::Reservation;
 
 use crate::device::Device;
 use crate::weights::{Hparams, Tensor};
@@ -67,6 +69,8 @@ pub(crate) struct KvCache {
     storage: Storage,
     /// Tokens of capacity currently committed (a multiple of the block size, or n_ctx).
     committed: usize,
+    /// What the committed blocks take in the memory ledger.
+    reservation: Reservation,
 }
 
 // SAFETY: the cache is owned by one session, used from one thread at a time; the ggml objects
@@ -86,8 +90,19 @@ impl Drop for KvCache {
 
 impl KvCache {
     /// A cache holding at most `limit` tokens, with room (address space) for `n_ctx ≥ limit`
-    /// positions so that attention may read padded lengths.
-    pub(crate) fn new(hp: &Hparams, device: &Device, kv: KvType, limit: usize, n_ctx: usize) -> Result<Self> {
+    /// positions so that attention may read padded lengths. `reservation` (empty) pays for
+    /// the blocks as they are committed; a device cache, allocated whole, is paid for here.
+    pub(crate) fn new(
+        hp: &Hparams,
+        device: &Device,
+        kv: KvType,
+        limit: usize,
+        n_ctx: usize,
+        mut reservation: Reservation,
+    ) -> Result<Self> {
+        if !device.is_cpu() {
+            reservation.resize((2 * hp.n_layer * n_ctx * row_bytes(hp, kv)) as u64)?;
+        }
         let row_bytes = row_bytes(hp, kv);
         let ty = ggml_type(kv);
         let n_tensors = 2 * hp.n_layer;
@@ -159,6 +174,7 @@ impl KvCache {
             buffer,
             storage,
             committed,
+            reservation,
         })
     }
 
@@ -198,11 +214,16 @@ impl KvCache {
         self.n_ctx
     }
 
-    /// Make room for `tokens` tokens (whole blocks). Pages are touched by the writes that follow.
-    pub(crate) fn grow_to(&mut self, tokens: usize) {
+    /// Make room for `tokens` tokens (whole blocks), reserving them in the ledger first; on
+    /// [`pocket_core::Error::OverBudget`] nothing changes. Pages are touched by the writes
+    /// that follow.
+    pub(crate) fn grow_to(&mut self, tokens: usize) -> Result<()> {
         if tokens > self.committed {
-            self.committed = tokens.next_multiple_of(KV_BLOCK_TOKENS).min(self.limit);
+            let committed = tokens.next_multiple_of(KV_BLOCK_TOKENS).min(self.limit);
+            self.reservation.resize(self.bytes_for(committed) as u64)?;
+            self.committed = committed;
         }
+        Ok(())
     }
 
     /// Release the blocks past `tokens` tokens.
@@ -229,10 +250,18 @@ impl KvCache {
             }
         }
         self.committed = keep;
+        // Shrinking a reservation cannot fail.
+        let _ = self.reservation.resize(self.bytes_for(keep) as u64);
     }
 
     /// Bytes committed to the cache now.
     pub(crate) fn bytes(&self) -> usize {
-        self.committed * self.row_bytes * 2 * self.n_layer
+        self.bytes_for(self.committed)
+    }
+
+    /// Bytes `tokens` committed tokens take (each layer's K and V also ends on a page, up to
+    /// 4 KiB more, which the process reserve covers).
+    fn bytes_for(&self, tokens: usize) -> usize {
+        tokens * self.row_bytes * 2 * self.n_layer
     }
 }

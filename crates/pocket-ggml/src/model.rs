@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::{Footprint, KvType, Model, ModelInfo, ModelKind, Session, SessionConfig, Tokenizer};
 
 use crate::Result;
@@ -32,6 +33,9 @@ pub struct LoadOptions {
     pub weights: WeightFormat,
     /// Which attention kernel the graph uses over an f16 cache on the CPU.
     pub attention: AttentionKernel,
+    /// The memory ledger the weights are paid for in, for as long as the model is loaded
+    /// (none: no budget).
+    pub ledger: Option<Ledger>,
 }
 
 /// The attention kernel of a model's graph.
@@ -59,6 +63,8 @@ pub(crate) struct Inner {
     pub(crate) format: WeightFormat,
     pub(crate) attention: AttentionKernel,
     pub(crate) file: GgufFile,
+    /// The weights' bytes in the memory ledger (dropped last).
+    pub(crate) _reservation: Option<Reservation>,
 }
 
 /// A decoder model loaded from a GGUF file: weights placed on a device, tokenizer ready.
@@ -85,7 +91,15 @@ impl GgmlModel {
         let file = GgufFile::open(path)?;
         let hp = Hparams::read(&file)?;
         let device = Device::select(&options.device, options.repack)?;
+        let what = format!("the weights of {}", path.display());
+        // Weights read through the mapping become resident as they are used: at most the file.
+        // Converted or repacked copies are known once made, and paid for then.
+        let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let mut reservation = options.ledger.as_ref().map(|l| l.reserve(file_bytes, &what)).transpose()?;
         let weights = Weights::load(&file, &hp, &device, options.weights, progress)?;
+        if let Some(r) = &mut reservation {
+            r.resize(weights.mapped_bytes + weights.copied_bytes)?;
+        }
         let vocab = Vocab::load(path)?;
         let weights_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         let name = if hp.name.is_empty() {
@@ -109,13 +123,29 @@ impl GgmlModel {
             "loaded model"
         );
         let (repack, format, attention) = (options.repack, options.weights, options.attention);
-        let inner = Inner { weights, vocab, hp, device, info, file, repack, format, attention };
+        let inner = Inner {
+            weights,
+            vocab,
+            hp,
+            device,
+            info,
+            file,
+            repack,
+            format,
+            attention,
+            _reservation: reservation,
+        };
         Ok(GgmlModel { inner: Arc::new(inner) })
     }
 
     /// A new session, as the concrete type (with its engine-specific accessors).
     pub fn new_session(&self, config: &SessionConfig) -> Result<GgmlSession> {
-        GgmlSession::new(Arc::clone(&self.inner), config)
+        GgmlSession::new(Arc::clone(&self.inner), config, &Ledger::unlimited())
+    }
+
+    /// A new session that pays for its memory in `ledger` (see [`Model::session_in`]).
+    pub fn new_session_in(&self, config: &SessionConfig, ledger: &Ledger) -> Result<GgmlSession> {
+        GgmlSession::new(Arc::clone(&self.inner), config, ledger)
     }
 
     /// KV bytes per token for `kv`, over all layers.
@@ -176,7 +206,7 @@ impl Model for GgmlModel {
     fn footprint(&self, config: &SessionConfig) -> pocket_core::Result<Footprint> {
         // The compute buffer is measured the way the session will reserve it; creating the
         // scheduler is cheap next to loading, and it is what makes the number exact.
-        let session = GgmlSession::new(Arc::clone(&self.inner), config)?;
+        let session = GgmlSession::new(Arc::clone(&self.inner), config, &Ledger::unlimited())?;
         let w = &self.inner.weights;
         Ok(Footprint {
             weights_anon_bytes: w.copied_bytes,
@@ -188,7 +218,7 @@ impl Model for GgmlModel {
         })
     }
 
-    fn session(&self, config: &SessionConfig) -> pocket_core::Result<Box<dyn Session>> {
-        Ok(Box::new(self.new_session(config)?))
+    fn session_in(&self, config: &SessionConfig, ledger: &Ledger) -> pocket_core::Result<Box<dyn Session>> {
+        Ok(Box::new(self.new_session_in(config, ledger)?))
     }
 }

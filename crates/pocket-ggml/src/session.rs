@@ -5,6 +5,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use llama_cpp_sys_2 as sys;
+use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::{Error as CoreError, LayerPlan, Logits, Rows, Session, SessionConfig, Token};
 
 use crate::graph::{self, PassShape};
@@ -24,6 +25,8 @@ struct Compute {
     threadpool: NonNull<sys::ggml_threadpool>,
     graph_mem: Vec<u8>,
     compute_bytes: usize,
+    /// The compute buffers' bytes in the memory ledger.
+    _reservation: Option<Reservation>,
     /// The last graph, built and allocated: consecutive passes of one shape and plan (decode
     /// steps) reuse it, skipping graph construction and scheduling.
     cached: Option<CachedGraph>,
@@ -57,7 +60,7 @@ impl Drop for Compute {
 }
 
 impl Compute {
-    fn new(model: &Inner, kv: &KvCache, config: &SessionConfig) -> Result<Compute> {
+    fn new(model: &Inner, kv: &KvCache, config: &SessionConfig, ledger: &Ledger) -> Result<Compute> {
         let hp = &model.hp;
         let device = &model.device;
         let threads = config.threads.max(1) as i32;
@@ -107,6 +110,7 @@ impl Compute {
             threadpool,
             graph_mem: vec![0; graph_mem_size],
             compute_bytes: 0,
+            _reservation: None,
             cached: None,
         };
 
@@ -123,12 +127,18 @@ impl Compute {
         );
         let plan = LayerPlan::full(hp.n_layer).map_err(|e| Error::Ggml(e.to_string()))?;
         let (ctx, g) = compute.build(model, kv, &plan, worst)?;
-        // SAFETY: a graph built for this scheduler's backends; its context is freed right after.
-        let reserved = unsafe {
-            let ok = sys::ggml_backend_sched_reserve(sched.as_ptr(), g.gf);
-            sys::ggml_free(ctx.as_ptr());
-            ok
-        };
+        // Measure the buffers first and pay for them in the ledger, then allocate them.
+        let mut sizes = vec![0usize; compute.backends.len()];
+        // SAFETY: a graph built for this scheduler's backends, one size per backend.
+        unsafe { sys::ggml_backend_sched_reserve_size(sched.as_ptr(), g.gf, sizes.as_mut_ptr()) };
+        let what = format!("the compute buffer of {}", model.info.name);
+        let reservation = ledger.reserve(sizes.iter().sum::<usize>() as u64, &what);
+        // SAFETY: as above; the graph's context is freed right after, whatever happened.
+        let reserved =
+            reservation.is_ok() && unsafe { sys::ggml_backend_sched_reserve(sched.as_ptr(), g.gf) };
+        // SAFETY: created by `build`; nothing refers to it any more.
+        unsafe { sys::ggml_free(ctx.as_ptr()) };
+        compute._reservation = Some(reservation?);
         if !reserved {
             return Err(Error::Ggml("cannot reserve the compute buffer".into()));
         }
@@ -215,6 +225,8 @@ pub struct GgmlSession {
     /// The partial plan that positions `complete_len..` were decoded with.
     partial: Option<LayerPlan>,
     logits: Vec<f32>,
+    /// The logits buffer's bytes in the memory ledger.
+    logits_reservation: Reservation,
     mask: Vec<u16>,
     scratch_i32: Vec<i32>,
     scratch_i64: Vec<i64>,
@@ -223,7 +235,7 @@ pub struct GgmlSession {
 }
 
 impl GgmlSession {
-    pub(crate) fn new(model: Arc<Inner>, config: &SessionConfig) -> Result<Self> {
+    pub(crate) fn new(model: Arc<Inner>, config: &SessionConfig, ledger: &Ledger) -> Result<Self> {
         let mut config = config.clone();
         config.n_ctx = config.n_ctx.clamp(1, model.hp.n_ctx_train);
         config.n_batch = config.n_batch.clamp(1, config.n_ctx);
@@ -233,8 +245,11 @@ impl GgmlSession {
         // splits long attention into per-thread chunks by that length, which shows in the last
         // bits. Only address space is reserved for the extra positions; the limit stays n_ctx.
         let capacity = config.n_ctx.next_multiple_of(graph::KV_PAD);
-        let kv = KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx, capacity)?;
-        let compute = Compute::new(&model, &kv, &config)?;
+        let name = &model.info.name;
+        let kv_reservation = ledger.reserve(0, &format!("the KV cache of {name}"))?;
+        let kv = KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx, capacity, kv_reservation)?;
+        let compute = Compute::new(&model, &kv, &config, ledger)?;
+        let logits_reservation = ledger.reserve(0, &format!("the logits of {name}"))?;
         let (k_rot, v_rot) = graph::rotation_sizes(&model.hp, kv.k_quantized(), kv.v_quantized());
         let rotations =
             (k_rot.map(graph::hadamard).unwrap_or_default(), v_rot.map(graph::hadamard).unwrap_or_default());
@@ -247,6 +262,7 @@ impl GgmlSession {
             complete_len: 0,
             partial: None,
             logits: Vec::new(),
+            logits_reservation,
             mask: Vec::new(),
             scratch_i32: Vec::new(),
             scratch_i64: Vec::new(),
@@ -372,10 +388,15 @@ impl Session for GgmlSession {
         };
         let batch = new_len - start;
         let n_rows = rows.count(batch)?;
-        self.kv.grow_to(new_len);
+        let logits_len = n_rows * n_vocab;
+        if logits_len > self.logits.capacity() {
+            self.logits_reservation.resize((logits_len * size_of::<f32>()) as u64)?;
+        }
+        self.kv.grow_to(new_len)?;
         self.tokens.extend_from_slice(tokens);
         self.logits.clear();
-        self.logits.resize(n_rows * n_vocab, 0.0);
+        self.logits.reserve_exact(logits_len);
+        self.logits.resize(logits_len, 0.0);
 
         // Split the batch into passes of at most n_batch tokens and MAX_LOGIT_ROWS rows; the
         // rows asked for are the batch's tail, so in each pass they are that pass's tail.

@@ -1,0 +1,82 @@
+//! Sessions under a memory budget: what a session allocates is reserved in the ledger first,
+//! the footprint predicts those reservations, and an allocation past the budget is an error
+//! that changes nothing.
+
+mod common;
+
+use common::*;
+use pocket_core::memory::Ledger;
+use pocket_core::{Error, Model, Rows, Session};
+use pocket_ggml::KV_BLOCK_TOKENS;
+
+#[test]
+fn the_footprint_predicts_what_a_session_reserves() {
+    let _serial = serial();
+    let model = smol();
+    let config = config(1024);
+    let fp = model.footprint(&config).unwrap();
+    let ledger = Ledger::unlimited();
+    let mut s = model.new_session_in(&config, &ledger).unwrap();
+    assert_eq!(ledger.used(), fp.compute_bytes, "a new session holds its compute buffer and nothing else");
+    let plan = full(&model);
+    let prompt = prose(&model, 150);
+    s.decode(&prompt, &plan, Rows::Last).unwrap();
+    let held = fp.compute_bytes + fp.kv_bytes(150) + fp.logits_row_bytes;
+    assert_eq!(ledger.used(), held);
+    assert_eq!(s.memory(), held, "the session's own account agrees with the ledger");
+    s.truncate(10).unwrap();
+    assert_eq!(ledger.used(), fp.compute_bytes + fp.kv_bytes(10) + fp.logits_row_bytes);
+    drop(s);
+    assert_eq!(ledger.used(), 0, "a dropped session gives everything back");
+}
+
+#[test]
+fn a_session_stops_at_the_budget_with_an_error_that_loses_nothing() {
+    let _serial = serial();
+    let model = smol();
+    let config = config(1024);
+    let fp = model.footprint(&config).unwrap();
+    // Room for the compute buffer, one row of logits and three blocks of KV.
+    let blocks = 3;
+    let budget = fp.compute_bytes + fp.logits_row_bytes + fp.kv_bytes(blocks * KV_BLOCK_TOKENS as u64);
+    let ledger = Ledger::new(budget);
+    let mut s = model.new_session_in(&config, &ledger).unwrap();
+    let plan = full(&model);
+    let text = prose(&model, 300);
+    let (prompt, rest) = text.split_at(100);
+    s.decode(prompt, &plan, Rows::Last).unwrap();
+    let mut failed_at = None;
+    for t in rest {
+        let before = s.len();
+        match s.decode(std::slice::from_ref(t), &plan, Rows::Last) {
+            Ok(_) => assert!(ledger.used() <= budget),
+            Err(e) => {
+                let Error::OverBudget { needed, available, budget: b, ref what } = e else { panic!("{e}") };
+                assert_eq!(b, budget);
+                assert!(needed > available && what.contains("KV cache"), "{e}");
+                assert!(e.to_string().contains("budget"), "{e}");
+                assert_eq!(s.len(), before, "a refused decode leaves the session as it was");
+                failed_at = Some(before);
+                break;
+            }
+        }
+    }
+    assert_eq!(failed_at, Some(blocks as usize * KV_BLOCK_TOKENS), "the fourth block is refused");
+    // The session still works within what it holds.
+    s.truncate(150).unwrap();
+    s.decode(&rest[50..51], &plan, Rows::Last).unwrap();
+    drop(s);
+    assert_eq!(ledger.used(), 0);
+}
+
+#[test]
+fn a_budget_too_small_for_the_compute_buffer_refuses_the_session() {
+    let _serial = serial();
+    let model = smol();
+    let ledger = Ledger::new(1 << 20);
+    let e = model.new_session_in(&config(1024), &ledger).err().expect("1 MiB cannot hold a session");
+    let e = pocket_core::Error::from(e);
+    assert!(matches!(e, Error::OverBudget { .. }), "{e}");
+    assert!(e.to_string().contains("compute buffer"), "{e}");
+    assert_eq!(ledger.used(), 0);
+}
