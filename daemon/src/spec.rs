@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use pocket_core::cost::{CostCurveConfig, CostModel, CostPoint, measure_cost_curve};
+use pocket_core::memory::Ledger;
 use pocket_core::spec::{
     AutoConfig, AutoDrafter, DraftModelDrafter, Drafter, LayerSkipConfig, LayerSkipDrafter, SkipSet,
     SpecMode, SuffixDrafter,
@@ -148,21 +149,24 @@ impl SpecCache {
         model: &GgmlModel,
         config: &SessionConfig,
         filler: &[Token],
+        ledger: &Ledger,
     ) -> anyhow::Result<Vec<CostPoint>> {
         match self.cached_cost_curve(model, config) {
             Some(c) => Ok(c),
-            None => self.measure_cost_curve(model, config, filler),
+            None => self.measure_cost_curve(model, config, filler, ledger),
         }
     }
 
-    /// Measure the cost curve of `model` with `config` now and cache it.
+    /// Measure the cost curve of `model` with `config` now (its session paying in `ledger`)
+    /// and cache it.
     pub fn measure_cost_curve(
         &mut self,
         model: &GgmlModel,
         config: &SessionConfig,
         filler: &[Token],
+        ledger: &Ledger,
     ) -> anyhow::Result<Vec<CostPoint>> {
-        let mut session = model.new_session(config)?;
+        let mut session = model.new_session_in(config, ledger)?;
         let cc = CostCurveConfig { repetitions: 7, warmup: 2, ..CostCurveConfig::default() };
         let curve = measure_cost_curve(&mut session, model.info().n_layers, filler, &cc)
             .context("measuring the verification cost curve")?;
@@ -220,11 +224,15 @@ pub struct SpecSetup<'a> {
     pub draft_model: Option<&'a GgmlModel>,
     /// Seed of the skip-set search.
     pub seed: u64,
+    /// Longest draft.
+    pub max_draft: usize,
+    /// The ledger the draft model's session pays for its memory in.
+    pub ledger: Ledger,
 }
 
 impl SpecSetup<'_> {
     fn layerskip(&self) -> anyhow::Result<LayerSkipDrafter> {
-        let mut config = LayerSkipConfig { max_draft: DEFAULT_MAX_DRAFT, ..LayerSkipConfig::default() };
+        let mut config = LayerSkipConfig { max_draft: self.max_draft, ..LayerSkipConfig::default() };
         config.search.seed = self.seed;
         Ok(LayerSkipDrafter::new(
             self.model.info().n_layers,
@@ -236,7 +244,7 @@ impl SpecSetup<'_> {
 
     fn draft_model(&self, max_draft: usize) -> anyhow::Result<Option<DraftModelDrafter>> {
         self.draft_model
-            .map(|d| DraftModelDrafter::new(self.model, d, self.session, max_draft))
+            .map(|d| DraftModelDrafter::new_in(self.model, d, self.session, max_draft, &self.ledger))
             .transpose()
             .map_err(Into::into)
     }
@@ -246,17 +254,18 @@ impl SpecSetup<'_> {
         Ok(Some(match mode {
             SpecMode::Off => return Ok(None),
             SpecMode::Suffix => {
-                BuiltDrafter::Suffix(SuffixDrafter::with_cost(DEFAULT_MAX_DRAFT, self.cost.clone()))
+                BuiltDrafter::Suffix(SuffixDrafter::with_cost(self.max_draft, self.cost.clone()))
             }
             SpecMode::LayerSkip => BuiltDrafter::LayerSkip(Box::new(self.layerskip()?)),
             SpecMode::Draft => {
                 let d = self
-                    .draft_model(DEFAULT_MAX_DRAFT)?
+                    .draft_model(self.max_draft)?
                     .context("--spec draft needs a draft model (--draft-model NAME)")?;
                 BuiltDrafter::Draft(d)
             }
             SpecMode::Auto => {
                 let mut config = AutoConfig::new(self.cost.clone());
+                config.max_draft = self.max_draft;
                 if let Some(d) = self.draft_model {
                     config.draft_model_cost =
                         d.info().weights_bytes as f64 / self.model.info().weights_bytes.max(1) as f64;
@@ -400,9 +409,10 @@ pub fn resolve_auto_weights(
         _ => {
             tracing::info!("measuring the cost curves of the stored and Q8_0-widened weights (once)");
             on_measure();
-            let a = stored_cache.measure_cost_curve(&stored, config, filler)?;
+            let unlimited = Ledger::unlimited();
+            let a = stored_cache.measure_cost_curve(&stored, config, filler, &unlimited)?;
             let m = load(WeightFormat::Q8_0)?;
-            let b = wide_cache.measure_cost_curve(&m, config, filler)?;
+            let b = wide_cache.measure_cost_curve(&m, config, filler, &unlimited)?;
             wide = Some(m);
             (a, b)
         }

@@ -204,16 +204,16 @@ impl Model for GgmlModel {
     }
 
     fn footprint(&self, config: &SessionConfig) -> pocket_core::Result<Footprint> {
-        // The compute buffer is measured the way the session will reserve it; creating the
-        // scheduler is cheap next to loading, and it is what makes the number exact.
-        let session = GgmlSession::new(Arc::clone(&self.inner), config, &Ledger::unlimited())?;
+        // The compute buffer is measured the way a session reserves it, without allocating it:
+        // creating the scheduler is cheap next to loading, and it makes the number exact.
+        let compute_bytes = GgmlSession::measure_compute(&self.inner, config)?;
         let w = &self.inner.weights;
         Ok(Footprint {
             weights_anon_bytes: w.copied_bytes,
             weights_mapped_bytes: w.mapped_bytes,
             kv_bytes_per_token: kv::bytes_per_token(&self.inner.hp, config.kv) as u64,
             kv_block_tokens: KV_BLOCK_TOKENS as u64,
-            compute_bytes: session.compute_bytes() as u64,
+            compute_bytes: compute_bytes as u64,
             logits_row_bytes: (self.inner.hp.n_vocab * 4) as u64,
         })
     }

@@ -60,7 +60,10 @@ impl Drop for Compute {
 }
 
 impl Compute {
-    fn new(model: &Inner, kv: &KvCache, config: &SessionConfig, ledger: &Ledger) -> Result<Compute> {
+    /// The compute machinery of a session on `kv`, its buffers reserved in `ledger` and then
+    /// allocated for the largest pass; with no ledger, only measured (`compute_bytes`), for
+    /// predicting a footprint without allocating it.
+    fn new(model: &Inner, kv: &KvCache, config: &SessionConfig, ledger: Option<&Ledger>) -> Result<Compute> {
         let hp = &model.hp;
         let device = &model.device;
         let threads = config.threads.max(1) as i32;
@@ -131,8 +134,15 @@ impl Compute {
         let mut sizes = vec![0usize; compute.backends.len()];
         // SAFETY: a graph built for this scheduler's backends, one size per backend.
         unsafe { sys::ggml_backend_sched_reserve_size(sched.as_ptr(), g.gf, sizes.as_mut_ptr()) };
+        let measured: usize = sizes.iter().sum();
+        let Some(ledger) = ledger else {
+            // SAFETY: created by `build`; nothing refers to it any more.
+            unsafe { sys::ggml_free(ctx.as_ptr()) };
+            compute.compute_bytes = measured;
+            return Ok(compute);
+        };
         let what = format!("the compute buffer of {}", model.info.name);
-        let reservation = ledger.reserve(sizes.iter().sum::<usize>() as u64, &what);
+        let reservation = ledger.reserve(measured as u64, &what);
         // SAFETY: as above; the graph's context is freed right after, whatever happened.
         let reserved =
             reservation.is_ok() && unsafe { sys::ggml_backend_sched_reserve(sched.as_ptr(), g.gf) };
@@ -236,10 +246,7 @@ pub struct GgmlSession {
 
 impl GgmlSession {
     pub(crate) fn new(model: Arc<Inner>, config: &SessionConfig, ledger: &Ledger) -> Result<Self> {
-        let mut config = config.clone();
-        config.n_ctx = config.n_ctx.clamp(1, model.hp.n_ctx_train);
-        config.n_batch = config.n_batch.clamp(1, config.n_ctx);
-        config.threads = config.threads.max(1);
+        let config = Self::effective(&model, config);
         // The cache's capacity is rounded up to the attention padding, so padded lengths are
         // the same as llama.cpp's (which rounds its context likewise) whatever n_ctx is: ggml
         // splits long attention into per-thread chunks by that length, which shows in the last
@@ -248,7 +255,7 @@ impl GgmlSession {
         let name = &model.info.name;
         let kv_reservation = ledger.reserve(0, &format!("the KV cache of {name}"))?;
         let kv = KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx, capacity, kv_reservation)?;
-        let compute = Compute::new(&model, &kv, &config, ledger)?;
+        let compute = Compute::new(&model, &kv, &config, Some(ledger))?;
         let logits_reservation = ledger.reserve(0, &format!("the logits of {name}"))?;
         let (k_rot, v_rot) = graph::rotation_sizes(&model.hp, kv.k_quantized(), kv.v_quantized());
         let rotations =
@@ -268,6 +275,26 @@ impl GgmlSession {
             scratch_i64: Vec::new(),
             rotations,
         })
+    }
+
+    /// Bytes of the compute buffers a session on `model` with `config` would reserve,
+    /// measured without allocating them.
+    pub(crate) fn measure_compute(model: &Inner, config: &SessionConfig) -> Result<usize> {
+        let config = Self::effective(model, config);
+        let capacity = config.n_ctx.next_multiple_of(graph::KV_PAD);
+        let none = Ledger::unlimited().reserve(0, "measuring")?;
+        let kv = KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx, capacity, none)?;
+        Ok(Compute::new(model, &kv, &config, None)?.compute_bytes)
+    }
+
+    /// `config` as a session on `model` uses it: context within the training context, batch
+    /// within the context, at least one thread.
+    fn effective(model: &Inner, config: &SessionConfig) -> SessionConfig {
+        let mut config = config.clone();
+        config.n_ctx = config.n_ctx.clamp(1, model.hp.n_ctx_train);
+        config.n_batch = config.n_batch.clamp(1, config.n_ctx);
+        config.threads = config.threads.max(1);
+        config
     }
 
     /// Bytes of the compute buffers reserved for this session.

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pocket_core::cost::{CostCurveConfig, CostModel, measure_cost_curve};
+use pocket_core::memory::Ledger;
 use pocket_core::spec::SpecMode;
 use pocket_core::{KvType, Model, SessionConfig, Token, default_threads};
 use pocket_ggml::{DeviceChoice, GgmlModel, LoadOptions, WeightFormat};
@@ -202,7 +203,9 @@ pub fn run(
         let spec_err = |e: anyhow::Error| Error::Invalid(format!("{e:#}"));
         let mut cache = SpecCache::open(&config.model_path, t.weights);
         t.cost = if t.curve.is_empty() {
-            CostModel::from_curve(&cache.cost_curve(&t.model, &session, filler).map_err(spec_err)?)
+            CostModel::from_curve(
+                &cache.cost_curve(&t.model, &session, filler, &Ledger::unlimited()).map_err(spec_err)?,
+            )
         } else {
             CostModel::from_curve(&t.curve)
         };

@@ -5,16 +5,18 @@ use std::ops::ControlFlow;
 
 use anyhow::Context;
 use pocket_core::cost::CostModel;
+use pocket_core::memory::{self, BudgetSpec, DraftModelCosts, Plan, PlanRequest};
 use pocket_core::spec::{SpecMode, SpecStats};
 use pocket_core::{
     ChatMessage, GenerateRequest, KvType, Model, SamplingConfig, SessionConfig, StopConfig, default_threads,
     generate_speculative,
 };
+use pocket_ggml::{GgmlModel, WeightFormat};
 use serde::Serialize;
 
-use super::common::{ModelArgs, WeightChoice};
+use super::common::{ModelArgs, WeightChoice, budget_ledger};
 use crate::mem::{MemStats, PeakSampler};
-use crate::spec::{SpecCache, SpecSetup, WeightsEstimate, resolve_auto_weights};
+use crate::spec::{DEFAULT_MAX_DRAFT, SpecCache, SpecSetup, WeightsEstimate, resolve_auto_weights};
 
 /// Flags of `pocket run`.
 #[derive(Debug, clap::Args)]
@@ -48,6 +50,13 @@ pub struct Args {
     sampling: SamplingArgs,
     #[command(flatten)]
     spec: SpecArgs,
+    /// Memory this process may use at most, its peak resident memory included: a size
+    /// (`200MiB`, `1.5GiB`) or `auto` (the cgroup's limit or the memory available now, less a
+    /// tenth). The session is planned to fit — shorter drafts, then no draft model, then no
+    /// speculation, then a lower-bit KV cache — or refused with the bytes needed and free.
+    /// With a budget, `--weights auto` keeps the stored weights.
+    #[arg(long)]
+    memory_budget: Option<BudgetSpec>,
     /// Print one JSON object with the text and statistics instead of streaming the text.
     #[arg(long)]
     json: bool,
@@ -128,6 +137,12 @@ struct Report<'a> {
     peak_rss_bytes: u64,
     peak_anon_bytes: u64,
     peak_file_bytes: u64,
+    /// The `--memory-budget` in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_budget_bytes: Option<u64>,
+    /// What the session was given under the budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    plan: Option<Plan>,
     spec: SpecReport,
 }
 
@@ -155,7 +170,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         args.prompt.clone()
     };
-    let model = args.model.load()?;
+    let (ledger, _process) = budget_ledger(args.memory_budget)?;
+    let budgeted = args.memory_budget.is_some();
+    let weight_choice = match args.model.weights {
+        // Trying another format would hold two copies of the weights at once.
+        WeightChoice::Auto if budgeted => WeightChoice::Format(pocket_ggml::WeightFormat::AsStored),
+        w => w,
+    };
+    let model = args.model.load_in(weight_choice.initial(), &ledger)?;
     let tokenizer = model.tokenizer();
     let text = if args.chat {
         let mut messages = Vec::new();
@@ -169,15 +191,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let tokens = tokenizer.encode(&text, true)?;
     let threads = args.threads.unwrap_or_else(default_threads);
-    let config = SessionConfig { kv: args.kv, n_ctx: args.ctx_size, threads, ..SessionConfig::default() };
+    let mut config = SessionConfig { kv: args.kv, n_ctx: args.ctx_size, threads, ..SessionConfig::default() };
     // The draft model loads from the same directory onto the same device as the target.
-    let draft_model = args
+    let mut draft_model = args
         .spec
         .draft_model
         .as_ref()
-        .map(|name| ModelArgs { model: name.clone(), ..args.model.clone() }.load())
+        .map(|name| {
+            ModelArgs { model: name.clone(), ..args.model.clone() }.load_in(WeightFormat::AsStored, &ledger)
+        })
         .transpose()?;
-    let (model, weight_estimates) = match args.model.weights {
+    let mut spec_mode = args.spec.spec;
+    let mut max_draft = DEFAULT_MAX_DRAFT;
+    let plan = if budgeted {
+        let plan = plan_session(
+            &model,
+            draft_model.as_ref(),
+            &config,
+            &ledger,
+            tokens.len() + args.max_tokens,
+            spec_mode,
+        )?;
+        config.kv = plan.kv;
+        config.n_ctx = config.n_ctx.min(plan.n_ctx);
+        spec_mode = plan.spec;
+        max_draft = plan.max_draft.max(1);
+        if !plan.draft_model {
+            draft_model = None; // gives its weights back to the budget
+        }
+        Some(plan)
+    } else {
+        None
+    };
+    let (model, weight_estimates) = match weight_choice {
         WeightChoice::Auto => {
             let mut on_measure = || {
                 eprintln!(
@@ -186,15 +232,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 )
             };
             let load = |w| args.model.load_as(w);
-            resolve_auto_weights(model, args.spec.spec, &config, &tokens, &load, &mut on_measure)?
+            resolve_auto_weights(model, spec_mode, &config, &tokens, &load, &mut on_measure)?
         }
         WeightChoice::Format(_) => (model, Vec::new()),
     };
     let tokenizer = model.tokenizer();
     let mut cache = SpecCache::open(model.path(), model.weight_format());
-    let cost = match args.spec.spec {
+    let cost = match spec_mode {
         SpecMode::Off => CostModel::linear(1.0),
-        _ => CostModel::from_curve(&cache.cost_curve(&model, &config, &tokens)?),
+        _ => {
+            // Measured over a longer context than a small plan may give the session (its own
+            // session is dropped before generation starts).
+            let measuring = SessionConfig { n_ctx: args.ctx_size.max(config.n_ctx), ..config.clone() };
+            CostModel::from_curve(&cache.cost_curve(&model, &measuring, &tokens, &ledger)?)
+        }
     };
     let setup = SpecSetup {
         model: &model,
@@ -203,9 +254,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         skip_set: cache.skip_set().cloned(),
         draft_model: draft_model.as_ref(),
         seed: args.sampling.seed,
+        max_draft,
+        ledger: ledger.clone(),
     };
-    let mut drafter = setup.build(args.spec.spec)?;
-    let mut session = model.new_session(&config)?;
+    let mut drafter = setup.build(spec_mode)?;
+    let mut session = model.new_session_in(&config, &ledger)?;
     let request = GenerateRequest {
         prompt: tokens,
         sampling: args.sampling.config(),
@@ -246,7 +299,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             device: model.device_name(),
             weights: model.weight_format().name(),
             weight_estimates: &weight_estimates,
-            kv: args.kv,
+            kv: config.kv,
             threads,
             text: &generation.text,
             stop: generation.stop.as_str(),
@@ -255,12 +308,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             prefill_tok_per_s: generation.prefill_tok_per_s(),
             decode_tok_per_s: generation.decode_tok_per_s(),
             kv_bytes: session.kv_bytes(),
-            kv_bytes_per_token: model.kv_bytes_per_token(args.kv),
+            kv_bytes_per_token: model.kv_bytes_per_token(config.kv),
             peak_rss_bytes: MemStats::read().peak_rss_bytes,
             peak_anon_bytes: peaks.peak_anon_bytes,
             peak_file_bytes: peaks.peak_file_bytes,
+            memory_budget_bytes: budgeted.then(|| ledger.budget()),
+            plan,
             spec: SpecReport {
-                mode: args.spec.spec,
+                mode: spec_mode,
                 drafter: drafter_name,
                 stats: generation.spec,
                 acceptance: generation.spec.acceptance(),
@@ -271,4 +326,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     writeln!(stdout)?;
     Ok(())
+}
+
+/// Plan a session of `tokens` tokens asking for `config`'s KV type and `spec` under what
+/// `ledger` has free (see [`memory::plan`]). The draft model is already loaded and paid for, so
+/// only its session counts; the plan may still drop it.
+fn plan_session(
+    model: &GgmlModel,
+    draft_model: Option<&GgmlModel>,
+    config: &SessionConfig,
+    ledger: &pocket_core::memory::Ledger,
+    tokens: usize,
+    spec: SpecMode,
+) -> anyhow::Result<Plan> {
+    let from = KvType::ALL.iter().position(|&k| k == config.kv).unwrap_or(0);
+    let by_kv = KvType::ALL[from..]
+        .iter()
+        .map(|&kv| Ok((kv, model.footprint(&SessionConfig { kv, ..config.clone() })?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let draft = draft_model
+        .map(|d| {
+            let fp = d.footprint(config)?;
+            anyhow::Ok(DraftModelCosts {
+                weights_bytes: 0,
+                kv_bytes_per_token: fp.kv_bytes_per_token,
+                compute_bytes: fp.compute_bytes,
+            })
+        })
+        .transpose()?;
+    let request = PlanRequest { tokens, kv: config.kv, spec, max_draft: DEFAULT_MAX_DRAFT };
+    Ok(memory::plan(ledger, &request, &by_kv, draft.as_ref())?)
 }

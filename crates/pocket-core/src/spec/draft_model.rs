@@ -2,6 +2,7 @@
 
 use super::layerskip::draft_greedy;
 use super::{Draft, Drafter};
+use crate::memory::Ledger;
 use crate::{Error, LayerPlan, Model, Result, Rows, Session, SessionConfig, Token};
 
 /// Drafts greedily with its own session of a smaller model, kept in step with the target's
@@ -26,9 +27,20 @@ impl DraftModelDrafter {
         config: &SessionConfig,
         max_draft: usize,
     ) -> Result<Self> {
+        Self::new_in(target, draft, config, max_draft, &Ledger::unlimited())
+    }
+
+    /// [`DraftModelDrafter::new`] with the draft session paying for its memory in `ledger`.
+    pub fn new_in(
+        target: &dyn Model,
+        draft: &dyn Model,
+        config: &SessionConfig,
+        max_draft: usize,
+        ledger: &Ledger,
+    ) -> Result<Self> {
         check_same_vocabulary(target, draft)?;
         Ok(DraftModelDrafter {
-            session: draft.session(config)?,
+            session: draft.session_in(config, ledger)?,
             plan: LayerPlan::full(draft.info().n_layers)?,
             max_draft,
             name: draft.info().name.clone(),

@@ -2,6 +2,7 @@
 
 use std::ops::ControlFlow;
 
+use pocket_core::memory::Ledger;
 use pocket_core::spec::SpecMode;
 use pocket_core::stop::StopConfig;
 use pocket_core::{GenerateRequest, Model, SamplingConfig, Session, Token, generate_speculative};
@@ -9,7 +10,7 @@ use pocket_ggml::{GgmlModel, GgmlSession};
 
 use super::{RunOutput, Runner, RunnerContext};
 use crate::bench::Error;
-use crate::spec::SpecSetup;
+use crate::spec::{DEFAULT_MAX_DRAFT, SpecSetup};
 
 /// Runs [`pocket_core::generate_speculative`] with a fresh drafter per prompt (a drafter's
 /// acceptance estimates belong to one request); `vanilla` has none, which is plain decoding.
@@ -68,6 +69,8 @@ impl Runner for SpecRunner {
             skip_set: self.skip_set.clone(),
             draft_model: self.draft_model.as_ref(),
             seed: 0,
+            max_draft: DEFAULT_MAX_DRAFT,
+            ledger: Ledger::unlimited(),
         };
         let mut drafter = setup.build(self.mode).map_err(|e| Error::Invalid(format!("{e:#}")))?;
         let request = GenerateRequest {
