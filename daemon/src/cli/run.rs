@@ -174,7 +174,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let budgeted = args.memory_budget.is_some();
     let weight_choice = match args.model.weights {
         // Trying another format would hold two copies of the weights at once.
-        WeightChoice::Auto if budgeted => WeightChoice::Format(pocket_ggml::WeightFormat::AsStored),
+        WeightChoice::Auto if budgeted => WeightChoice::Format(WeightFormat::AsStored),
         w => w,
     };
     let model = args.model.load_in(weight_choice.initial(), &ledger)?;
