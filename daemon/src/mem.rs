@@ -19,13 +19,7 @@ impl MemStats {
     /// Read the current figures; zeros where the kernel does not report them.
     pub fn read() -> MemStats {
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                .map_or(0, |kb| kb * 1024)
-        };
+        let field = |name: &str| pocket_core::memory::proc_field(&status, name).unwrap_or(0);
         MemStats {
             rss_bytes: field("VmRSS"),
             peak_rss_bytes: field("VmHWM"),

@@ -100,7 +100,12 @@ fn detect() -> Option<Kernel> {
 /// Whether the graph attends over `kv` with [`attend`]: an f16 cache in host memory, heads of
 /// a multiple of 16, and a [`Kernel`] for this CPU.
 pub(crate) fn applies(kv: &KvCache, head_dim: usize) -> bool {
-    kernel().is_some() && kv.is_f16() && kv.in_host_memory() && head_dim.is_multiple_of(LANES)
+    kv.is_f16() && kernel_for(kv.in_host_memory(), head_dim).is_some()
+}
+
+/// The kernel that attends over an f16 cache of heads of `head_dim`, in host memory or not.
+pub(crate) fn kernel_for(host_memory: bool, head_dim: usize) -> Option<Kernel> {
+    kernel().filter(|_| host_memory && head_dim.is_multiple_of(LANES))
 }
 
 /// Attention of `q` (`[head_dim, n_head, n_tokens]`, f32, contiguous) over the cached `k` and

@@ -163,6 +163,12 @@ impl GgmlModel {
         self.inner.format
     }
 
+    /// Our attention kernel for this model's f16 caches on its device, whether or not it was
+    /// loaded to use it (`LoadOptions::attention`).
+    pub(crate) fn attention_kernel(&self) -> Option<crate::attention::Kernel> {
+        crate::attention::kernel_for(self.inner.device.is_cpu(), self.inner.hp.head_dim)
+    }
+
     /// The name of the device the model runs on.
     pub fn device_name(&self) -> &str {
         &self.inner.device.name
@@ -175,9 +181,9 @@ impl GgmlModel {
     /// (on the CPU); quantized caches keep ggml's.
     pub fn kernels(&self) -> String {
         let matmul = crate::q4_1_gemm::kernel().map(crate::q4_1_gemm::Kernel::name);
-        let attention = crate::attention::kernel()
+        let attention = self
+            .attention_kernel()
             .filter(|_| self.inner.attention == AttentionKernel::Auto)
-            .filter(|_| self.inner.device.is_cpu() && self.inner.hp.head_dim.is_multiple_of(16))
             .map(crate::attention::Kernel::name);
         let names: Vec<&str> = matmul.into_iter().chain(attention).collect();
         if names.is_empty() { "ggml".to_owned() } else { names.join("+") }

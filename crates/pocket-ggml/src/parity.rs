@@ -197,8 +197,8 @@ pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
         agree.top1_vs_first = tops.iter().zip(&first_top1).filter(|(a, b)| a == b).count();
         report.kv.push(agree);
     }
-    let own = GgmlModel::load(path, &LoadOptions::default())?;
-    if !first_reference.is_empty() && own.kernels().contains("attn") {
+    if !first_reference.is_empty() && model.attention_kernel().is_some() {
+        let own = GgmlModel::load(path, &LoadOptions::default())?;
         let ours = teacher_forced(&own, &prompt, &forced, options.threads, kv_types[0])?;
         let mut agree =
             AttentionAgreement { top1_vs_llama_cpp: 0, max_abs_diff: 0.0, flip_margins: Vec::new() };

@@ -9,17 +9,6 @@ mod common;
 use common::*;
 use pocket_core::{KvType, Model, Rows, Session, SessionConfig};
 
-fn rss_anon() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("RssAnon in /proc/self/status");
-    kib * 1024
-}
-
 const MIB: f64 = 1024.0 * 1024.0;
 
 #[test]

@@ -12,4 +12,4 @@ mod size;
 
 pub use ledger::{Ledger, Reservation};
 pub use plan::{DraftModelCosts, Plan, PlanRequest, SUFFIX_BYTES_PER_TOKEN, plan};
-pub use size::{BudgetSpec, MemoryLimits, format_size, parse_size};
+pub use size::{BudgetSpec, MemoryLimits, format_size, parse_size, proc_field};

@@ -110,8 +110,8 @@ impl MemoryLimits {
         let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
         MemoryLimits {
             cgroup_max: cgroup_limit(&read("/proc/self/cgroup"), &|p| std::fs::read_to_string(p).ok()),
-            available: meminfo_field(&read("/proc/meminfo"), "MemAvailable").unwrap_or(0),
-            resident: meminfo_field(&read("/proc/self/status"), "VmRSS").unwrap_or(0),
+            available: proc_field(&read("/proc/meminfo"), "MemAvailable").unwrap_or(0),
+            resident: proc_field(&read("/proc/self/status"), "VmRSS").unwrap_or(0),
         }
     }
 }
@@ -139,8 +139,8 @@ impl BudgetSpec {
     }
 }
 
-/// A `Name:   123 kB` field of /proc/meminfo or /proc/self/status, in bytes.
-fn meminfo_field(text: &str, name: &str) -> Option<u64> {
+/// A `Name:   123 kB` field of /proc/meminfo or /proc/self/status's `text`, in bytes.
+pub fn proc_field(text: &str, name: &str) -> Option<u64> {
     let value = text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))?;
     let kb: u64 = value.trim().trim_end_matches("kB").trim().parse().ok()?;
     Some(kb * 1024)
@@ -225,9 +225,6 @@ mod tests {
         assert_eq!(cgroup_limit("12:cpu,cpuacct:/box\n11:memory:/box\n", &files), Some(1 << 30));
         assert_eq!(cgroup_limit("11:memory:/free\n", &files), None);
         assert_eq!(cgroup_limit("", &files), None);
-        assert_eq!(
-            meminfo_field("MemTotal: 100 kB\nMemAvailable:   2048 kB\n", "MemAvailable"),
-            Some(2 << 20)
-        );
+        assert_eq!(proc_field("MemTotal: 100 kB\nMemAvailable:   2048 kB\n", "MemAvailable"), Some(2 << 20));
     }
 }

@@ -207,3 +207,10 @@ pub fn assert_close(what: &str, a: &[f32], b: &[f32], n_vocab: usize, tol: f32) 
 pub fn collect(logits: &Logits<'_>) -> Vec<f32> {
     (0..logits.rows()).flat_map(|i| logits.row(i).iter().copied()).collect()
 }
+
+/// Resident anonymous memory of this process (`RssAnon`: the KV cache and compute buffers are
+/// anonymous; the weights are a file mapping and do not count there), in bytes.
+pub fn rss_anon() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    pocket_core::memory::proc_field(&status, "RssAnon").expect("RssAnon in /proc/self/status")
+}
