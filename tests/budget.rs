@@ -60,3 +60,11 @@ fn a_long_request_degrades_the_kv_cache_then_is_refused() {
         .expect_err("150 MiB cannot hold 3500 tokens");
     assert!(e.contains("a session of") && e.contains("needs") && e.contains("free"), "{e}");
 }
+
+#[test]
+fn a_budget_that_is_not_a_size_is_refused_naming_the_forms_allowed() {
+    let o = pocket(&["run", "--memory-budget", "12parsecs", "hello"]);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("12parsecs") && e.contains("200MiB") && !e.contains("panicked"), "{e}");
+}
