@@ -43,22 +43,40 @@ fn peak_memory_stays_under_every_budget_or_the_run_is_refused_cleanly() {
 }
 
 #[test]
-fn a_long_request_degrades_the_kv_cache_then_is_refused() {
-    // 3500 tokens of f16 KV are 77 MiB; the plan gives up precision as the budget shrinks, and
-    // the run (which ends at the poem's first line) stays under it.
-    let mut kv_types = Vec::new();
-    for budget in [260, 200, 175] {
-        let r = run(budget, &["--spec", "suffix", "-n", "3500", "--stop", "\n"])
-            .unwrap_or_else(|e| panic!("{budget} MiB: {e}"));
-        assert!(r["peak_rss_bytes"].as_u64().unwrap() <= budget * MIB);
-        kv_types.push(r["plan"]["kv"].as_str().unwrap().to_owned());
-        let degraded = r["plan"]["degraded"].as_array().unwrap();
-        assert_eq!(degraded.is_empty(), kv_types.last().unwrap() == "f16", "{degraded:?}");
+fn a_long_request_degrades_in_the_designed_order_then_is_refused() {
+    // 3500 tokens of f16 KV are 77 MiB. As the budget shrinks the plan gives up, in order,
+    // the prompt's pass size, draft length, speculation, then KV precision; every run (which
+    // ends at the poem's first line) stays under its budget.
+    let rank = |p: &serde_json::Value| {
+        let kv = ["f16", "q8_0", "q4_0"].iter().position(|k| p["kv"] == *k).unwrap();
+        let spec = usize::from(p["spec"] == "off");
+        let (k, n_batch) = (p["max_draft"].as_u64().unwrap(), p["n_batch"].as_u64().unwrap());
+        (kv, spec, u64::MAX - k, u64::MAX - n_batch)
+    };
+    let mut plans: Vec<serde_json::Value> = Vec::new();
+    let mut refused = None;
+    for budget in (150..=260).rev().step_by(5) {
+        match run(budget, &["--spec", "suffix", "-n", "3500", "--stop", "\n"]) {
+            Ok(r) => {
+                assert!(refused.is_none(), "{budget} MiB fits but {refused:?} MiB did not");
+                assert!(r["peak_rss_bytes"].as_u64().unwrap() <= budget * MIB, "{budget} MiB");
+                plans.push(r["plan"].clone());
+            }
+            Err(e) => {
+                assert!(e.contains("a session of") && e.contains("needs") && e.contains("free"), "{e}");
+                refused.get_or_insert(budget);
+            }
+        }
     }
-    assert_eq!(kv_types, ["f16", "q8_0", "q4_0"]);
-    let e = run(150, &["--spec", "suffix", "-n", "3500", "--stop", "\n"])
-        .expect_err("150 MiB cannot hold 3500 tokens");
-    assert!(e.contains("a session of") && e.contains("needs") && e.contains("free"), "{e}");
+    for w in plans.windows(2) {
+        assert!(rank(&w[0]) <= rank(&w[1]), "{} came after {}", w[1], w[0]);
+    }
+    let first = &plans[0];
+    assert!(first["degraded"].as_array().unwrap().is_empty() && first["kv"] == "f16", "{first}");
+    let said = |what: &str| plans.iter().any(|p| p["degraded"].to_string().contains(what));
+    assert!(said("passes of"), "smaller prompt passes: {plans:?}");
+    assert!(said("q8_0 KV cache") && said("q4_0 KV cache"), "{plans:?}");
+    assert!(refused.is_some(), "150 MiB cannot hold 3500 tokens");
 }
 
 #[test]
@@ -67,4 +85,36 @@ fn a_budget_that_is_not_a_size_is_refused_naming_the_forms_allowed() {
     assert!(!o.status.success());
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("12parsecs") && e.contains("200MiB") && !e.contains("panicked"), "{e}");
+}
+
+#[test]
+fn bench_plans_each_run_under_the_budget_and_compares_with_caches_held_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    #[rustfmt::skip]
+    let o = pocket(&[
+        "bench", "--memory-budget", "200MiB", "--ctx-size", "2048", "--modes", "vanilla,suffix,naive:suffix",
+        "--max-prompts", "2", "--max-tokens-cap", "24", "-t", "1", "--no-cost-curve",
+        "--json", json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(r["settings"]["memory_budget_bytes"].as_u64(), Some(200 * MIB));
+    let kv_per_token = r["runs"][0]["kv_bytes_per_token"].as_u64().unwrap();
+    for run in r["runs"].as_array().unwrap() {
+        let memory = run["generation_memory_bytes"].as_u64().unwrap();
+        assert_eq!(run["identical_to_vanilla"], true, "{run}");
+        if run["mode"] == "naive:suffix" {
+            assert!(run["plan"].is_null(), "naive modes are not planned: {run}");
+            assert!(memory >= 2048 * kv_per_token, "the whole context's KV: {run}");
+        } else {
+            let plan = &run["plan"];
+            assert!(plan["bytes"].as_u64().unwrap() <= plan["available"].as_u64().unwrap(), "{run}");
+            assert!(memory <= plan["bytes"].as_u64().unwrap(), "the plan bounds what the run held: {run}");
+            assert!(run["peak_rss_bytes"].as_u64().unwrap() <= 200 * MIB, "{run}");
+        }
+    }
+    let vs_naive = r["summary"]["suffix"]["memory_vs_naive"].as_f64().unwrap();
+    assert!(vs_naive < 0.5, "growing the cache holds under half of the whole context's: {vs_naive}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("suffix vs naive:suffix"));
 }

@@ -278,6 +278,32 @@ impl SpecSetup<'_> {
     }
 }
 
+/// Plan a session of `tokens` tokens asking for `config`'s KV type, pass size and `spec` under
+/// what `ledger` has free (see [`pocket_core::memory::plan`]). The draft model is already loaded and paid
+/// for, so only its session counts; the plan may still drop it.
+pub fn plan_session(
+    model: &GgmlModel,
+    draft_model: Option<&GgmlModel>,
+    config: &SessionConfig,
+    ledger: &Ledger,
+    tokens: usize,
+    spec: SpecMode,
+) -> anyhow::Result<pocket_core::memory::Plan> {
+    let request = pocket_core::memory::PlanRequest {
+        tokens,
+        kv: config.kv,
+        spec,
+        max_draft: DEFAULT_MAX_DRAFT,
+        n_batch: config.n_batch,
+    };
+    let mut costs = pocket_core::memory::ModelCosts {
+        target: model,
+        draft: draft_model.map(|d| d as &dyn pocket_core::Model),
+        config: config.clone(),
+    };
+    Ok(pocket_core::memory::plan(ledger, &request, &mut costs)?)
+}
+
 /// Search a skip set for `model` now, generating greedily from `prompt` (repeatedly, up to a
 /// bound) until the search ends; what `pocket bench` does before its runs when no set is
 /// cached, so that every `layerskip` run drafts with the same set.

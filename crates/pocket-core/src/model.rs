@@ -109,11 +109,22 @@ pub struct SessionConfig {
     pub n_batch: usize,
     /// CPU threads for the forward pass.
     pub threads: usize,
+    /// Hold the KV cache for the whole context from the start and keep it, as engines without
+    /// a memory budget do (llama.cpp allocates and clears its cache when a context is made).
+    /// Only for comparing with them: it defeats the point of growing the cache.
+    #[serde(default)]
+    pub preallocate: bool,
 }
 
 impl Default for SessionConfig {
     fn default() -> Self {
-        SessionConfig { kv: KvType::F16, n_ctx: 4096, n_batch: 256, threads: default_threads() }
+        SessionConfig {
+            kv: KvType::F16,
+            n_ctx: 4096,
+            n_batch: 256,
+            threads: default_threads(),
+            preallocate: false,
+        }
     }
 }
 

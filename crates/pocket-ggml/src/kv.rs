@@ -71,6 +71,8 @@ pub(crate) struct KvCache {
     committed: usize,
     /// What the committed blocks take in the memory ledger.
     reservation: Reservation,
+    /// Tokens of capacity never released (all of it after [`KvCache::hold_whole`]).
+    floor: usize,
 }
 
 // SAFETY: the cache is owned by one session, used from one thread at a time; the ggml objects
@@ -175,7 +177,23 @@ impl KvCache {
             storage,
             committed,
             reservation,
+            floor: 0,
         })
+    }
+
+    /// Commit and write the whole cache now and never release it: what an engine that sizes
+    /// its cache for the context does (for comparisons with one; see
+    /// [`pocket_core::SessionConfig::preallocate`]).
+    pub(crate) fn hold_whole(&mut self) -> Result<()> {
+        self.grow_to(self.limit)?;
+        if let Storage::Host { map, region } = &mut self.storage {
+            let used = (self.limit * self.row_bytes).min(*region);
+            for i in 0..2 * self.n_layer {
+                map[i * *region..i * *region + used].fill(0);
+            }
+        }
+        self.floor = self.limit;
+        Ok(())
     }
 
     pub(crate) fn k(&self, layer: usize) -> Tensor {
@@ -231,7 +249,7 @@ impl KvCache {
         if matches!(self.storage, Storage::Device) {
             return; // allocated whole; nothing to release
         }
-        let keep = tokens.next_multiple_of(KV_BLOCK_TOKENS).min(self.limit);
+        let keep = tokens.max(self.floor).next_multiple_of(KV_BLOCK_TOKENS).min(self.limit);
         if keep >= self.committed {
             return;
         }

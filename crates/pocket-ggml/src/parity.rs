@@ -130,7 +130,13 @@ fn teacher_forced(
     kv: KvType,
 ) -> Result<Vec<f32>> {
     let n_vocab = model.info().n_vocab;
-    let config = SessionConfig { kv, n_ctx: prompt.len() + forced.len() + 8, n_batch: 512, threads };
+    let config = SessionConfig {
+        kv,
+        n_ctx: prompt.len() + forced.len() + 8,
+        n_batch: 512,
+        threads,
+        preallocate: false,
+    };
     let mut session = model.new_session(&config)?;
     let plan = LayerPlan::full(model.info().n_layers)?;
     let mut rows = Vec::with_capacity(forced.len() * n_vocab);

@@ -254,7 +254,11 @@ impl GgmlSession {
         let capacity = config.n_ctx.next_multiple_of(graph::KV_PAD);
         let name = &model.info.name;
         let kv_reservation = ledger.reserve(0, &format!("the KV cache of {name}"))?;
-        let kv = KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx, capacity, kv_reservation)?;
+        let mut kv =
+            KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx, capacity, kv_reservation)?;
+        if config.preallocate {
+            kv.hold_whole()?;
+        }
         let compute = Compute::new(&model, &kv, &config, Some(ledger))?;
         let logits_reservation = ledger.reserve(0, &format!("the logits of {name}"))?;
         let (k_rot, v_rot) = graph::rotation_sizes(&model.hp, kv.k_quantized(), kv.v_quantized());

@@ -80,3 +80,63 @@ fn a_budget_too_small_for_the_compute_buffer_refuses_the_session() {
     assert!(e.to_string().contains("compute buffer"), "{e}");
     assert_eq!(ledger.used(), 0);
 }
+
+#[test]
+fn a_long_verification_loop_reserves_only_its_window_and_reuses_rejected_positions() {
+    let _serial = serial();
+    let model = smol();
+    let config = config(2048);
+    let fp = model.footprint(&config).unwrap();
+    let ledger = Ledger::unlimited();
+    let mut s = model.new_session_in(&config, &ledger).unwrap();
+    let plan = full(&model);
+    let text = prose(&model, 1100);
+    let (prompt, rest) = text.split_at(100);
+    s.decode(prompt, &plan, Rows::Last).unwrap();
+    // The shape of speculative decoding over 1000 tokens (16 blocks): each step verifies a
+    // window of K + 1 = 9 positions and keeps some of them (here 1 to 5, as rejections do).
+    let k = 8;
+    let (mut kept, mut step) = (0, 0);
+    while kept + k + 1 <= rest.len() {
+        let held = s.len();
+        let window = &rest[kept..kept + k + 1];
+        s.decode(window, &plan, Rows::Tail(k + 1)).unwrap();
+        let logits = fp.logits_row_bytes * (k as u64 + 1);
+        assert_eq!(
+            ledger.used(),
+            fp.compute_bytes + fp.kv_bytes(held as u64 + k as u64 + 1) + logits,
+            "step {step}: the KV cache holds the tokens and the window, in blocks, and nothing more"
+        );
+        let accepted = 1 + step % 5;
+        s.truncate(held + accepted).unwrap();
+        assert_eq!(
+            ledger.used(),
+            fp.compute_bytes + fp.kv_bytes((held + accepted) as u64) + logits,
+            "step {step}: rejected positions are given back at once"
+        );
+        kept += accepted;
+        step += 1;
+    }
+    assert!(s.len() > 100 + 15 * KV_BLOCK_TOKENS, "crossed many blocks: {} tokens", s.len());
+    assert!(
+        ledger.peak()
+            <= fp.compute_bytes + fp.kv_bytes(s.len() as u64 + k as u64 + 1) + fp.logits_row_bytes * 9,
+        "the peak is the last window's, not the context's"
+    );
+    drop(s);
+    assert_eq!(ledger.used(), 0);
+}
+
+#[test]
+fn a_preallocated_session_holds_the_whole_context_from_the_start() {
+    let _serial = serial();
+    let model = smol();
+    let config = pocket_core::SessionConfig { preallocate: true, ..config(1024) };
+    let fp = model.footprint(&config).unwrap();
+    let ledger = Ledger::unlimited();
+    let mut s = model.new_session_in(&config, &ledger).unwrap();
+    assert_eq!(ledger.used(), fp.compute_bytes + fp.kv_bytes(1024));
+    s.decode(&prose(&model, 100), &full(&model), Rows::Last).unwrap();
+    s.truncate(0).unwrap();
+    assert_eq!(s.kv_bytes() as u64, fp.kv_bytes(1024), "kept after truncation");
+}

@@ -56,6 +56,7 @@ pub fn table(r: &BenchResults) -> String {
         "prefill tok/s",
         "vs llama.cpp",
         "identical",
+        "gen memory",
         "peak RSS",
     ];
     let mut rows = vec![header.map(String::from).to_vec()];
@@ -86,10 +87,32 @@ pub fn table(r: &BenchResults) -> String {
                 Some(false) => "NO".into(),
                 None => "-".into(),
             },
+            s.generation_memory_bytes_median.map_or_else(|| "-".into(), mib),
             mib(s.peak_rss_bytes_max),
         ]);
     }
     write_rows(&mut out, &rows);
+
+    let against_naive: Vec<String> = modes
+        .iter()
+        .filter_map(|mode| {
+            let s = r.summary.get(*mode)?;
+            let (decode, memory) = (s.decode_vs_naive?, s.memory_vs_naive?);
+            Some(format!(
+                "{mode} vs naive:{mode}: decode {decode:.2}x, generation memory {memory:.2}x{}",
+                if r.settings.memory_budget_bytes.is_some() { " (planned under the budget)" } else { "" }
+            ))
+        })
+        .collect();
+    if !against_naive.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nagainst the KV caches held for the whole context (medians of per-prompt ratios)"
+        );
+        for line in against_naive {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
 
     let mut kinds: Vec<_> = r.runs.iter().map(|run| run.kind).collect();
     kinds.sort();

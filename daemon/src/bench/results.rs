@@ -137,9 +137,17 @@ pub struct RunRecord {
     pub drafter: Option<String>,
     /// Peak resident memory of the process during this run.
     pub peak_rss_bytes: u64,
-    /// Peak during this run minus the resident memory after every model was loaded and
-    /// before the first prompt.
+    /// What the run's generation state held at its peak, beside the weights. Our engine's
+    /// modes: the peak of what its sessions and drafter reserved in the memory ledger during
+    /// the run — compute buffers, KV cache, logits rows, a draft model's session — which the
+    /// tests show predicts resident memory within 5%. `llama.cpp`: its KV cache, allocated for
+    /// the whole context when its context was made, plus what the process's resident memory
+    /// grew by during the run.
     pub generation_memory_bytes: u64,
+    /// What the session was given under the memory budget; absent without one (and for
+    /// `naive:` modes, which are not planned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<pocket_core::memory::Plan>,
     /// KV cache bytes per token held.
     pub kv_bytes_per_token: u64,
     /// sha256 of the generated token ids as little-endian u32s, hex.
@@ -187,6 +195,16 @@ pub struct ModeSummary {
     pub all_identical: Option<bool>,
     /// The highest peak RSS of any run.
     pub peak_rss_bytes_max: u64,
+    /// Median over runs of the generation memory.
+    #[serde(default)]
+    pub generation_memory_bytes_median: Option<u64>,
+    /// For a mode run beside its `naive:` form (`draft:M` and `naive:draft:M`): the median
+    /// over prompts of its decode tok/s over the naive form's; `null` otherwise.
+    #[serde(default)]
+    pub decode_vs_naive: Option<f64>,
+    /// The same for generation memory: its bytes over the naive form's.
+    #[serde(default)]
+    pub memory_vs_naive: Option<f64>,
     /// Median over runs of the CPU cores other processes kept busy.
     pub other_cpu_cores_median: Option<f64>,
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pocket_core::cost::{CostCurveConfig, CostModel, measure_cost_curve};
-use pocket_core::memory::Ledger;
+use pocket_core::memory::BudgetSpec;
 use pocket_core::spec::SpecMode;
 use pocket_core::{KvType, Model, SessionConfig, Token, default_threads};
 use pocket_ggml::{DeviceChoice, GgmlModel, LoadOptions, WeightFormat};
@@ -17,7 +17,7 @@ use super::modes::{self, Mode, RunMode, RunOutput, Runner, RunnerContext};
 use super::results::{BenchModel, BenchResults, Machine, RunRecord, Settings};
 use super::summary::{compare_outputs, summarize};
 use super::workload::{Prompt, prompt_tokens};
-use crate::mem::{MemStats, reset_peak};
+use crate::mem::{MemStats, budget_ledger, reset_peak};
 use crate::spec::{SpecCache, search_skip_set};
 
 /// The context length is rounded up to a multiple of this, for both engines alike.
@@ -64,6 +64,12 @@ pub struct BenchConfig {
     /// Before each run, wait up to this long for other processes to leave the CPU idle
     /// (zero: do not wait).
     pub wait_quiet: Duration,
+    /// The memory budget: the models are paid for in it and each run of our engine's modes
+    /// (but `naive:` ones) is planned under it; `None`: no budget.
+    pub memory_budget: Option<BudgetSpec>,
+    /// The context every session may hold; `None`: the longest prompt and its generation,
+    /// rounded up. `naive:` modes hold all of it from the start.
+    pub n_ctx: Option<usize>,
 }
 
 impl BenchConfig {
@@ -86,6 +92,8 @@ impl BenchConfig {
             warmup: true,
             rounds: 1,
             wait_quiet: Duration::ZERO,
+            memory_budget: None,
+            n_ctx: None,
         }
     }
 }
@@ -159,7 +167,12 @@ pub fn run(
         Some(sha) => sha.clone(),
         None => sha256_file(&config.model_path)?,
     };
-    let options = LoadOptions { device: config.device.clone(), ..LoadOptions::default() };
+    // Held until the runs end: the process's own memory, reserved first under a budget.
+    let (ledger, _process) =
+        budget_ledger(config.memory_budget).map_err(|e| Error::Invalid(format!("{e:#}")))?;
+    let budgeted = config.memory_budget.is_some();
+    let options =
+        LoadOptions { device: config.device.clone(), ledger: Some(ledger.clone()), ..LoadOptions::default() };
     // Our engine's model in every weight format a mode asks for; the first mode's is the main
     // one (prompts are tokenized and the session sized with it, and its curve is `cost_curve`).
     let mut models: Vec<Target> = Vec::new();
@@ -187,7 +200,7 @@ pub fn run(
     for t in &mut models {
         // Measured on a session of its own, dropped before the memory baseline is taken.
         if let Some(cc) = &config.cost_curve {
-            let mut s = t.model.new_session(&session)?;
+            let mut s = t.model.new_session_in(&session, &ledger)?;
             if !config.wait_quiet.is_zero() {
                 wait_for_quiet(config.wait_quiet);
             }
@@ -203,9 +216,7 @@ pub fn run(
         let spec_err = |e: anyhow::Error| Error::Invalid(format!("{e:#}"));
         let mut cache = SpecCache::open(&config.model_path, t.weights);
         t.cost = if t.curve.is_empty() {
-            CostModel::from_curve(
-                &cache.cost_curve(&t.model, &session, filler, &Ledger::unlimited()).map_err(spec_err)?,
-            )
+            CostModel::from_curve(&cache.cost_curve(&t.model, &session, filler, &ledger).map_err(spec_err)?)
         } else {
             CostModel::from_curve(&t.curve)
         };
@@ -234,6 +245,8 @@ pub fn run(
     for m in &config.modes {
         let t = models.iter().find(|t| t.weights == m.weights).expect("every mode's weights were loaded");
         let cx = RunnerContext {
+            ledger: &ledger,
+            budgeted,
             model: &t.model,
             session: &session,
             cost: &t.cost,
@@ -259,8 +272,6 @@ pub fn run(
 
     let total = config.rounds * prepared.len() * runners.len();
     progress(Progress::WarmedUp { runs: total });
-    reset_peak();
-    let baseline = MemStats::read().rss_bytes;
     let mut runs = Vec::with_capacity(total);
     let mut outputs = Vec::with_capacity(total);
     for round in 0..config.rounds {
@@ -274,11 +285,16 @@ pub fn run(
                 };
                 tracing::debug!(?settled, ?quiet, "waited for idle threads and a quiet machine");
                 reset_peak();
+                let before = MemStats::read().rss_bytes;
                 let cpu_before = CpuTimes::read();
                 let out = run_one(r.as_mut(), p, p.max_tokens)?;
                 let cpu_after = CpuTimes::read();
                 let mem = MemStats::read();
-                let mut rec = record(r.as_ref(), p, &out, mem.peak_rss_bytes.max(mem.rss_bytes), baseline);
+                let peak = mem.peak_rss_bytes.max(mem.rss_bytes);
+                let mut rec = record(r.as_ref(), p, &out, peak);
+                if !r.accounts_memory() {
+                    rec.generation_memory_bytes += peak.saturating_sub(before);
+                }
                 rec.round = round;
                 rec.other_cpu_cores = cpu_after.zip(cpu_before).and_then(|(a, b)| a.other_cores_since(&b));
                 runs.push(rec);
@@ -311,7 +327,7 @@ pub fn run(
         },
         settings: Settings {
             kv: config.kv.name().to_owned(),
-            memory_budget_bytes: None,
+            memory_budget_bytes: budgeted.then(|| ledger.budget()),
             seed: 0,
             greedy: true,
             n_ctx: session.n_ctx,
@@ -387,11 +403,25 @@ fn session_config(
     if let Some(cc) = &config.cost_curve {
         needed = needed.max(cc.context + cc.sizes.iter().copied().max().unwrap_or(1));
     }
+    let n_ctx = match config.n_ctx {
+        Some(n) if n < needed => {
+            return Err(Error::Invalid(format!(
+                "a context of {n} tokens is too small for this workload: it needs {needed} (the longest \
+                 prompt and its max_tokens, and the cost curve's passes)"
+            )));
+        }
+        Some(n) if n > limit => {
+            return Err(Error::Invalid(format!("a context of {n} tokens exceeds the model's {limit}")));
+        }
+        Some(n) => n,
+        None => needed.next_multiple_of(CTX_ROUND).min(limit),
+    };
     Ok(SessionConfig {
         kv: config.kv,
-        n_ctx: needed.next_multiple_of(CTX_ROUND).min(limit),
+        n_ctx,
         n_batch: config.n_batch.max(1),
         threads: config.threads,
+        preallocate: false,
     })
 }
 
@@ -403,7 +433,7 @@ fn run_one(runner: &mut dyn Runner, p: &Prepared<'_>, max_tokens: usize) -> Resu
     })
 }
 
-fn record(runner: &dyn Runner, p: &Prepared<'_>, out: &RunOutput, peak: u64, baseline: u64) -> RunRecord {
+fn record(runner: &dyn Runner, p: &Prepared<'_>, out: &RunOutput, peak: u64) -> RunRecord {
     let rate = |tokens: usize, seconds: f64| if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 };
     let generated = out.tokens.len();
     RunRecord {
@@ -423,7 +453,8 @@ fn record(runner: &dyn Runner, p: &Prepared<'_>, out: &RunOutput, peak: u64, bas
         mean_accepted_len: (out.draft_steps > 0).then(|| out.accepted as f64 / out.draft_steps as f64),
         drafter: out.drafter.clone(),
         peak_rss_bytes: peak,
-        generation_memory_bytes: peak.saturating_sub(baseline),
+        generation_memory_bytes: out.generation_memory_bytes,
+        plan: out.plan.clone(),
         kv_bytes_per_token: runner.kv_bytes_per_token(),
         output_sha256: sha256_tokens(&out.tokens),
         identical_to_vanilla: None,

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::modes::NAIVE_PREFIX;
 use super::results::{KindSummary, ModeSummary, RunRecord};
 
 /// The median (the mean of the middle two for an even count); `None` for no values. NaN
@@ -83,6 +84,10 @@ fn prefill(r: &RunRecord) -> Option<f64> {
     Some(r.prefill_tok_per_s)
 }
 
+fn memory(r: &RunRecord) -> Option<f64> {
+    Some(r.generation_memory_bytes as f64)
+}
+
 /// Summarise `runs` per mode, for each of `modes` (names; a mode without runs gets an empty
 /// summary). Ratios are medians of per-prompt ratios, so one long prompt does not dominate
 /// and each prompt is compared with itself under the other mode.
@@ -103,6 +108,11 @@ pub fn summarize(runs: &[RunRecord], modes: &[String]) -> BTreeMap<String, ModeS
         let own: Vec<&RunRecord> = runs.iter().filter(|r| r.mode == *mode).collect();
         let same_name = same_weights_vanilla(mode);
         let same = if same_name == "vanilla" { HashMap::new() } else { of_mode(&same_name) };
+        let naive = if mode.starts_with(NAIVE_PREFIX) {
+            HashMap::new()
+        } else {
+            of_mode(&format!("{NAIVE_PREFIX}{mode}"))
+        };
         let mut kinds: BTreeMap<_, Vec<&RunRecord>> = BTreeMap::new();
         for r in &own {
             kinds.entry(r.kind).or_default().push(r);
@@ -142,6 +152,10 @@ pub fn summarize(runs: &[RunRecord], modes: &[String]) -> BTreeMap<String, ModeS
                 acceptance: (drafted > 0).then(|| accepted as f64 / drafted as f64),
                 all_identical,
                 peak_rss_bytes_max: own.iter().map(|r| r.peak_rss_bytes).max().unwrap_or(0),
+                generation_memory_bytes_median: median(own.iter().filter_map(|r| memory(r)))
+                    .map(|m| m as u64),
+                decode_vs_naive: vs(&own, &naive, decode),
+                memory_vs_naive: vs(&own, &naive, memory),
                 other_cpu_cores_median: median(own.iter().filter_map(|r| r.other_cpu_cores)),
             },
         );
@@ -173,12 +187,31 @@ pub(crate) mod tests {
             drafter: None,
             peak_rss_bytes: 100,
             generation_memory_bytes: 0,
+            plan: None,
             kv_bytes_per_token: 0,
             output_sha256: format!("sha-{id}"),
             identical_to_vanilla: None,
             diverges_at: None,
             other_cpu_cores: Some(0.0),
         }
+    }
+
+    #[test]
+    fn a_mode_is_compared_with_its_naive_form() {
+        let mut runs = Vec::new();
+        for (id, budgeted, naive) in [("a", (95.0, 30), (100.0, 100)), ("b", (50.0, 20), (50.0, 80))] {
+            let mut r = run("draft:m", id, Kind::Qa, Some(budgeted.0), 1.0);
+            r.generation_memory_bytes = budgeted.1;
+            let mut n = run("naive:draft:m", id, Kind::Qa, Some(naive.0), 1.0);
+            n.generation_memory_bytes = naive.1;
+            runs.extend([r, n]);
+        }
+        let s = summarize(&runs, &["draft:m".into(), "naive:draft:m".into()]);
+        let d = &s["draft:m"];
+        assert_eq!(d.decode_vs_naive, Some((0.95 + 1.0) / 2.0));
+        assert_eq!(d.memory_vs_naive, Some((0.3 + 0.25) / 2.0));
+        assert_eq!(d.generation_memory_bytes_median, Some(25));
+        assert_eq!((s["naive:draft:m"].decode_vs_naive, s["naive:draft:m"].memory_vs_naive), (None, None));
     }
 
     #[test]

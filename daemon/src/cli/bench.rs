@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use pocket_core::KvType;
+use pocket_core::memory::BudgetSpec;
 
 use super::common::ModelArgs;
 use crate::bench::{self, BenchConfig, Progress, RunMode, workload};
@@ -50,6 +51,16 @@ pub struct Args {
     /// Skip measuring the cost curve.
     #[arg(long)]
     no_cost_curve: bool,
+    /// A memory budget (`200MiB`, `1.5GiB`, `auto`): the process and the models are paid for
+    /// in it, and each run of our engine's modes is planned under it as `pocket run` plans
+    /// (its plan is in the JSON), one session at a time. `naive:` modes are not held to it.
+    #[arg(long, value_name = "SIZE")]
+    memory_budget: Option<BudgetSpec>,
+    /// The context every session may hold, in tokens (default: the longest prompt and its
+    /// max_tokens, rounded up to 256). `naive:` modes hold all of it from the start, as a
+    /// server started with `-c N` does.
+    #[arg(short = 'c', long, value_name = "N")]
+    ctx_size: Option<usize>,
 }
 
 /// Run `pocket bench`.
@@ -98,6 +109,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.no_cost_curve {
         config.cost_curve = None;
     }
+    config.memory_budget = args.memory_budget;
+    config.n_ctx = args.ctx_size;
 
     eprintln!(
         "benchmarking {} ({}) on {} prompts, modes {}, {} threads",

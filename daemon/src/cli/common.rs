@@ -5,10 +5,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pocket_core::memory::{BudgetSpec, Ledger, MemoryLimits, Reservation};
+use pocket_core::memory::Ledger;
 use pocket_ggml::{GgmlModel, LoadOptions, WeightFormat};
-
-use crate::mem::MemStats;
 
 /// Flags that choose a model.
 #[derive(Debug, Clone, clap::Args)]
@@ -91,24 +89,6 @@ impl ModelArgs {
         };
         load_model(&path, &options)
     }
-}
-
-/// What the process holds that no ledger entry pays for, beyond its resident memory at the
-/// start: the tokenizers' tables, ggml's thread pools and small allocations, the page ends of
-/// the KV cache, the allocator's slack. Measured on SmolLM2 and Qwen2.5 (see the budget
-/// tests); generous rather than tight.
-pub const PROCESS_MARGIN: u64 = 32 << 20;
-
-/// The ledger for `--memory-budget`, with the process's own memory (resident now, plus
-/// [`PROCESS_MARGIN`]) reserved first; keep the reservation for as long as the ledger is
-/// used. Without a budget, an unlimited ledger.
-pub fn budget_ledger(spec: Option<BudgetSpec>) -> anyhow::Result<(Ledger, Option<Reservation>)> {
-    let Some(spec) = spec else { return Ok((Ledger::unlimited(), None)) };
-    let budget = spec.resolve(&MemoryLimits::read());
-    let ledger = Ledger::new(budget);
-    let own = MemStats::read().rss_bytes + PROCESS_MARGIN;
-    let reservation = ledger.reserve(own, "the process itself (code, libraries, tokenizer, thread pools)")?;
-    Ok((ledger, Some(reservation)))
 }
 
 /// Load `path`; a progress bar appears on stderr when loading takes longer than a second.

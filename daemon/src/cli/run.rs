@@ -5,18 +5,20 @@ use std::ops::ControlFlow;
 
 use anyhow::Context;
 use pocket_core::cost::CostModel;
-use pocket_core::memory::{self, BudgetSpec, DraftModelCosts, Plan, PlanRequest};
+use pocket_core::memory::{BudgetSpec, Plan};
 use pocket_core::spec::{SpecMode, SpecStats};
 use pocket_core::{
     ChatMessage, GenerateRequest, KvType, Model, SamplingConfig, SessionConfig, StopConfig, default_threads,
     generate_speculative,
 };
-use pocket_ggml::{GgmlModel, WeightFormat};
+use pocket_ggml::WeightFormat;
 use serde::Serialize;
 
-use super::common::{ModelArgs, WeightChoice, budget_ledger};
-use crate::mem::{MemStats, PeakSampler};
-use crate::spec::{DEFAULT_MAX_DRAFT, SpecCache, SpecSetup, WeightsEstimate, resolve_auto_weights};
+use super::common::{ModelArgs, WeightChoice};
+use crate::mem::{MemStats, PeakSampler, budget_ledger};
+use crate::spec::{
+    DEFAULT_MAX_DRAFT, SpecCache, SpecSetup, WeightsEstimate, plan_session, resolve_auto_weights,
+};
 
 /// Flags of `pocket run`.
 #[derive(Debug, clap::Args)]
@@ -52,8 +54,9 @@ pub struct Args {
     spec: SpecArgs,
     /// Memory this process may use at most, its peak resident memory included: a size
     /// (`200MiB`, `1.5GiB`) or `auto` (the cgroup's limit or the memory available now, less a
-    /// tenth). The session is planned to fit — shorter drafts, then no draft model, then no
-    /// speculation, then a lower-bit KV cache — or refused with the bytes needed and free.
+    /// tenth). The session is planned to fit — the prompt in smaller passes, then shorter
+    /// drafts, then no draft model, then no speculation, then a lower-bit KV cache — or
+    /// refused with the bytes needed and free.
     /// With a budget, `--weights auto` keeps the stored weights.
     #[arg(long)]
     memory_budget: Option<BudgetSpec>,
@@ -214,6 +217,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?;
         config.kv = plan.kv;
         config.n_ctx = config.n_ctx.min(plan.n_ctx);
+        config.n_batch = plan.n_batch;
         spec_mode = plan.spec;
         max_draft = plan.max_draft.max(1);
         if !plan.draft_model {
@@ -326,34 +330,4 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     writeln!(stdout)?;
     Ok(())
-}
-
-/// Plan a session of `tokens` tokens asking for `config`'s KV type and `spec` under what
-/// `ledger` has free (see [`memory::plan`]). The draft model is already loaded and paid for, so
-/// only its session counts; the plan may still drop it.
-fn plan_session(
-    model: &GgmlModel,
-    draft_model: Option<&GgmlModel>,
-    config: &SessionConfig,
-    ledger: &pocket_core::memory::Ledger,
-    tokens: usize,
-    spec: SpecMode,
-) -> anyhow::Result<Plan> {
-    let from = KvType::ALL.iter().position(|&k| k == config.kv).unwrap_or(0);
-    let by_kv = KvType::ALL[from..]
-        .iter()
-        .map(|&kv| Ok((kv, model.footprint(&SessionConfig { kv, ..config.clone() })?)))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let draft = draft_model
-        .map(|d| {
-            let fp = d.footprint(config)?;
-            anyhow::Ok(DraftModelCosts {
-                weights_bytes: 0,
-                kv_bytes_per_token: fp.kv_bytes_per_token,
-                compute_bytes: fp.compute_bytes,
-            })
-        })
-        .transpose()?;
-    let request = PlanRequest { tokens, kv: config.kv, spec, max_draft: DEFAULT_MAX_DRAFT };
-    Ok(memory::plan(ledger, &request, &by_kv, draft.as_ref())?)
 }

@@ -14,15 +14,32 @@ struct State {
 
 /// A memory budget and what is reserved against it. Cheap to clone; clones share the same
 /// budget (one per process: the daemon's models and sessions all draw from it).
+///
+/// A [`Ledger::sub`] ledger counts what one part (a session) reserves while every
+/// reservation also draws on the ledger it was made from.
 #[derive(Debug, Clone)]
 pub struct Ledger {
     state: Arc<Mutex<State>>,
+    parent: Option<Arc<Ledger>>,
 }
 
 impl Ledger {
     /// A ledger with `budget` bytes.
     pub fn new(budget: u64) -> Ledger {
-        Ledger { state: Arc::new(Mutex::new(State { budget, used: 0, peak: 0 })) }
+        Ledger { state: Arc::new(Mutex::new(State { budget, used: 0, peak: 0 })), parent: None }
+    }
+
+    /// A ledger of its own for one part of what this one pays for: what is reserved in it is
+    /// also reserved here (and refused when this one has no room), and its `used` and `peak`
+    /// count only that part.
+    pub fn sub(&self) -> Ledger {
+        Ledger { parent: Some(Arc::new(self.clone())), ..Ledger::unlimited() }
+    }
+
+    /// Start counting the peak again from what is reserved now.
+    pub fn reset_peak(&self) {
+        let mut s = self.lock();
+        s.peak = s.used;
     }
 
     /// A ledger that refuses nothing (it still counts).
@@ -48,11 +65,14 @@ impl Ledger {
 
     /// Bytes that may still be reserved.
     pub fn available(&self) -> u64 {
-        let s = self.lock();
-        s.budget.saturating_sub(s.used)
+        let own = {
+            let s = self.lock();
+            s.budget.saturating_sub(s.used)
+        };
+        self.parent.as_ref().map_or(own, |p| own.min(p.available()))
     }
 
-    /// The most bytes ever reserved at once.
+    /// The most bytes reserved at once since the ledger was made (or [`Ledger::reset_peak`]).
     pub fn peak(&self) -> u64 {
         self.lock().peak
     }
@@ -66,6 +86,19 @@ impl Ledger {
     }
 
     fn take(&self, bytes: u64, what: &str) -> Result<()> {
+        if let Some(parent) = &self.parent {
+            parent.take(bytes, what)?;
+        }
+        let taken = self.take_own(bytes, what);
+        if taken.is_err()
+            && let Some(parent) = &self.parent
+        {
+            parent.give_back(bytes);
+        }
+        taken
+    }
+
+    fn take_own(&self, bytes: u64, what: &str) -> Result<()> {
         let mut s = self.lock();
         let available = s.budget.saturating_sub(s.used);
         if bytes > available {
@@ -82,8 +115,13 @@ impl Ledger {
     }
 
     fn give_back(&self, bytes: u64) {
-        let mut s = self.lock();
-        s.used = s.used.saturating_sub(bytes);
+        {
+            let mut s = self.lock();
+            s.used = s.used.saturating_sub(bytes);
+        }
+        if let Some(parent) = &self.parent {
+            parent.give_back(bytes);
+        }
     }
 }
 
@@ -160,6 +198,26 @@ mod tests {
         drop(other);
         drop(kv);
         assert_eq!(ledger.used(), 0);
+    }
+
+    #[test]
+    fn a_sub_ledger_counts_its_part_and_draws_on_the_whole() {
+        let process = Ledger::new(100);
+        let _weights = process.reserve(50, "weights").unwrap();
+        let session = process.sub();
+        assert_eq!(session.available(), 50);
+        let mut kv = session.reserve(30, "KV").unwrap();
+        assert_eq!((session.used(), process.used()), (30, 80));
+        let e = session.reserve(25, "logits").unwrap_err();
+        assert!(matches!(e, Error::OverBudget { needed: 25, available: 20, budget: 100, .. }), "{e}");
+        assert_eq!((session.used(), process.used()), (30, 80), "a refusal takes nothing anywhere");
+        kv.resize(10).unwrap();
+        session.reset_peak();
+        let logits = session.reserve(15, "logits").unwrap();
+        drop(logits);
+        assert_eq!((session.peak(), session.used(), process.used()), (25, 10, 60));
+        drop(kv);
+        assert_eq!((session.used(), process.used()), (0, 50));
     }
 
     #[test]

@@ -11,5 +11,8 @@ mod plan;
 mod size;
 
 pub use ledger::{Ledger, Reservation};
-pub use plan::{DraftModelCosts, Plan, PlanRequest, SUFFIX_BYTES_PER_TOKEN, plan};
+pub use plan::{
+    DraftModelCosts, MIN_PREFILL_BATCH, ModelCosts, Plan, PlanRequest, SUFFIX_BYTES_PER_TOKEN, SessionCosts,
+    plan, prefill_batches,
+};
 pub use size::{BudgetSpec, MemoryLimits, format_size, parse_size, proc_field};

@@ -1,19 +1,27 @@
 //! The planner: what a session may hold under the budget, given up in a fixed order when it
-//! cannot have everything it asked for (../shared/DESIGN.md, Memory): shorter drafts first,
-//! then a drafter that needs no memory of its own instead of a draft model, then no
-//! speculation, then a lower-bit KV cache; and when even the least of those does not fit, an
-//! error naming the bytes needed and free.
+//! cannot have everything it asked for (../shared/DESIGN.md, Memory): first smaller prefill
+//! passes (a smaller compute buffer; costs time to first token, not decode speed), then
+//! shorter drafts, then a drafter that needs no memory of its own instead of a draft model,
+//! then no speculation, then a lower-bit KV cache; and when even the least of those does not
+//! fit, an error naming the bytes needed and free.
+
+use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::Ledger;
 use crate::spec::SpecMode;
-use crate::{Error, Footprint, KvType, Result};
+use crate::{Error, Footprint, KvType, Model, Result, SessionConfig};
 
 /// What the suffix automaton holds per token of prompt and output: the token, at most two
 /// states of 16 bytes and three transitions in a hash map (about 24 bytes each with the map's
 /// slack), rounded up.
 pub const SUFFIX_BYTES_PER_TOKEN: u64 = 128;
+
+/// The smallest prefill pass the planner shrinks to: below this, prompt processing loses
+/// most of its matrix-matrix speed, and a verification pass (1 + the longest draft) still
+/// fits in one.
+pub const MIN_PREFILL_BATCH: usize = 32;
 
 /// What a draft model costs beside the target, as its engine predicts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -37,6 +45,9 @@ pub struct PlanRequest {
     pub spec: SpecMode,
     /// The longest draft asked for.
     pub max_draft: usize,
+    /// The most tokens per forward pass asked for (the prompt is processed in passes of this
+    /// many; the compute buffer is sized for one).
+    pub n_batch: usize,
 }
 
 /// What a session is given.
@@ -47,6 +58,8 @@ pub struct Plan {
     /// Tokens the session may hold: the request's, plus the positions one verification
     /// writes past them (the draft window, K + 1).
     pub n_ctx: usize,
+    /// Most tokens per forward pass.
+    pub n_batch: usize,
     /// Speculation.
     pub spec: SpecMode,
     /// Whether speculation may use the draft model (`draft`, or `auto` offered one).
@@ -61,76 +74,175 @@ pub struct Plan {
     pub degraded: Vec<String>,
 }
 
+/// The engine's predictions for one session, asked for each KV type and pass size the
+/// planner considers: the target session's footprint (`None` when the engine offers no such
+/// KV cache) and, where there is a draft model, its costs.
+pub trait SessionCosts {
+    /// The target session's footprint with a `kv` cache and passes of `n_batch` tokens.
+    fn target(&mut self, kv: KvType, n_batch: usize) -> Result<Option<Footprint>>;
+
+    /// The draft model's costs with the same settings; `None` when there is no draft model.
+    fn draft(&mut self, kv: KvType, n_batch: usize) -> Result<Option<DraftModelCosts>>;
+}
+
+/// [`SessionCosts`] from the engines' own predictions ([`Model::footprint`]): a session of
+/// `target` with `config`, speculating with `draft` where given (its weights already loaded
+/// and paid for, so only its session counts). Sessions of either model with another KV cache
+/// than the engine offers are not offered.
+pub struct ModelCosts<'a> {
+    /// The target model.
+    pub target: &'a dyn Model,
+    /// The draft model, if any.
+    pub draft: Option<&'a dyn Model>,
+    /// The session settings the KV type and pass size are varied from.
+    pub config: SessionConfig,
+}
+
+impl ModelCosts<'_> {
+    fn config(&self, kv: KvType, n_batch: usize) -> SessionConfig {
+        SessionConfig { kv, n_batch, ..self.config.clone() }
+    }
+}
+
+impl SessionCosts for ModelCosts<'_> {
+    fn target(&mut self, kv: KvType, n_batch: usize) -> Result<Option<Footprint>> {
+        match self.target.footprint(&self.config(kv, n_batch)) {
+            Ok(f) => Ok(Some(f)),
+            Err(Error::InvalidArgument(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn draft(&mut self, kv: KvType, n_batch: usize) -> Result<Option<DraftModelCosts>> {
+        let Some(draft) = self.draft else { return Ok(None) };
+        let f = draft.footprint(&self.config(kv, n_batch))?;
+        Ok(Some(DraftModelCosts {
+            weights_bytes: 0,
+            kv_bytes_per_token: f.kv_bytes_per_token,
+            compute_bytes: f.compute_bytes,
+        }))
+    }
+}
+
+/// The pass sizes tried for a request of `asked`, largest first: halving down to
+/// [`MIN_PREFILL_BATCH`].
+pub fn prefill_batches(asked: usize) -> Vec<usize> {
+    let mut sizes = vec![asked.max(1)];
+    let mut n = asked / 2;
+    while n >= MIN_PREFILL_BATCH {
+        sizes.push(n);
+        n /= 2;
+    }
+    sizes
+}
+
+/// Remembers what [`SessionCosts`] answered (measuring a footprint builds a graph).
+struct Memo<'a> {
+    costs: &'a mut dyn SessionCosts,
+    target: HashMap<(KvType, usize), Option<Footprint>>,
+    draft: HashMap<(KvType, usize), Option<DraftModelCosts>>,
+}
+
+impl Memo<'_> {
+    fn target(&mut self, kv: KvType, n_batch: usize) -> Result<Option<Footprint>> {
+        if let Some(f) = self.target.get(&(kv, n_batch)) {
+            return Ok(*f);
+        }
+        let f = self.costs.target(kv, n_batch)?;
+        self.target.insert((kv, n_batch), f);
+        Ok(f)
+    }
+
+    fn draft(&mut self, kv: KvType, n_batch: usize) -> Result<Option<DraftModelCosts>> {
+        if let Some(d) = self.draft.get(&(kv, n_batch)) {
+            return Ok(*d);
+        }
+        let d = self.costs.draft(kv, n_batch)?;
+        self.draft.insert((kv, n_batch), d);
+        Ok(d)
+    }
+}
+
 /// Plan a session asking for `request` with what `ledger` has free, from what the engine
-/// predicts: `by_kv` the target session's footprint for each KV type it offers, `draft` the
-/// draft model's costs where there is one.
+/// predicts (`costs`).
 ///
 /// Errors: [`Error::OverBudget`] when even the least plan (no speculation, the lowest-bit KV
-/// type offered) does not fit, naming its bytes; [`Error::InvalidArgument`] when the KV type
-/// asked for is not offered, or `draft` speculation is asked for without a draft model.
-pub fn plan(
-    ledger: &Ledger,
-    request: &PlanRequest,
-    by_kv: &[(KvType, Footprint)],
-    draft: Option<&DraftModelCosts>,
-) -> Result<Plan> {
+/// type offered, the smallest passes) does not fit, naming its bytes;
+/// [`Error::InvalidArgument`] when the KV type asked for is not offered, or `draft`
+/// speculation is asked for without a draft model.
+pub fn plan(ledger: &Ledger, request: &PlanRequest, costs: &mut dyn SessionCosts) -> Result<Plan> {
     let available = ledger.available();
+    let mut memo = Memo { costs, target: HashMap::new(), draft: HashMap::new() };
+    let batches = prefill_batches(request.n_batch);
     let start = KvType::ALL.iter().position(|&k| k == request.kv).unwrap_or(0);
-    let kv_types: Vec<(KvType, &Footprint)> = KvType::ALL[start..]
-        .iter()
-        .filter_map(|&k| by_kv.iter().find(|(t, _)| *t == k).map(|(t, f)| (*t, f)))
-        .collect();
-    if kv_types.first().map(|(k, _)| *k) != Some(request.kv) {
+    let mut kv_types = Vec::new();
+    for &kv in &KvType::ALL[start..] {
+        if memo.target(kv, batches[0])?.is_some() {
+            kv_types.push(kv);
+        }
+    }
+    if kv_types.first() != Some(&request.kv) {
         return Err(Error::invalid(format!("the engine offers no {} KV cache for this model", request.kv)));
     }
-    if request.spec == SpecMode::Draft && draft.is_none() {
+    let has_draft = memo.draft(request.kv, batches[0])?.is_some();
+    if request.spec == SpecMode::Draft && !has_draft {
         return Err(Error::invalid("draft speculation needs a draft model"));
     }
     // The drafters to try, most wanted first: the one asked for, then without the draft
     // model's memory, then none.
     let mut drafters =
-        vec![(request.spec, draft.is_some() && matches!(request.spec, SpecMode::Draft | SpecMode::Auto))];
+        vec![(request.spec, has_draft && matches!(request.spec, SpecMode::Draft | SpecMode::Auto))];
     match request.spec {
         SpecMode::Draft => drafters.push((SpecMode::Suffix, false)),
-        SpecMode::Auto if draft.is_some() => drafters.push((SpecMode::Auto, false)),
+        SpecMode::Auto if has_draft => drafters.push((SpecMode::Auto, false)),
         _ => {}
     }
     if request.spec != SpecMode::Off {
         drafters.push((SpecMode::Off, false));
     }
     let mut least = None;
-    for (ik, &(kv, footprint)) in kv_types.iter().enumerate() {
+    for (ik, &kv) in kv_types.iter().enumerate() {
         for (id, &(spec, with_draft)) in drafters.iter().enumerate() {
             let mut k = if spec == SpecMode::Off { 0 } else { request.max_draft.max(1) };
             loop {
-                let bytes =
-                    session_bytes(request.tokens, footprint, spec, with_draft.then_some(draft).flatten(), k);
-                if bytes <= available {
-                    let mut degraded = Vec::new();
-                    if k < request.max_draft && spec != SpecMode::Off {
-                        degraded.push(format!("drafts shortened to {k} tokens"));
+                for &n_batch in &batches {
+                    let footprint = memo.target(kv, n_batch)?.expect("offered at every size");
+                    let draft = if with_draft { memo.draft(kv, n_batch)? } else { None };
+                    let bytes = session_bytes(request.tokens, &footprint, spec, draft.as_ref(), k);
+                    if bytes <= available {
+                        let mut degraded = Vec::new();
+                        if n_batch < batches[0] {
+                            degraded.push(format!(
+                                "prompt in passes of {n_batch} tokens instead of {}",
+                                batches[0]
+                            ));
+                        }
+                        if k < request.max_draft && spec != SpecMode::Off {
+                            degraded.push(format!("drafts shortened to {k} tokens"));
+                        }
+                        if id > 0 && spec != SpecMode::Off {
+                            degraded.push(format!("{spec} without the draft model"));
+                        }
+                        if spec == SpecMode::Off && request.spec != SpecMode::Off {
+                            degraded.push("no speculation".to_owned());
+                        }
+                        if ik > 0 {
+                            degraded.push(format!("{kv} KV cache instead of {}", request.kv));
+                        }
+                        return Ok(Plan {
+                            kv,
+                            n_ctx: request.tokens + k + 1,
+                            n_batch,
+                            spec,
+                            draft_model: with_draft,
+                            max_draft: k,
+                            bytes,
+                            available,
+                            degraded,
+                        });
                     }
-                    if id > 0 && spec != SpecMode::Off {
-                        degraded.push(format!("{spec} without the draft model"));
-                    }
-                    if spec == SpecMode::Off && request.spec != SpecMode::Off {
-                        degraded.push("no speculation".to_owned());
-                    }
-                    if ik > 0 {
-                        degraded.push(format!("{kv} KV cache instead of {}", request.kv));
-                    }
-                    return Ok(Plan {
-                        kv,
-                        n_ctx: request.tokens + k + 1,
-                        spec,
-                        draft_model: with_draft,
-                        max_draft: k,
-                        bytes,
-                        available,
-                        degraded,
-                    });
+                    least = Some(bytes);
                 }
-                least = Some(bytes);
                 if k <= 1 {
                     break;
                 }
@@ -174,57 +286,83 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    fn footprint(kv_bytes_per_token: u64) -> Footprint {
-        Footprint {
-            weights_anon_bytes: 0,
-            weights_mapped_bytes: 100 * MIB,
-            kv_bytes_per_token,
-            kv_block_tokens: 64,
-            compute_bytes: 10 * MIB,
-            logits_row_bytes: 200_000,
+    /// Costs like SmolLM2's: a compute buffer that scales with the pass size (10 MiB at 256
+    /// tokens), KV bytes per token by type.
+    struct Fake {
+        kv_types: Vec<(KvType, u64)>,
+        draft: Option<DraftModelCosts>,
+        asked: usize,
+    }
+
+    impl SessionCosts for Fake {
+        fn target(&mut self, kv: KvType, n_batch: usize) -> Result<Option<Footprint>> {
+            self.asked += 1;
+            Ok(self.kv_types.iter().find(|(k, _)| *k == kv).map(|&(_, per_token)| Footprint {
+                weights_anon_bytes: 0,
+                weights_mapped_bytes: 100 * MIB,
+                kv_bytes_per_token: per_token,
+                kv_block_tokens: 64,
+                compute_bytes: 10 * MIB * n_batch as u64 / 256,
+                logits_row_bytes: 200_000,
+            }))
+        }
+
+        fn draft(&mut self, _kv: KvType, n_batch: usize) -> Result<Option<DraftModelCosts>> {
+            Ok(self
+                .draft
+                .map(|d| DraftModelCosts { compute_bytes: d.compute_bytes * n_batch as u64 / 256, ..d }))
         }
     }
 
-    fn offered() -> Vec<(KvType, Footprint)> {
-        vec![
-            (KvType::F16, footprint(23040)),
-            (KvType::Q8_0, footprint(12240)),
-            (KvType::Q4_0, footprint(6480)),
-        ]
-    }
-
-    fn draft() -> DraftModelCosts {
-        DraftModelCosts { weights_bytes: 60 * MIB, kv_bytes_per_token: 12288, compute_bytes: 8 * MIB }
+    fn costs(with_draft: bool) -> Fake {
+        Fake {
+            kv_types: vec![(KvType::F16, 23040), (KvType::Q8_0, 12240), (KvType::Q4_0, 6480)],
+            draft: with_draft.then_some(DraftModelCosts {
+                weights_bytes: 60 * MIB,
+                kv_bytes_per_token: 12288,
+                compute_bytes: 8 * MIB,
+            }),
+            asked: 0,
+        }
     }
 
     fn request(spec: SpecMode) -> PlanRequest {
-        PlanRequest { tokens: 1000, kv: KvType::F16, spec, max_draft: 8 }
+        PlanRequest { tokens: 1000, kv: KvType::F16, spec, max_draft: 8, n_batch: 256 }
     }
 
     #[test]
     fn everything_asked_for_when_it_fits() {
-        let p = plan(&Ledger::new(1 << 30), &request(SpecMode::Draft), &offered(), Some(&draft())).unwrap();
+        let p = plan(&Ledger::new(1 << 30), &request(SpecMode::Draft), &mut costs(true)).unwrap();
         assert_eq!(
-            (p.kv, p.spec, p.draft_model, p.max_draft, p.n_ctx),
-            (KvType::F16, SpecMode::Draft, true, 8, 1009)
+            (p.kv, p.spec, p.draft_model, p.max_draft, p.n_ctx, p.n_batch),
+            (KvType::F16, SpecMode::Draft, true, 8, 1009, 256)
         );
         assert!(p.degraded.is_empty());
         assert!(p.bytes > 60 * MIB + 10 * MIB + 8 * MIB);
     }
 
     #[test]
+    fn prefill_passes_halve_down_to_the_floor() {
+        assert_eq!(prefill_batches(256), [256, 128, 64, 32]);
+        assert_eq!(prefill_batches(100), [100, 50]);
+        assert_eq!(prefill_batches(16), [16]);
+        assert_eq!(prefill_batches(0), [1]);
+    }
+
+    #[test]
     fn degrades_in_the_designed_order_as_the_budget_shrinks() {
         let req = request(SpecMode::Draft);
-        let d = draft();
-        // Walk the budget down and record each change of plan: the order must be shorter
-        // drafts, then no draft model, then no speculation, then lower-bit KV, then an error.
-        let mut seen: Vec<(SpecMode, bool, KvType, usize)> = Vec::new();
+        let mut c = costs(true);
+        // Walk the budget down and record each change of plan: the order must be smaller
+        // prefill passes, then shorter drafts, then no draft model, then no speculation, then
+        // lower-bit KV, then an error.
+        let mut seen: Vec<(SpecMode, bool, KvType, usize, usize)> = Vec::new();
         let mut budget = 200 * MIB;
         loop {
-            match plan(&Ledger::new(budget), &req, &offered(), Some(&d)) {
+            match plan(&Ledger::new(budget), &req, &mut c) {
                 Ok(p) => {
                     assert!(p.bytes <= budget);
-                    let key = (p.spec, p.draft_model, p.kv, p.max_draft);
+                    let key = (p.spec, p.draft_model, p.kv, p.max_draft, p.n_batch);
                     if seen.last() != Some(&key) {
                         seen.push(key);
                     }
@@ -236,7 +374,7 @@ mod tests {
             }
             budget -= MIB / 4;
         }
-        let rank = |&(spec, with_draft, kv, _): &(SpecMode, bool, KvType, usize)| {
+        let rank = |&(spec, with_draft, kv, k, n_batch): &(SpecMode, bool, KvType, usize, usize)| {
             let drafter = if with_draft {
                 0
             } else if spec != SpecMode::Off {
@@ -244,38 +382,49 @@ mod tests {
             } else {
                 2
             };
-            (KvType::ALL.iter().position(|&k| k == kv).unwrap(), drafter)
+            // Larger is further degraded: KV type, then drafter, then draft length, then pass.
+            (
+                KvType::ALL.iter().position(|&x| x == kv).unwrap(),
+                drafter,
+                usize::MAX - k,
+                usize::MAX - n_batch,
+            )
         };
         for w in seen.windows(2) {
-            let (a, b) = (rank(&w[0]), rank(&w[1]));
-            assert!(a < b || (a == b && w[1].3 < w[0].3), "{:?} came after {:?}", w[1], w[0]);
+            assert!(rank(&w[0]) < rank(&w[1]), "{:?} came after {:?}", w[1], w[0]);
         }
-        assert_eq!(seen.first(), Some(&(SpecMode::Draft, true, KvType::F16, 8)));
-        assert_eq!(seen.last().map(|s| (s.0, s.2)), Some((SpecMode::Off, KvType::Q4_0)));
-        assert!(seen.contains(&(SpecMode::Suffix, false, KvType::F16, 8)), "{seen:?}");
+        assert_eq!(seen.first(), Some(&(SpecMode::Draft, true, KvType::F16, 8, 256)));
+        assert_eq!(seen.get(1), Some(&(SpecMode::Draft, true, KvType::F16, 8, 128)), "{seen:?}");
+        assert_eq!(seen.last().map(|s| (s.0, s.2, s.4)), Some((SpecMode::Off, KvType::Q4_0, 32)));
+        assert!(seen.contains(&(SpecMode::Suffix, false, KvType::F16, 8, 256)), "{seen:?}");
+        // One plan that tries everything asks for each footprint once.
+        c.asked = 0;
+        assert!(plan(&Ledger::new(1), &req, &mut c).is_err());
+        assert_eq!(c.asked, 3 * 4, "each (KV type, pass size) footprint is asked for once");
     }
 
     #[test]
     fn a_session_that_cannot_fit_names_the_least_it_needs() {
-        let ledger = Ledger::new(8 * MIB);
+        let ledger = Ledger::new(5 * MIB);
         let _held = ledger.reserve(3 * MIB, "weights").unwrap();
-        let e = plan(&ledger, &request(SpecMode::Off), &offered(), None).unwrap_err();
+        let e = plan(&ledger, &request(SpecMode::Off), &mut costs(false)).unwrap_err();
         let Error::OverBudget { needed, available, budget, .. } = e else { panic!("{e}") };
-        assert_eq!((available, budget), (5 * MIB, 8 * MIB));
-        // The least plan: q4_0 KV for 1001 positions (16 blocks of 64), the compute buffer, one
-        // logits row.
-        assert_eq!(needed, 16 * 64 * 6480 + 10 * MIB + 200_000);
+        assert_eq!((available, budget), (2 * MIB, 5 * MIB));
+        // The least plan: q4_0 KV for 1001 positions (16 blocks of 64), the compute buffer for
+        // passes of 32 tokens, one logits row.
+        assert_eq!(needed, 16 * 64 * 6480 + 10 * MIB * 32 / 256 + 200_000);
     }
 
     #[test]
     fn bad_requests_are_invalid_arguments() {
         assert!(matches!(
-            plan(&Ledger::new(1 << 30), &request(SpecMode::Draft), &offered(), None),
+            plan(&Ledger::new(1 << 30), &request(SpecMode::Draft), &mut costs(false)),
             Err(Error::InvalidArgument(_))
         ));
-        let only_q8 = vec![(KvType::Q8_0, footprint(12240))];
+        let mut only_q8 = costs(false);
+        only_q8.kv_types.retain(|(k, _)| *k == KvType::Q8_0);
         assert!(matches!(
-            plan(&Ledger::new(1 << 30), &request(SpecMode::Off), &only_q8, None),
+            plan(&Ledger::new(1 << 30), &request(SpecMode::Off), &mut only_q8),
             Err(Error::InvalidArgument(_))
         ));
     }

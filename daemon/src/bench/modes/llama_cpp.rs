@@ -88,6 +88,9 @@ impl Runner for LlamaCppRunner {
             tokens,
             prefill_seconds: first_at.duration_since(start).as_secs_f64(),
             decode_seconds: last_at.duration_since(first_at).as_secs_f64(),
+            // Its KV cache was allocated (and cleared, so resident) for the whole context when
+            // the context was made; the run's own growth is added by the benchmark.
+            generation_memory_bytes: self.n_ctx as u64 * self.kv_bytes_per_token,
             ..RunOutput::default()
         })
     }

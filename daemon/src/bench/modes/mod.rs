@@ -41,8 +41,8 @@ pub enum Mode {
 
 impl Mode {
     /// The modes that can be run, by name.
-    pub const KNOWN: [&'static str; 6] =
-        ["llama.cpp", "vanilla", "suffix", "layerskip", "draft:MODEL", "auto"];
+    pub const KNOWN: [&'static str; 7] =
+        ["llama.cpp", "vanilla", "suffix", "layerskip", "draft:MODEL", "auto", "naive:MODE"];
 
     /// Modes the results format names that are not implemented yet.
     pub const PLANNED: [&'static str; 1] = ["inputcopy"];
@@ -98,27 +98,35 @@ impl FromStr for Mode {
 
 /// A mode and the weight format our engine holds the model in for it: `suffix`, or
 /// `suffix@q8_0` for the model's matrices widened to Q8_0 at load
-/// ([`pocket_ggml::WeightFormat`]), so both can be compared in one run.
+/// ([`pocket_ggml::WeightFormat`]), so both can be compared in one run; `naive:` before our
+/// engine's mode holds every KV cache (the draft model's too) for the whole context from the
+/// start, as a plain two-model setup does, and is not held to a memory budget.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RunMode {
     /// The mode.
     pub mode: Mode,
     /// The weight format of the target model (draft models stay as stored).
     pub weights: WeightFormat,
+    /// Whether the KV caches are allocated for the whole context up front.
+    pub naive: bool,
 }
+
+/// The prefix of a naive mode's name.
+pub const NAIVE_PREFIX: &str = "naive:";
 
 impl RunMode {
     /// The name used on the command line and in results.
     pub fn name(&self) -> String {
+        let prefix = if self.naive { NAIVE_PREFIX } else { "" };
         match self.weights {
-            WeightFormat::AsStored => self.mode.name(),
-            w => format!("{}@{w}", self.mode.name()),
+            WeightFormat::AsStored => format!("{prefix}{}", self.mode.name()),
+            w => format!("{prefix}{}@{w}", self.mode.name()),
         }
     }
 
     /// The name of plain decoding on the same weights: what this mode's output must equal.
     pub fn vanilla_name(&self) -> String {
-        RunMode { mode: Mode::Vanilla, weights: self.weights }.name()
+        RunMode { mode: Mode::Vanilla, weights: self.weights, naive: false }.name()
     }
 
     /// Parse a comma-separated list of modes (`llama.cpp,vanilla,suffix@q8_0`); unknown or
@@ -147,7 +155,7 @@ impl RunMode {
 
 impl From<Mode> for RunMode {
     fn from(mode: Mode) -> Self {
-        RunMode { mode, weights: WeightFormat::AsStored }
+        RunMode { mode, weights: WeightFormat::AsStored, naive: false }
     }
 }
 
@@ -161,6 +169,16 @@ impl FromStr for RunMode {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self, Error> {
+        if let Some(rest) = s.strip_prefix(NAIVE_PREFIX) {
+            let mode: RunMode = rest.parse()?;
+            if mode.naive || mode.mode == Mode::LlamaCpp {
+                return Err(Error::Invalid(format!(
+                    "mode {s:?}: `naive:` goes before one of our engine's modes (naive:suffix, \
+                     naive:draft:MODEL)"
+                )));
+            }
+            return Ok(RunMode { naive: true, ..mode });
+        }
         let Some((mode, weights)) = s.rsplit_once('@') else { return Ok(s.parse::<Mode>()?.into()) };
         let mode: Mode = mode.parse()?;
         let weights: WeightFormat =
@@ -170,7 +188,7 @@ impl FromStr for RunMode {
                 "mode {s:?}: llama.cpp runs the file as stored; weight formats are for our engine's modes"
             )));
         }
-        Ok(RunMode { mode, weights })
+        Ok(RunMode { mode, weights, naive: false })
     }
 }
 
@@ -194,6 +212,11 @@ pub struct RunOutput {
     pub draft_steps: u64,
     /// What the drafter did, in a line (`None` without speculation).
     pub drafter: Option<String>,
+    /// Bytes the run's generation state held at its peak, as its engine accounts them (see
+    /// [`crate::bench::results::RunRecord::generation_memory_bytes`]).
+    pub generation_memory_bytes: u64,
+    /// What the session was given under the memory budget (`None` without one).
+    pub plan: Option<pocket_core::memory::Plan>,
 }
 
 /// Runs prompts in one mode. Made once per benchmark (models loaded up front); each
@@ -207,6 +230,13 @@ pub trait Runner {
     /// KV cache bytes per token held.
     fn kv_bytes_per_token(&self) -> u64;
 
+    /// Whether [`RunOutput::generation_memory_bytes`] accounts for all the run's memory (our
+    /// engine's ledger); if not, the benchmark adds what the process's resident memory grew by
+    /// during the run.
+    fn accounts_memory(&self) -> bool {
+        false
+    }
+
     /// Generate greedily from `prompt` (token ids), at most `max_tokens` tokens, stopping
     /// early at an end token.
     fn run(&mut self, prompt: &[Token], max_tokens: usize) -> Result<RunOutput, Error>;
@@ -216,6 +246,10 @@ pub trait Runner {
 /// for every mode) and the session settings, the same for all modes.
 #[derive(Clone, Copy)]
 pub struct RunnerContext<'a> {
+    /// What the models were paid for in: the memory budget, or an unlimited ledger.
+    pub ledger: &'a pocket_core::memory::Ledger,
+    /// Whether `ledger` is a memory budget that each run is planned under.
+    pub budgeted: bool,
     /// Our engine's model.
     pub model: &'a GgmlModel,
     /// Context length, batch, threads and KV type.
@@ -235,11 +269,11 @@ pub fn open(mode: &RunMode, cx: RunnerContext<'_>) -> Result<Box<dyn Runner>, Er
         Mode::Draft(name) => {
             let draft = cx.draft_models.iter().find(|(n, _)| n == name).map(|(_, m)| m.clone());
             let draft = draft.ok_or_else(|| Error::Invalid(format!("draft model {name} was not loaded")))?;
-            Box::new(SpecRunner::new(mode.name(), SpecMode::Draft, Some(draft), cx)?)
+            Box::new(SpecRunner::new(mode, SpecMode::Draft, Some(draft), cx)?)
         }
         m => {
             let spec = m.spec().unwrap_or_default();
-            Box::new(SpecRunner::new(mode.name(), spec, None, cx)?)
+            Box::new(SpecRunner::new(mode, spec, None, cx)?)
         }
     })
 }
@@ -280,6 +314,15 @@ mod tests {
         assert!(e.contains("stored, q8_0"), "{e}");
         assert!(RunMode::parse_list("llama.cpp@q8_0").unwrap_err().to_string().contains("as stored"));
         assert!(RunMode::parse_list("vanilla@stored,vanilla").unwrap_err().to_string().contains("twice"));
+        let naive = RunMode::parse_list("naive:draft:qwen,naive:suffix@q8_0").unwrap();
+        assert!(naive.iter().all(|m| m.naive));
+        assert_eq!(naive[0].mode, Mode::Draft("qwen".into()));
+        assert_eq!(
+            (naive[1].name(), naive[1].vanilla_name()),
+            ("naive:suffix@q8_0".into(), "vanilla@q8_0".into())
+        );
+        assert!(RunMode::parse_list("naive:llama.cpp").is_err());
+        assert!(RunMode::parse_list("naive:naive:suffix").is_err());
         let defaulted =
             RunMode::parse_list_with("llama.cpp,vanilla,suffix@stored", WeightFormat::Q8_0).unwrap();
         let names: Vec<String> = defaulted.iter().map(RunMode::name).collect();
