@@ -97,7 +97,7 @@ fn a_long_verification_loop_reserves_only_its_window_and_reuses_rejected_positio
     // window of K + 1 = 9 positions and keeps some of them (here 1 to 5, as rejections do).
     let k = 8;
     let (mut kept, mut step) = (0, 0);
-    while kept + k + 1 <= rest.len() {
+    while kept + k < rest.len() {
         let held = s.len();
         let window = &rest[kept..kept + k + 1];
         s.decode(window, &plan, Rows::Tail(k + 1)).unwrap();
