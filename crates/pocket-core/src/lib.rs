@@ -32,7 +32,8 @@ mod tokenizer;
 pub use error::{Error, Result};
 pub use generate::{Event, GenerateRequest, Generation, generate, generate_speculative};
 pub use model::{
-    Footprint, KvType, Logits, Model, ModelInfo, ModelKind, Rows, Session, SessionConfig, default_threads,
+    DEFAULT_MAX_ROWS, Footprint, KvType, Logits, Model, ModelInfo, ModelKind, Rows, Session, SessionConfig,
+    default_threads,
 };
 pub use plan::{LayerPlan, MAX_LAYERS};
 pub use sampling::{Distribution, Sampler, SamplingConfig, argmax};

@@ -109,6 +109,11 @@ pub struct SessionConfig {
     pub n_batch: usize,
     /// CPU threads for the forward pass.
     pub threads: usize,
+    /// Most rows of logits one pass returns: 1 + the longest draft verified (a request for
+    /// more rows is split into passes). The compute buffer holds this many rows of logits,
+    /// which for a large vocabulary is most of it.
+    #[serde(default = "default_max_rows")]
+    pub max_rows: usize,
     /// Hold the KV cache for the whole context from the start and keep it, as engines without
     /// a memory budget do (llama.cpp allocates and clears its cache when a context is made).
     /// Only for comparing with them: it defeats the point of growing the cache.
@@ -123,9 +128,18 @@ impl Default for SessionConfig {
             n_ctx: 4096,
             n_batch: 256,
             threads: default_threads(),
+            max_rows: DEFAULT_MAX_ROWS,
             preallocate: false,
         }
     }
+}
+
+/// [`SessionConfig::max_rows`] unless a plan says otherwise: room to verify the longest
+/// draft any drafter makes ([`crate::spec::MAX_DRAFT`]) and more.
+pub const DEFAULT_MAX_ROWS: usize = 32;
+
+fn default_max_rows() -> usize {
+    DEFAULT_MAX_ROWS
 }
 
 /// The CPU threads to use by default: every core the process may run on.

@@ -135,7 +135,7 @@ fn teacher_forced(
         n_ctx: prompt.len() + forced.len() + 8,
         n_batch: 512,
         threads,
-        preallocate: false,
+        ..SessionConfig::default()
     };
     let mut session = model.new_session(&config)?;
     let plan = LayerPlan::full(model.info().n_layers)?;

@@ -13,9 +13,10 @@ use crate::kv::KvCache;
 use crate::model::Inner;
 use crate::{Error, Result};
 
-/// Most rows of logits one pass computes; a verification asking for more is split into
-/// several passes. Bounds the logits part of the compute buffer (rows × vocabulary × 4 bytes).
-pub const MAX_LOGIT_ROWS: usize = 32;
+/// Most rows of logits one pass computes (a session's [`SessionConfig::max_rows`] may ask
+/// for fewer); a verification asking for more is split into several passes. Bounds the
+/// logits part of the compute buffer (rows × vocabulary × 4 bytes).
+pub const MAX_LOGIT_ROWS: usize = pocket_core::DEFAULT_MAX_ROWS;
 
 /// Backends, scheduler and thread pool of one session. Not shared: ggml's CPU backend keeps
 /// per-computation state, so two sessions computing at once need one each.
@@ -123,7 +124,7 @@ impl Compute {
         let worst = PassShape::new(
             kv.n_ctx() - n_batch,
             n_batch,
-            n_batch.min(MAX_LOGIT_ROWS),
+            n_batch.min(config.max_rows),
             kv,
             hp,
             model.attention,
@@ -298,6 +299,7 @@ impl GgmlSession {
         config.n_ctx = config.n_ctx.clamp(1, model.hp.n_ctx_train);
         config.n_batch = config.n_batch.clamp(1, config.n_ctx);
         config.threads = config.threads.max(1);
+        config.max_rows = config.max_rows.clamp(1, MAX_LOGIT_ROWS);
         config
     }
 
@@ -429,14 +431,14 @@ impl Session for GgmlSession {
         self.logits.reserve_exact(logits_len);
         self.logits.resize(logits_len, 0.0);
 
-        // Split the batch into passes of at most n_batch tokens and MAX_LOGIT_ROWS rows; the
+        // Split the batch into passes of at most n_batch tokens and max_rows rows; the
         // rows asked for are the batch's tail, so in each pass they are that pass's tail.
         let want_from = batch - n_rows;
         let (mut c0, mut row_off) = (0, 0);
         while c0 < batch {
             let mut c1 = (c0 + self.config.n_batch).min(batch);
             if c1 > want_from {
-                c1 = c1.min(c0.max(want_from) + MAX_LOGIT_ROWS);
+                c1 = c1.min(c0.max(want_from) + self.config.max_rows);
             }
             let n_out = c1.saturating_sub(c0.max(want_from));
             if let Err(e) = self.pass(plan, start + c0, c1 - c0, n_out, row_off) {

@@ -421,7 +421,7 @@ fn session_config(
         n_ctx,
         n_batch: config.n_batch.max(1),
         threads: config.threads,
-        preallocate: false,
+        ..SessionConfig::default()
     })
 }
 

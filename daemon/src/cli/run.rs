@@ -218,6 +218,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.kv = plan.kv;
         config.n_ctx = config.n_ctx.min(plan.n_ctx);
         config.n_batch = plan.n_batch;
+        config.max_rows = plan.max_rows;
         spec_mode = plan.spec;
         max_draft = plan.max_draft.max(1);
         if !plan.draft_model {
@@ -247,7 +248,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ => {
             // Measured over a longer context than a small plan may give the session (its own
             // session is dropped before generation starts).
-            let measuring = SessionConfig { n_ctx: args.ctx_size.max(config.n_ctx), ..config.clone() };
+            let measuring = SessionConfig {
+                n_ctx: args.ctx_size.max(config.n_ctx),
+                max_rows: pocket_core::DEFAULT_MAX_ROWS,
+                ..config.clone()
+            };
             CostModel::from_curve(&cache.cost_curve(&model, &measuring, &tokens, &ledger)?)
         }
     };

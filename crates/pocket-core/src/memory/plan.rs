@@ -60,6 +60,8 @@ pub struct Plan {
     pub n_ctx: usize,
     /// Most tokens per forward pass.
     pub n_batch: usize,
+    /// Most rows of logits per pass: 1 + the longest draft.
+    pub max_rows: usize,
     /// Speculation.
     pub spec: SpecMode,
     /// Whether speculation may use the draft model (`draft`, or `auto` offered one).
@@ -74,14 +76,16 @@ pub struct Plan {
     pub degraded: Vec<String>,
 }
 
-/// The engine's predictions for one session, asked for each KV type and pass size the
-/// planner considers: the target session's footprint (`None` when the engine offers no such
-/// KV cache) and, where there is a draft model, its costs.
+/// The engine's predictions for one session, asked for each KV type, pass size and rows of
+/// logits the planner considers: the target session's footprint (`None` when the engine
+/// offers no such KV cache) and, where there is a draft model, its costs.
 pub trait SessionCosts {
-    /// The target session's footprint with a `kv` cache and passes of `n_batch` tokens.
-    fn target(&mut self, kv: KvType, n_batch: usize) -> Result<Option<Footprint>>;
+    /// The target session's footprint with a `kv` cache, passes of `n_batch` tokens and
+    /// `max_rows` rows of logits.
+    fn target(&mut self, kv: KvType, n_batch: usize, max_rows: usize) -> Result<Option<Footprint>>;
 
-    /// The draft model's costs with the same settings; `None` when there is no draft model.
+    /// The draft model's costs with a `kv` cache and passes of `n_batch` tokens (a draft
+    /// model needs one row of logits); `None` when there is no draft model.
     fn draft(&mut self, kv: KvType, n_batch: usize) -> Result<Option<DraftModelCosts>>;
 }
 
@@ -99,14 +103,14 @@ pub struct ModelCosts<'a> {
 }
 
 impl ModelCosts<'_> {
-    fn config(&self, kv: KvType, n_batch: usize) -> SessionConfig {
-        SessionConfig { kv, n_batch, ..self.config.clone() }
+    fn config(&self, kv: KvType, n_batch: usize, max_rows: usize) -> SessionConfig {
+        SessionConfig { kv, n_batch, max_rows, ..self.config.clone() }
     }
 }
 
 impl SessionCosts for ModelCosts<'_> {
-    fn target(&mut self, kv: KvType, n_batch: usize) -> Result<Option<Footprint>> {
-        match self.target.footprint(&self.config(kv, n_batch)) {
+    fn target(&mut self, kv: KvType, n_batch: usize, max_rows: usize) -> Result<Option<Footprint>> {
+        match self.target.footprint(&self.config(kv, n_batch, max_rows)) {
             Ok(f) => Ok(Some(f)),
             Err(Error::InvalidArgument(_)) => Ok(None),
             Err(e) => Err(e),
@@ -115,7 +119,7 @@ impl SessionCosts for ModelCosts<'_> {
 
     fn draft(&mut self, kv: KvType, n_batch: usize) -> Result<Option<DraftModelCosts>> {
         let Some(draft) = self.draft else { return Ok(None) };
-        let f = draft.footprint(&self.config(kv, n_batch))?;
+        let f = draft.footprint(&self.config(kv, n_batch, 1))?;
         Ok(Some(DraftModelCosts {
             weights_bytes: 0,
             kv_bytes_per_token: f.kv_bytes_per_token,
@@ -139,17 +143,17 @@ pub fn prefill_batches(asked: usize) -> Vec<usize> {
 /// Remembers what [`SessionCosts`] answered (measuring a footprint builds a graph).
 struct Memo<'a> {
     costs: &'a mut dyn SessionCosts,
-    target: HashMap<(KvType, usize), Option<Footprint>>,
+    target: HashMap<(KvType, usize, usize), Option<Footprint>>,
     draft: HashMap<(KvType, usize), Option<DraftModelCosts>>,
 }
 
 impl Memo<'_> {
-    fn target(&mut self, kv: KvType, n_batch: usize) -> Result<Option<Footprint>> {
-        if let Some(f) = self.target.get(&(kv, n_batch)) {
+    fn target(&mut self, kv: KvType, n_batch: usize, max_rows: usize) -> Result<Option<Footprint>> {
+        if let Some(f) = self.target.get(&(kv, n_batch, max_rows)) {
             return Ok(*f);
         }
-        let f = self.costs.target(kv, n_batch)?;
-        self.target.insert((kv, n_batch), f);
+        let f = self.costs.target(kv, n_batch, max_rows)?;
+        self.target.insert((kv, n_batch, max_rows), f);
         Ok(f)
     }
 
@@ -177,7 +181,7 @@ pub fn plan(ledger: &Ledger, request: &PlanRequest, costs: &mut dyn SessionCosts
     let start = KvType::ALL.iter().position(|&k| k == request.kv).unwrap_or(0);
     let mut kv_types = Vec::new();
     for &kv in &KvType::ALL[start..] {
-        if memo.target(kv, batches[0])?.is_some() {
+        if memo.target(kv, batches[0], request.max_draft + 1)?.is_some() {
             kv_types.push(kv);
         }
     }
@@ -206,7 +210,7 @@ pub fn plan(ledger: &Ledger, request: &PlanRequest, costs: &mut dyn SessionCosts
             let mut k = if spec == SpecMode::Off { 0 } else { request.max_draft.max(1) };
             loop {
                 for &n_batch in &batches {
-                    let footprint = memo.target(kv, n_batch)?.expect("offered at every size");
+                    let footprint = memo.target(kv, n_batch, k + 1)?.expect("offered at every size");
                     let draft = if with_draft { memo.draft(kv, n_batch)? } else { None };
                     let bytes = session_bytes(request.tokens, &footprint, spec, draft.as_ref(), k);
                     if bytes <= available {
@@ -233,6 +237,7 @@ pub fn plan(ledger: &Ledger, request: &PlanRequest, costs: &mut dyn SessionCosts
                             kv,
                             n_ctx: request.tokens + k + 1,
                             n_batch,
+                            max_rows: k + 1,
                             spec,
                             draft_model: with_draft,
                             max_draft: k,
@@ -295,14 +300,14 @@ mod tests {
     }
 
     impl SessionCosts for Fake {
-        fn target(&mut self, kv: KvType, n_batch: usize) -> Result<Option<Footprint>> {
+        fn target(&mut self, kv: KvType, n_batch: usize, max_rows: usize) -> Result<Option<Footprint>> {
             self.asked += 1;
             Ok(self.kv_types.iter().find(|(k, _)| *k == kv).map(|&(_, per_token)| Footprint {
                 weights_anon_bytes: 0,
                 weights_mapped_bytes: 100 * MIB,
                 kv_bytes_per_token: per_token,
                 kv_block_tokens: 64,
-                compute_bytes: 10 * MIB * n_batch as u64 / 256,
+                compute_bytes: 10 * MIB * n_batch as u64 / 256 + 200_000 * max_rows as u64,
                 logits_row_bytes: 200_000,
             }))
         }
@@ -400,7 +405,8 @@ mod tests {
         // One plan that tries everything asks for each footprint once.
         c.asked = 0;
         assert!(plan(&Ledger::new(1), &req, &mut c).is_err());
-        assert_eq!(c.asked, 3 * 4, "each (KV type, pass size) footprint is asked for once");
+        // (KV types) × (pass sizes) × (rows for K = 8, 4, 2, 1 and none)
+        assert_eq!(c.asked, 3 * 4 * 5, "each footprint is asked for once");
     }
 
     #[test]
@@ -412,7 +418,7 @@ mod tests {
         assert_eq!((available, budget), (2 * MIB, 5 * MIB));
         // The least plan: q4_0 KV for 1001 positions (16 blocks of 64), the compute buffer for
         // passes of 32 tokens, one logits row.
-        assert_eq!(needed, 16 * 64 * 6480 + 10 * MIB * 32 / 256 + 200_000);
+        assert_eq!(needed, 16 * 64 * 6480 + 10 * MIB * 32 / 256 + 200_000 + 200_000);
     }
 
     #[test]

@@ -39,8 +39,10 @@ impl DraftModelDrafter {
         ledger: &Ledger,
     ) -> Result<Self> {
         check_same_vocabulary(target, draft)?;
+        // It reads one row of logits per pass.
+        let config = SessionConfig { max_rows: 1, ..config.clone() };
         Ok(DraftModelDrafter {
-            session: draft.session_in(config, ledger)?,
+            session: draft.session_in(&config, ledger)?,
             plan: LayerPlan::full(draft.info().n_layers)?,
             max_draft,
             name: draft.info().name.clone(),

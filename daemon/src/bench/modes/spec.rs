@@ -104,6 +104,7 @@ impl Runner for SpecRunner {
             config.kv = plan.kv;
             config.n_ctx = config.n_ctx.min(plan.n_ctx);
             config.n_batch = plan.n_batch;
+            config.max_rows = plan.max_rows;
             mode = plan.spec;
             max_draft = plan.max_draft.max(1);
             if !plan.draft_model {
