@@ -6,4 +6,5 @@
 pub mod bench;
 pub mod cli;
 pub mod mem;
+pub mod server;
 pub mod spec;

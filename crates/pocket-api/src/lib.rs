@@ -1,0 +1,14 @@
+//! The shapes pocketd speaks: OpenAI's chat and text completion requests, responses, stream
+//! chunks, model list and error object, as the OpenAI client libraries expect them, plus
+//! pocketd's own extensions (speculation and memory per request) and native status.
+//!
+//! Only the wire format lives here, so that the daemon, the `pocket` client and other Rust
+//! programs agree on it without depending on the engines.
+
+#![deny(missing_docs)]
+
+mod openai;
+mod status;
+
+pub use openai::*;
+pub use status::*;

@@ -1,0 +1,75 @@
+//! pocketd's own responses: `GET /v1/status` (memory, loaded models, running sessions and
+//! their plans) and the body of `POST /v1/models/{name}/load|unload`.
+
+use serde::{Deserialize, Serialize};
+
+/// `GET /v1/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// pocketd's version.
+    pub version: String,
+    /// Seconds since the daemon started.
+    pub uptime_seconds: f64,
+    /// The memory budget and what is reserved in it.
+    pub memory: MemoryStatus,
+    /// Models loaded now.
+    pub loaded: Vec<LoadedModel>,
+    /// Requests generating now.
+    pub sessions: Vec<SessionStatus>,
+    /// Requests waiting for a turn.
+    pub queued: usize,
+    /// Most requests that may wait.
+    pub queue_capacity: usize,
+}
+
+/// The budget and its use, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryStatus {
+    /// The budget.
+    pub budget_bytes: u64,
+    /// Reserved now (the process, models, sessions).
+    pub used_bytes: u64,
+    /// The most ever reserved at once.
+    pub peak_bytes: u64,
+    /// The process's resident memory now (VmRSS).
+    pub resident_bytes: u64,
+}
+
+/// A model held in memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadedModel {
+    /// Its name.
+    pub name: String,
+    /// Bytes its weights take in the budget.
+    pub bytes: u64,
+    /// Sessions using it now.
+    pub sessions: usize,
+    /// Seconds since it last served a request.
+    pub idle_seconds: f64,
+    /// Seconds of idleness after which it is unloaded (`null`: kept until memory is needed).
+    pub keep_alive_seconds: Option<f64>,
+}
+
+/// A request generating now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionStatus {
+    /// The request's id (`chatcmpl-…`).
+    pub id: String,
+    /// Its model.
+    pub model: String,
+    /// Tokens generated so far.
+    pub generated_tokens: u64,
+    /// What the planner gave it under the budget.
+    pub plan: serde_json::Value,
+}
+
+/// The answer to `POST /v1/models/{name}/load` and `…/unload`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelAction {
+    /// The model.
+    pub model: String,
+    /// Whether it is loaded now.
+    pub loaded: bool,
+    /// Bytes its weights take in the budget (0 when unloaded).
+    pub bytes: u64,
+}

@@ -1,0 +1,274 @@
+//! pocketd's configuration: a TOML file (`/etc/pocketd/pocketd.toml` by default), then flags
+//! over it. `pocketd --print-config` prints the result as TOML, which is also a valid file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use pocket_core::KvType;
+use pocket_core::memory::BudgetSpec;
+use pocket_core::spec::SpecMode;
+use serde::{Deserialize, Serialize};
+
+/// Where the configuration is read from unless `--config` says otherwise.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/pocketd/pocketd.toml";
+
+/// Which D-Bus bus to serve on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Bus {
+    /// The system bus (a service; needs the policy file in `systemd/`).
+    System,
+    /// The user's session bus (development).
+    Session,
+    /// No D-Bus.
+    None,
+}
+
+/// The effective configuration. Every field has a default, so an empty file (or none) is a
+/// working configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The Unix socket the HTTP API listens on (ignored when systemd passes a socket).
+    pub socket: PathBuf,
+    /// Permission bits of the socket, octal (`"0660"`): owner and group may connect.
+    pub socket_mode: String,
+    /// The group that owns the socket (`None`: the daemon's own group).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket_group: Option<String>,
+    /// An additional TCP listener, loopback only (`"127.0.0.1:8077"`); off by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<SocketAddr>,
+    /// The D-Bus bus to serve `org.pocketd.Pocketd1` on.
+    pub bus: Bus,
+    /// Where models (manifests' files and bare GGUF files) are found.
+    pub models_dir: PathBuf,
+    /// The model requests get when they name none.
+    pub default_model: String,
+    /// The memory budget: a size (`"1.5GiB"`) or `"auto"` (the cgroup's `memory.max` — what
+    /// systemd's `MemoryMax=` sets — or the memory available at start, less a reserve).
+    pub memory_budget: String,
+    /// CPU threads per generation (0: every core the process may use).
+    pub threads: usize,
+    /// Generations that run at once; more requests wait in the queue.
+    pub parallel: usize,
+    /// Requests that may wait for a turn; more are refused with 429.
+    pub queue: usize,
+    /// Seconds a model stays loaded after its last request (0: unload at once; models are
+    /// also unloaded, least recently used first, when memory is needed).
+    pub keep_alive_seconds: u64,
+    /// The most tokens a request may generate (requests asking for more are capped).
+    pub max_tokens: u32,
+    /// The most tokens (prompt and generation) a session may hold.
+    pub ctx_size: usize,
+    /// Speculation for requests that do not ask for one.
+    pub spec: SpecMode,
+    /// KV cache type for requests that do not ask for one.
+    pub kv: KvType,
+    /// Seconds in-flight requests may take to finish after SIGTERM before they are
+    /// cancelled.
+    pub shutdown_seconds: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            socket: PathBuf::from("/run/pocketd/pocketd.sock"),
+            socket_mode: "0660".into(),
+            socket_group: None,
+            tcp: None,
+            bus: Bus::System,
+            models_dir: PathBuf::from("/var/lib/pocketd/models"),
+            default_model: pocket_models::default_model().to_owned(),
+            memory_budget: "auto".into(),
+            threads: 0,
+            parallel: 1,
+            queue: 16,
+            keep_alive_seconds: 300,
+            max_tokens: 1024,
+            ctx_size: 4096,
+            spec: SpecMode::Auto,
+            kv: KvType::F16,
+            shutdown_seconds: 10,
+        }
+    }
+}
+
+impl Config {
+    /// Read `path`; a missing file is the defaults when `required` is false (the default
+    /// path), an error when it was asked for by name.
+    pub fn load(path: &Path, required: bool) -> anyhow::Result<Config> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => return Ok(Config::default()),
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot read the configuration {}", path.display()));
+            }
+        };
+        let config: Config =
+            toml::from_str(&text).with_context(|| format!("in the configuration {}", path.display()))?;
+        config.validate().with_context(|| format!("in the configuration {}", path.display()))?;
+        Ok(config)
+    }
+
+    /// Check what types alone do not: ranges, the socket mode, the budget's form, a TCP
+    /// listener on loopback only.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.socket_mode_bits()?;
+        self.budget()?;
+        anyhow::ensure!(self.parallel >= 1, "parallel must be at least 1");
+        anyhow::ensure!(self.max_tokens >= 1, "max_tokens must be at least 1");
+        anyhow::ensure!(self.ctx_size >= 16, "ctx_size must be at least 16 tokens, not {}", self.ctx_size);
+        if let Some(addr) = self.tcp {
+            anyhow::ensure!(
+                addr.ip().is_loopback(),
+                "tcp = \"{addr}\": the TCP listener is for loopback only (127.0.0.1 or [::1]); the API has no \
+                 authentication beyond the socket's permissions"
+            );
+        }
+        Ok(())
+    }
+
+    /// `socket_mode` as permission bits.
+    pub fn socket_mode_bits(&self) -> anyhow::Result<u32> {
+        let bits = u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|b| *b <= 0o777)
+            .with_context(|| {
+                format!(
+                    "socket_mode = {:?}: expected octal permission bits such as \"0660\"",
+                    self.socket_mode
+                )
+            })?;
+        Ok(bits)
+    }
+
+    /// `memory_budget` parsed.
+    pub fn budget(&self) -> anyhow::Result<BudgetSpec> {
+        self.memory_budget
+            .parse::<BudgetSpec>()
+            .map_err(|e| anyhow::anyhow!("memory_budget = {:?}: {e}", self.memory_budget))
+    }
+
+    /// The configuration as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("the configuration serializes")
+    }
+}
+
+/// pocketd's flags: each one overrides the configuration file's value.
+#[derive(Debug, Clone, Default, clap::Parser)]
+#[command(name = "pocketd", version, about = "pocketd: a low-memory LLM inference daemon")]
+pub struct Flags {
+    /// The configuration file (default: /etc/pocketd/pocketd.toml, if it exists).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
+    /// The Unix socket to listen on.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// The D-Bus bus to serve on.
+    #[arg(long, value_enum)]
+    pub bus: Option<Bus>,
+    /// Where models are found.
+    #[arg(long, value_name = "DIR", env = "POCKET_MODELS_DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// The memory budget: a size (`1.5GiB`) or `auto`.
+    #[arg(long, value_name = "SIZE")]
+    pub memory_budget: Option<String>,
+    /// The model requests get when they name none.
+    #[arg(long, value_name = "NAME")]
+    pub default_model: Option<String>,
+    /// A loopback TCP listener besides the socket (`127.0.0.1:8077`).
+    #[arg(long, value_name = "ADDR")]
+    pub tcp: Option<SocketAddr>,
+}
+
+impl Flags {
+    /// The configuration these flags ask for: the file, then the flags over it, checked.
+    pub fn config(&self) -> anyhow::Result<Config> {
+        let mut c = match &self.config {
+            Some(path) => Config::load(path, true)?,
+            None => Config::load(Path::new(DEFAULT_CONFIG_PATH), false)?,
+        };
+        if let Some(v) = &self.socket {
+            c.socket = v.clone();
+        }
+        if let Some(v) = self.bus {
+            c.bus = v;
+        }
+        if let Some(v) = &self.models_dir {
+            c.models_dir = v.clone();
+        }
+        if let Some(v) = &self.memory_budget {
+            c.memory_budget = v.clone();
+        }
+        if let Some(v) = &self.default_model {
+            c.default_model = v.clone();
+        }
+        if self.tcp.is_some() {
+            c.tcp = self.tcp;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_file_is_the_defaults_and_print_config_reads_back() {
+        let c: Config = toml::from_str("").unwrap();
+        assert_eq!(c, Config::default());
+        let back: Config = toml::from_str(&Config::default().to_toml()).unwrap();
+        assert_eq!(back, Config::default());
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_field_and_what_is_allowed() {
+        let e = toml::from_str::<Config>("sockt = \"/x\"").unwrap_err().to_string();
+        assert!(e.contains("sockt"), "{e}");
+        let e = toml::from_str::<Config>("bus = \"sytem\"").unwrap_err().to_string();
+        assert!(e.contains("system") && e.contains("session"), "{e}");
+        let c = Config { socket_mode: "rw".into(), ..Config::default() };
+        assert!(c.validate().unwrap_err().to_string().contains("0660"));
+        let c = Config { memory_budget: "lots".into(), ..Config::default() };
+        assert!(c.validate().unwrap_err().to_string().contains("memory_budget"));
+        let c = Config { tcp: Some("0.0.0.0:8077".parse().unwrap()), ..Config::default() };
+        assert!(c.validate().unwrap_err().to_string().contains("loopback"));
+        assert_eq!(Config::default().socket_mode_bits().unwrap(), 0o660);
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pocketd.toml");
+        std::fs::write(&file, "socket = \"/tmp/a.sock\"\nqueue = 3\nbus = \"session\"\n").unwrap();
+        let flags = Flags::parse_from([
+            "pocketd",
+            "--config",
+            file.to_str().unwrap(),
+            "--socket",
+            "/tmp/b.sock",
+            "--bus",
+            "none",
+        ]);
+        let c = flags.config().unwrap();
+        assert_eq!((c.socket.to_str().unwrap(), c.queue, c.bus), ("/tmp/b.sock", 3, Bus::None));
+        let bad = Flags::parse_from(["pocketd", "--memory-budget", "lots"]);
+        assert!(bad.config().unwrap_err().to_string().contains("memory_budget"));
+    }
+
+    #[test]
+    fn a_missing_default_file_is_the_defaults_but_a_named_one_is_an_error() {
+        let missing = Path::new("/nonexistent/pocketd.toml");
+        assert_eq!(Config::load(missing, false).unwrap(), Config::default());
+        assert!(Config::load(missing, true).unwrap_err().to_string().contains("/nonexistent/pocketd.toml"));
+    }
+}
