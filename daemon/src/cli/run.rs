@@ -215,10 +215,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             tokens.len() + args.max_tokens,
             spec_mode,
         )?;
-        config.kv = plan.kv;
-        config.n_ctx = config.n_ctx.min(plan.n_ctx);
-        config.n_batch = plan.n_batch;
-        config.max_rows = plan.max_rows;
+        plan.apply_to(&mut config);
         spec_mode = plan.spec;
         max_draft = plan.max_draft.max(1);
         if !plan.draft_model {

@@ -76,6 +76,17 @@ pub struct Plan {
     pub degraded: Vec<String>,
 }
 
+impl Plan {
+    /// Give `config` what this plan allows: its KV type, pass size and rows of logits, and a
+    /// context no longer than the plan's.
+    pub fn apply_to(&self, config: &mut SessionConfig) {
+        config.kv = self.kv;
+        config.n_ctx = config.n_ctx.min(self.n_ctx);
+        config.n_batch = self.n_batch;
+        config.max_rows = self.max_rows;
+    }
+}
+
 /// The engine's predictions for one session, asked for each KV type, pass size and rows of
 /// logits the planner considers: the target session's footprint (`None` when the engine
 /// offers no such KV cache) and, where there is a draft model, its costs.

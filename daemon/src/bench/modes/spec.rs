@@ -101,10 +101,7 @@ impl Runner for SpecRunner {
                 mode,
             )
             .map_err(invalid)?;
-            config.kv = plan.kv;
-            config.n_ctx = config.n_ctx.min(plan.n_ctx);
-            config.n_batch = plan.n_batch;
-            config.max_rows = plan.max_rows;
+            plan.apply_to(&mut config);
             mode = plan.spec;
             max_draft = plan.max_draft.max(1);
             if !plan.draft_model {
