@@ -118,3 +118,14 @@ fn bench_plans_each_run_under_the_budget_and_compares_with_caches_held_whole() {
     assert!(vs_naive < 0.5, "growing the cache holds under half of the whole context's: {vs_naive}");
     assert!(String::from_utf8_lossy(&o.stdout).contains("suffix vs naive:suffix"));
 }
+
+#[test]
+fn a_bench_context_that_cannot_hold_the_workload_is_refused_with_the_numbers() {
+    for (ctx, says) in [("16", "too small for this workload"), ("100000", "exceeds the model's")] {
+        #[rustfmt::skip]
+        let o = pocket(&["bench", "--ctx-size", ctx, "--max-prompts", "1", "--max-tokens-cap", "8", "--no-cost-curve"]);
+        assert!(!o.status.success(), "--ctx-size {ctx}");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains(says) && e.contains(ctx) && !e.contains("panicked"), "{e}");
+    }
+}

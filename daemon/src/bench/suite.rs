@@ -198,7 +198,7 @@ pub fn run(
     // The longest prompt fills the context for the cost curve and the skip-set search.
     let filler = &prepared.iter().max_by_key(|p| p.tokens.len()).expect("prompts").tokens;
     for t in &mut models {
-        // Measured on a session of its own, dropped before the memory baseline is taken.
+        // Measured on a session of its own, dropped before the runs.
         if let Some(cc) = &config.cost_curve {
             let mut s = t.model.new_session_in(&session, &ledger)?;
             if !config.wait_quiet.is_zero() {
