@@ -1,6 +1,4 @@
-//! `pocketd`: the daemon. Its configuration is in place (`--print-config`); the scheduler and
-//! transports arrive with the rest of the daemon issue, and until then it says so instead of
-//! pretending to serve.
+//! `pocketd`: the daemon. See [`pocketd::server`] for what it serves and how it stops.
 
 use clap::Parser;
 use pocketd::server::config::Flags;
@@ -18,9 +16,20 @@ fn main() -> std::process::ExitCode {
         print!("{}", config.to_toml());
         return std::process::ExitCode::SUCCESS;
     }
-    eprintln!(
-        "pocketd {}: serving is not built yet; use `pocket run` for in-process generation",
-        env!("CARGO_PKG_VERSION")
-    );
-    std::process::ExitCode::from(2)
+    pocketd::server::init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("pocketd: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(pocketd::server::serve(config)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("pocketd: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

@@ -1,6 +1,152 @@
-//! The daemon, `pocketd`: its configuration so far (the scheduler, HTTP on the Unix socket and
-//! D-Bus come next; see issue 5).
+//! The daemon: configuration, the scheduler under the memory budget, and the transports
+//! (HTTP on a Unix socket, D-Bus) that both call it.
+//!
+//! [`serve`] runs it: listeners (a socket systemd passed, or one bound here), D-Bus, the
+//! keep-alive sweep, systemd's readiness and watchdog, and on SIGTERM a graceful stop —
+//! new requests are refused, running ones get `shutdown_seconds` to finish and are then
+//! cancelled.
 
 pub mod config;
+pub mod dbus;
+pub mod error;
+pub mod http;
+pub mod listen;
+pub mod metrics;
+pub mod registry;
+pub mod scheduler;
 
 pub use config::{Bus, Config, DEFAULT_CONFIG_PATH};
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use scheduler::Scheduler;
+
+/// Tell systemd something (a no-op when not started by systemd).
+fn notify(state: &[sd_notify::NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(state) {
+        tracing::debug!("sd_notify: {e}");
+    }
+}
+
+/// Run the daemon until SIGTERM or SIGINT.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let scheduler = Scheduler::new(config.clone())?;
+    let socket = listen::unix_listener(&config)?;
+    let tcp = match config.tcp {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on tcp {addr}"))?,
+        ),
+        None => None,
+    };
+    let bus = dbus::serve(config.bus, scheduler.clone()).await?;
+
+    let (stop_http, http_stopped) = tokio::sync::watch::channel(false);
+    let mut servers = Vec::new();
+    let router = http::router(scheduler.clone());
+    {
+        let mut stopped = http_stopped.clone();
+        let app = router.clone().into_make_service_with_connect_info::<http::Peer>();
+        servers.push(tokio::spawn(async move {
+            axum::serve(socket.listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+        }));
+    }
+    if let Some(tcp) = tcp {
+        let mut stopped = http_stopped.clone();
+        let app = router.into_make_service_with_connect_info::<http::Peer>();
+        servers.push(tokio::spawn(async move {
+            axum::serve(tcp, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+        }));
+    }
+
+    let sweeper = {
+        let s = scheduler.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                s.registry.expire();
+            }
+        })
+    };
+    let watchdog = sd_notify::watchdog_enabled().map(|period| {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period / 2);
+            loop {
+                tick.tick().await;
+                notify(&[sd_notify::NotifyState::Watchdog]);
+            }
+        })
+    });
+
+    let budget = pocket_core::memory::format_size(scheduler.ledger().budget());
+    let status = format!(
+        "serving on {}{}; budget {budget}",
+        socket.description,
+        if bus.is_some() { format!(" and D-Bus ({:?} bus)", config.bus).to_lowercase() } else { String::new() }
+    );
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), models_dir = %config.models_dir.display(), "{status}");
+    notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
+
+    let signal = wait_for_signal().await?;
+    tracing::info!("{signal}: stopping (running requests get {} s)", config.shutdown_seconds);
+    notify(&[sd_notify::NotifyState::Stopping, sd_notify::NotifyState::Status("stopping")]);
+    scheduler.stop_accepting();
+    let deadline = Instant::now() + Duration::from_secs(config.shutdown_seconds);
+    if !scheduler.drained(deadline).await {
+        tracing::warn!(sessions = scheduler.active(), "the shutdown deadline passed: cancelling");
+        scheduler.cancel_all();
+        scheduler.drained(Instant::now() + Duration::from_secs(5)).await;
+    }
+    let _ = stop_http.send(true);
+    for server in servers {
+        match tokio::time::timeout(Duration::from_secs(2), server).await {
+            Ok(Ok(Err(e))) => tracing::warn!("HTTP server: {e}"),
+            Err(_) => tracing::debug!("HTTP connections still open at exit"),
+            _ => {}
+        }
+    }
+    sweeper.abort();
+    if let Some(w) = watchdog {
+        w.abort();
+    }
+    drop(bus);
+    scheduler.registry.clear();
+    if let Some(path) = socket.bound_path {
+        let _ = std::fs::remove_file(path);
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+/// Logs: to journald when systemd connected our output to the journal, else to stderr.
+/// `RUST_LOG` sets the filter (default `info`).
+pub fn init_logging() {
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,zbus=warn,tracing=warn"));
+    let journald = std::env::var_os("JOURNAL_STREAM").is_some().then(tracing_journald::layer).and_then(Result::ok);
+    let registry = tracing_subscriber::registry().with(filter);
+    match journald {
+        Some(j) => registry.with(j).init(),
+        None => registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)).init(),
+    }
+}

@@ -1,0 +1,472 @@
+//! D-Bus: `org.pocketd.Pocketd1` at `/org/pocketd/Pocketd1`, on the system or session bus.
+//!
+//! - `Generate(s model, s prompt, a{sv} options) -> (s text, a{sv} stats)` blocks until the
+//!   text is complete.
+//! - `Start(s model, s prompt, a{sv} options) -> o job` returns at once with a job object
+//!   (`/org/pocketd/Pocketd1/jobs/N`, interface `org.pocketd.Pocketd1.Job`) whose `Token(s)`
+//!   signals stream the text and whose `Finished(s text, a{sv} stats)` or
+//!   `Failed(s name, s message)` ends it. Subscribe before calling `Start` — a match on
+//!   `path_namespace='/org/pocketd/Pocketd1/jobs'` — or read the job's `Text` and `State`
+//!   properties afterwards; a job object stays for a minute after it ends.
+//! - `Cancel(o job)`, `ListModels() -> a(sbt)`, `LoadModel(s) -> t`, `UnloadModel(s)`.
+//! - Properties `Models`, `LoadedModels`, `BudgetBytes`, `UsedBytes`, `ActiveSessions` and
+//!   `Version`, with `PropertiesChanged` when they change.
+//!
+//! An empty model name means the default model. Options: `max_tokens` (any integer type),
+//! `temperature`, `top_p` (double), `top_k`, `seed` (integers), `stop` (string or array of
+//! strings), `spec`, `draft_model`, `kv` (strings), `chat` (boolean, default true: the prompt
+//! is a user message in the model's chat template) and `system` (string, with `chat`).
+//! Errors are `org.pocketd.Error.{InvalidArgument, UnknownModel, OverBudget, QueueFull,
+//! TooLarge, Busy, ShuttingDown, Cancelled, Failed}`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pocket_core::ChatMessage;
+use zbus::object_server::SignalEmitter;
+use zbus::{Connection, ObjectPath, OwnedObjectPath, OwnedVariant, Str, Variant};
+
+use super::config::Bus;
+use super::error::ServeError;
+use super::scheduler::{Canceller, Finished, Input, Job, JobOptions, Piece, Scheduler};
+
+/// The well-known name.
+pub const BUS_NAME: &str = "org.pocketd.Pocketd1";
+/// The main object.
+pub const OBJECT_PATH: &str = "/org/pocketd/Pocketd1";
+/// Where job objects live.
+pub const JOBS_PATH: &str = "/org/pocketd/Pocketd1/jobs";
+/// How long a job object stays after its end, for late readers of `Text` and `State`.
+const JOB_LINGER: Duration = Duration::from_secs(60);
+
+/// The errors callers see, named `org.pocketd.Error.*`.
+#[derive(Debug, zbus::DBusError)]
+#[zbus(prefix = "org.pocketd.Error")]
+#[allow(missing_docs)]
+pub enum PocketError {
+    #[zbus(error)]
+    ZBus(zbus::Error),
+    InvalidArgument(String),
+    UnknownModel(String),
+    OverBudget(String),
+    QueueFull(String),
+    TooLarge(String),
+    Busy(String),
+    ShuttingDown(String),
+    Cancelled(String),
+    Failed(String),
+}
+
+impl From<ServeError> for PocketError {
+    fn from(e: ServeError) -> Self {
+        let m = e.to_string();
+        match e {
+            ServeError::InvalidArgument { .. } => PocketError::InvalidArgument(m),
+            ServeError::UnknownModel(_) => PocketError::UnknownModel(m),
+            ServeError::OverBudget(_) => PocketError::OverBudget(m),
+            ServeError::QueueFull(_) => PocketError::QueueFull(m),
+            ServeError::TooLarge(_) => PocketError::TooLarge(m),
+            ServeError::Busy(_) => PocketError::Busy(m),
+            ServeError::ShuttingDown => PocketError::ShuttingDown(m),
+            ServeError::Cancelled => PocketError::Cancelled(m),
+            ServeError::Internal(_) => PocketError::Failed(m),
+        }
+    }
+}
+
+/// `org.pocketd.Pocketd1`.
+pub struct Pocketd {
+    scheduler: Arc<Scheduler>,
+    jobs: Arc<Mutex<HashMap<String, Canceller>>>,
+    next_job: AtomicU64,
+}
+
+type Options = HashMap<String, OwnedVariant>;
+
+fn integer(v: &Variant<'_>) -> Option<i128> {
+    Some(match v {
+        Variant::U8(x) => i128::from(*x),
+        Variant::I16(x) => i128::from(*x),
+        Variant::U16(x) => i128::from(*x),
+        Variant::I32(x) => i128::from(*x),
+        Variant::U32(x) => i128::from(*x),
+        Variant::I64(x) => i128::from(*x),
+        Variant::U64(x) => i128::from(*x),
+        Variant::Variant(inner) => return integer(inner),
+        _ => return None,
+    })
+}
+
+fn string(v: &Variant<'_>) -> Option<String> {
+    match v {
+        Variant::Str(s) => Some(s.as_str().to_owned()),
+        Variant::Variant(inner) => string(inner),
+        _ => None,
+    }
+}
+
+fn wrong(key: &str, expected: &str) -> ServeError {
+    ServeError::invalid(key, format!("option {key:?} must be {expected}"))
+}
+
+/// The job, from a D-Bus call's arguments.
+fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<Job, ServeError> {
+    let mut o = JobOptions::default();
+    let mut chat = true;
+    let mut system = None;
+    for (key, value) in options {
+        let v: &Variant<'_> = value;
+        match key.as_str() {
+            "max_tokens" => {
+                let n = integer(v).filter(|n| (1..=u32::MAX as i128).contains(n)).ok_or_else(|| wrong(key, "a positive integer"))?;
+                o.max_tokens = Some(n as u32);
+            }
+            "top_k" => o.sampling.top_k = integer(v).filter(|n| *n >= 0).ok_or_else(|| wrong(key, "an integer ≥ 0"))? as usize,
+            "seed" => o.sampling.seed = integer(v).filter(|n| *n >= 0).ok_or_else(|| wrong(key, "an integer ≥ 0"))? as u64,
+            "temperature" | "top_p" => {
+                let x = match v {
+                    Variant::F64(x) => *x,
+                    other => integer(other).ok_or_else(|| wrong(key, "a double"))? as f64,
+                } as f32;
+                if key == "temperature" {
+                    o.sampling.temperature = x;
+                } else {
+                    o.sampling.top_p = x;
+                }
+            }
+            "stop" => {
+                o.stop = match v {
+                    Variant::Array(a) => a.inner().iter().map(string).collect::<Option<Vec<_>>>(),
+                    other => string(other).map(|s| vec![s]),
+                }
+                .ok_or_else(|| wrong(key, "a string or an array of strings"))?;
+            }
+            "spec" => {
+                let s = string(v).ok_or_else(|| wrong(key, "a string"))?;
+                o.spec = Some(s.parse().map_err(|e: pocket_core::Error| ServeError::invalid(key, e.to_string()))?);
+            }
+            "kv" => {
+                let s = string(v).ok_or_else(|| wrong(key, "a string"))?;
+                o.kv = Some(s.parse().map_err(|e: pocket_core::Error| ServeError::invalid(key, e.to_string()))?);
+            }
+            "draft_model" => o.draft_model = Some(string(v).ok_or_else(|| wrong(key, "a string"))?),
+            "chat" => {
+                chat = match v {
+                    Variant::Bool(b) => *b,
+                    _ => return Err(wrong(key, "a boolean")),
+                }
+            }
+            "system" => system = Some(string(v).ok_or_else(|| wrong(key, "a string"))?),
+            other => {
+                return Err(ServeError::invalid(
+                    other,
+                    format!(
+                        "unknown option {other:?}; known: max_tokens, temperature, top_p, top_k, seed, stop, spec, \
+                         draft_model, kv, chat, system"
+                    ),
+                ));
+            }
+        }
+    }
+    let input = if chat {
+        let mut messages = Vec::new();
+        if let Some(s) = system {
+            messages.push(ChatMessage { role: "system".into(), content: s });
+        }
+        messages.push(ChatMessage { role: "user".into(), content: prompt.to_owned() });
+        Input::Chat(messages)
+    } else {
+        Input::Text(prompt.to_owned())
+    };
+    Ok(Job { model: (!model.is_empty()).then(|| model.to_owned()), input, options: o, client })
+}
+
+fn stats(f: &Finished) -> HashMap<String, OwnedVariant> {
+    let mut m = HashMap::new();
+    m.insert("finish_reason".into(), OwnedVariant::from(Str::from(f.finish_reason.to_owned())));
+    m.insert("prompt_tokens".into(), OwnedVariant::from(u64::from(f.usage.prompt_tokens)));
+    m.insert("completion_tokens".into(), OwnedVariant::from(u64::from(f.usage.completion_tokens)));
+    m.insert("prefill_ms".into(), OwnedVariant::from(f.timings.prefill_ms));
+    m.insert("decode_tok_per_s".into(), OwnedVariant::from(f.timings.decode_tok_per_s));
+    m.insert("drafted".into(), OwnedVariant::from(f.timings.drafted));
+    m.insert("accepted".into(), OwnedVariant::from(f.timings.accepted));
+    m.insert("queued_ms".into(), OwnedVariant::from(f.timings.queued_ms));
+    m.insert("peak_bytes".into(), OwnedVariant::from(f.peak_bytes));
+    if let Some(d) = &f.timings.drafter {
+        m.insert("drafter".into(), OwnedVariant::from(Str::from(d.clone())));
+    }
+    m
+}
+
+fn caller(header: &zbus::message::Header<'_>) -> String {
+    format!("dbus {}", header.sender().map_or_else(|| "?".to_owned(), |s| s.to_string()))
+}
+
+#[zbus::interface(name = "org.pocketd.Pocketd1")]
+impl Pocketd {
+    /// Generate text and return it with statistics when it is complete.
+    #[zbus(out_args("text", "stats"))]
+    async fn generate(
+        &self,
+        model: &str,
+        prompt: &str,
+        options: Options,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+    ) -> Result<(String, HashMap<String, OwnedVariant>), PocketError> {
+        let job = job(model, prompt, &options, caller(&header))?;
+        let f = self.scheduler.submit(job).await?.collect().await?;
+        Ok((f.text.clone(), stats(&f)))
+    }
+
+    /// Start generating; returns the job object whose signals stream the text.
+    #[zbus(out_args("job"))]
+    async fn start(
+        &self,
+        model: &str,
+        prompt: &str,
+        options: Options,
+        #[zbus(header)] header: zbus::message::Header<'_>,
+        #[zbus(connection)] connection: &Connection,
+    ) -> Result<OwnedObjectPath, PocketError> {
+        let job = job(model, prompt, &options, caller(&header))?;
+        let running = self.scheduler.submit(job).await?;
+        let n = self.next_job.fetch_add(1, Ordering::Relaxed);
+        let path = format!("{JOBS_PATH}/{n}");
+        let state = Arc::new(Mutex::new(JobState { state: "running", text: String::new() }));
+        let object = JobObject { state: state.clone(), cancel: running.canceller(), model: running.started.model.clone() };
+        connection.object_server().at(path.as_str(), object).await?;
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).insert(path.clone(), running.canceller());
+        let (connection, jobs, p) = (connection.clone(), self.jobs.clone(), path.clone());
+        tokio::spawn(async move {
+            if let Err(e) = stream_job(&connection, &p, running, &state).await {
+                tracing::warn!(job = %p, "D-Bus job: {e}");
+            }
+            jobs.lock().unwrap_or_else(|e| e.into_inner()).remove(&p);
+            tokio::time::sleep(JOB_LINGER).await;
+            let _ = connection.object_server().remove::<JobObject, _>(p.as_str()).await;
+        });
+        Ok(OwnedObjectPath::try_from(path).map_err(|e| PocketError::Failed(e.to_string()))?)
+    }
+
+    /// Cancel a job started with `Start`.
+    async fn cancel(&self, job: ObjectPath<'_>) -> Result<(), PocketError> {
+        match self.jobs.lock().unwrap_or_else(|e| e.into_inner()).get(job.as_str()) {
+            Some(c) => {
+                c.cancel();
+                Ok(())
+            }
+            None => Err(PocketError::InvalidArgument(format!("no running job {}", job.as_str()))),
+        }
+    }
+
+    /// The models that can be served: name, whether loaded, bytes in the budget.
+    #[zbus(out_args("models"))]
+    async fn list_models(&self) -> Result<Vec<(String, bool, u64)>, PocketError> {
+        let loaded = self.scheduler.registry.loaded();
+        Ok(self
+            .scheduler
+            .registry
+            .available()?
+            .into_iter()
+            .map(|a| {
+                let bytes = loaded.iter().find(|(m, _)| m.name == a.name).map(|(m, _)| m.bytes());
+                (a.name, bytes.is_some(), bytes.unwrap_or(0))
+            })
+            .collect())
+    }
+
+    /// Load a model now; returns the bytes its weights take in the budget.
+    #[zbus(out_args("bytes"))]
+    async fn load_model(&self, name: &str) -> Result<u64, PocketError> {
+        if self.scheduler.is_stopping() {
+            return Err(ServeError::ShuttingDown.into());
+        }
+        let m = self.scheduler.registry.get(name).await?;
+        self.scheduler.registry.release(&m.name);
+        Ok(m.bytes())
+    }
+
+    /// Unload a model no request is using.
+    async fn unload_model(&self, name: &str) -> Result<(), PocketError> {
+        self.scheduler.registry.unload(name)?;
+        Ok(())
+    }
+
+    /// The models that can be served.
+    #[zbus(property)]
+    fn models(&self) -> Vec<String> {
+        self.scheduler.registry.available().map(|v| v.into_iter().map(|a| a.name).collect()).unwrap_or_default()
+    }
+
+    /// The models in memory.
+    #[zbus(property)]
+    fn loaded_models(&self) -> Vec<String> {
+        self.scheduler.registry.loaded().into_iter().map(|(m, _)| m.name.clone()).collect()
+    }
+
+    /// The memory budget in bytes.
+    #[zbus(property)]
+    fn budget_bytes(&self) -> u64 {
+        self.scheduler.ledger().budget()
+    }
+
+    /// Bytes reserved in the budget now.
+    #[zbus(property)]
+    fn used_bytes(&self) -> u64 {
+        self.scheduler.ledger().used()
+    }
+
+    /// Requests generating now.
+    #[zbus(property)]
+    fn active_sessions(&self) -> u32 {
+        self.scheduler.active() as u32
+    }
+
+    /// pocketd's version.
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn version(&self) -> String {
+        env!("CARGO_PKG_VERSION").to_owned()
+    }
+}
+
+struct JobState {
+    state: &'static str,
+    text: String,
+}
+
+/// `org.pocketd.Pocketd1.Job`: one generation started with `Start`.
+pub struct JobObject {
+    state: Arc<Mutex<JobState>>,
+    cancel: Canceller,
+    model: String,
+}
+
+#[zbus::interface(name = "org.pocketd.Pocketd1.Job")]
+impl JobObject {
+    /// Stop generating; `Failed` follows with `org.pocketd.Error.Cancelled`.
+    async fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// `running`, `finished`, `failed` or `cancelled`.
+    #[zbus(property)]
+    fn state(&self) -> String {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).state.to_owned()
+    }
+
+    /// The text so far.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn text(&self) -> String {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).text.clone()
+    }
+
+    /// The model generating.
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn model(&self) -> String {
+        self.model.clone()
+    }
+
+    /// More text.
+    #[zbus(signal)]
+    async fn token(emitter: &SignalEmitter<'_>, text: &str) -> zbus::Result<()>;
+
+    /// The end: the whole text and statistics.
+    #[zbus(signal)]
+    async fn finished(emitter: &SignalEmitter<'_>, text: &str, stats: HashMap<String, OwnedVariant>) -> zbus::Result<()>;
+
+    /// A failure: the D-Bus error name and the message.
+    #[zbus(signal)]
+    async fn failed(emitter: &SignalEmitter<'_>, error: &str, message: &str) -> zbus::Result<()>;
+}
+
+async fn stream_job(
+    connection: &Connection,
+    path: &str,
+    mut running: super::scheduler::Running,
+    state: &Mutex<JobState>,
+) -> zbus::Result<()> {
+    let emitter = SignalEmitter::new(connection, path.to_owned())?;
+    let set = |s: &'static str| state.lock().unwrap_or_else(|e| e.into_inner()).state = s;
+    while let Some(piece) = running.pieces.recv().await {
+        match piece {
+            Piece::Text(t) => {
+                state.lock().unwrap_or_else(|e| e.into_inner()).text.push_str(&t);
+                JobObject::token(&emitter, &t).await?;
+            }
+            Piece::Done(f) => {
+                let cancelled = f.finish_reason == "cancelled";
+                set(if cancelled { "cancelled" } else { "finished" });
+                if cancelled {
+                    let e = ServeError::Cancelled;
+                    JobObject::failed(&emitter, &format!("org.pocketd.Error.{}", e.code()), &e.to_string()).await?;
+                } else {
+                    JobObject::finished(&emitter, &f.text, stats(&f)).await?;
+                }
+                break;
+            }
+            Piece::Failed(e) => {
+                set("failed");
+                JobObject::failed(&emitter, &format!("org.pocketd.Error.{}", e.code()), &e.to_string()).await?;
+                break;
+            }
+        }
+    }
+    let iface = connection.object_server().interface::<_, JobObject>(path).await?;
+    iface.get().await.state_changed(iface.signal_emitter()).await?;
+    Ok(())
+}
+
+/// Serve `org.pocketd.Pocketd1` on `bus`; the connection lives as long as the returned value.
+pub async fn serve(bus: Bus, scheduler: Arc<Scheduler>) -> anyhow::Result<Option<Connection>> {
+    let builder = match bus {
+        Bus::None => return Ok(None),
+        Bus::System => zbus::connection::Builder::system(),
+        Bus::Session => zbus::connection::Builder::session(),
+    };
+    let iface = Pocketd { scheduler: scheduler.clone(), jobs: Arc::default(), next_job: AtomicU64::new(1) };
+    let connection = builder
+        .serve_at(OBJECT_PATH, iface)
+        .name(BUS_NAME)
+        .build()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot serve {BUS_NAME} on the {bus:?} bus: {e}"))?;
+    tokio::spawn(watch_properties(connection.clone(), scheduler));
+    Ok(Some(connection))
+}
+
+/// Emit `PropertiesChanged` for the main object's properties when they change (whichever
+/// transport changed them), checked twice a second.
+async fn watch_properties(connection: Connection, scheduler: Arc<Scheduler>) {
+    let Ok(iface) = connection.object_server().interface::<_, Pocketd>(OBJECT_PATH).await else { return };
+    let snapshot = |s: &Scheduler| {
+        let loaded: Vec<String> = s.registry.loaded().into_iter().map(|(m, _)| m.name.clone()).collect();
+        (loaded, s.ledger().used(), s.active())
+    };
+    let mut last = snapshot(&scheduler);
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        let now = snapshot(&scheduler);
+        let emitter = iface.signal_emitter();
+        let p = iface.get().await;
+        let r = async {
+            if now.0 != last.0 {
+                p.loaded_models_changed(emitter).await?;
+            }
+            if now.1 != last.1 {
+                p.used_bytes_changed(emitter).await?;
+            }
+            if now.2 != last.2 {
+                p.active_sessions_changed(emitter).await?;
+            }
+            zbus::Result::Ok(())
+        }
+        .await;
+        if let Err(e) = r {
+            tracing::debug!("PropertiesChanged: {e}");
+        }
+        last = now;
+    }
+}

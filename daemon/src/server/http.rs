@@ -1,0 +1,322 @@
+//! HTTP/1.1 on the Unix socket (and the optional loopback TCP listener): OpenAI's
+//! `/v1/chat/completions`, `/v1/completions` and `/v1/models`, pocketd's `/v1/status`,
+//! `/v1/models/{name}/load|unload` and `/metrics`.
+//!
+//! Bodies are parsed here rather than by axum's `Json` extractor so that every error,
+//! malformed JSON included, has OpenAI's shape (`{"error": {message, type, param, code}}`).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::IncomingStream;
+use futures_util::Stream;
+use pocket_api::{
+    ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatDelta, ChatMessage,
+    Completion, CompletionChoice, CompletionRequest, ModelAction, ModelList, ModelObject,
+};
+use serde::de::DeserializeOwned;
+
+use super::error::ServeError;
+use super::registry::now_seconds;
+use super::scheduler::{Finished, Input, Job, JobOptions, Piece, Running, Scheduler};
+
+/// The largest request body accepted (a prompt larger than this could not fit any context
+/// these boards hold).
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// Who is connected: the peer's credentials on the Unix socket, its address on TCP.
+#[derive(Debug, Clone)]
+pub struct Peer(pub String);
+
+impl Connected<IncomingStream<'_, tokio::net::UnixListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, tokio::net::UnixListener>) -> Self {
+        let peer = match stream.io().peer_cred() {
+            Ok(c) => Peer(format!(
+                "uid={} gid={} pid={}",
+                c.uid(),
+                c.gid(),
+                c.pid().map_or_else(|| "?".to_owned(), |p| p.to_string())
+            )),
+            Err(e) => Peer(format!("unix (credentials unavailable: {e})")),
+        };
+        tracing::debug!(peer = %peer.0, "connection");
+        peer
+    }
+}
+
+impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        let peer = Peer(format!("tcp {}", stream.remote_addr()));
+        tracing::debug!(peer = %peer.0, "connection");
+        peer
+    }
+}
+
+impl IntoResponse for ServeError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, axum::Json(self.to_openai())).into_response()
+    }
+}
+
+type Shared = State<Arc<Scheduler>>;
+
+/// The API's routes.
+pub fn router(scheduler: Arc<Scheduler>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{name}/load", post(load_model))
+        .route("/v1/models/{name}/unload", post(unload_model))
+        .route("/v1/status", get(status))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(scheduler)
+}
+
+async fn not_found(uri: axum::http::Uri) -> ServeError {
+    ServeError::UnknownModel(format!(
+        "no such endpoint {}; pocketd serves /v1/chat/completions, /v1/completions, /v1/models, /v1/status, \
+         /v1/models/NAME/load|unload and /metrics",
+        uri.path()
+    ))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let e = ServeError::bad_request(format!("{method} is not allowed on {}", uri.path()));
+    (StatusCode::METHOD_NOT_ALLOWED, axum::Json(e.to_openai())).into_response()
+}
+
+fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ServeError> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ServeError::TooLarge(format!("the request body is larger than {} bytes", MAX_BODY_BYTES))
+        } else {
+            ServeError::bad_request(format!("cannot read the request body: {e}"))
+        }
+    })?;
+    if std::str::from_utf8(&body).is_err() {
+        return Err(ServeError::bad_request("the request body is not valid UTF-8; send JSON in UTF-8"));
+    }
+    serde_json::from_slice(&body).map_err(|e| ServeError::bad_request(format!("the request body is not valid: {e}")))
+}
+
+async fn chat_completions(
+    State(s): Shared,
+    ConnectInfo(peer): ConnectInfo<Peer>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ServeError> {
+    let request: ChatCompletionRequest = parse(body)?;
+    if request.messages.is_empty() {
+        return Err(ServeError::invalid("messages", "messages is empty; send at least one message"));
+    }
+    let job = Job {
+        model: request.model.clone(),
+        input: Input::Chat(
+            request.messages.into_iter().map(|m| pocket_core::ChatMessage { role: m.role, content: m.content }).collect(),
+        ),
+        options: JobOptions::from_openai(&request.options)?,
+        client: format!("http {}", peer.0),
+    };
+    let running = s.submit(job).await?;
+    if request.options.stream {
+        return Ok(sse(running, Shape::Chat));
+    }
+    let (id, model) = (running.started.id.clone(), running.started.model.clone());
+    let f = running.collect().await?;
+    Ok(axum::Json(ChatCompletion {
+        id,
+        object: "chat.completion".into(),
+        created: now_seconds(),
+        model,
+        choices: vec![ChatChoice {
+            index: 0,
+            message: ChatMessage { role: "assistant".into(), content: f.text },
+            finish_reason: f.finish_reason.into(),
+        }],
+        usage: f.usage,
+        timings: Some(f.timings),
+    })
+    .into_response())
+}
+
+async fn completions(
+    State(s): Shared,
+    ConnectInfo(peer): ConnectInfo<Peer>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ServeError> {
+    let request: CompletionRequest = parse(body)?;
+    let job = Job {
+        model: request.model.clone(),
+        input: Input::Text(request.prompt),
+        options: JobOptions::from_openai(&request.options)?,
+        client: format!("http {}", peer.0),
+    };
+    let running = s.submit(job).await?;
+    if request.options.stream {
+        return Ok(sse(running, Shape::Text));
+    }
+    let (id, model) = (running.started.id.clone(), running.started.model.clone());
+    let f = running.collect().await?;
+    Ok(axum::Json(Completion {
+        id,
+        object: "text_completion".into(),
+        created: now_seconds(),
+        model,
+        choices: vec![CompletionChoice { index: 0, text: f.text, finish_reason: Some(f.finish_reason.into()) }],
+        usage: Some(f.usage),
+        timings: Some(f.timings),
+    })
+    .into_response())
+}
+
+/// Which OpenAI stream a response is.
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    Chat,
+    Text,
+}
+
+enum Phase {
+    Opening,
+    Body,
+    Closing,
+    Over,
+}
+
+struct StreamState {
+    running: Running,
+    shape: Shape,
+    phase: Phase,
+    id: String,
+    model: String,
+    created: u64,
+}
+
+impl StreamState {
+    fn chunk(&self, text: Option<String>, role: bool, end: Option<&Finished>) -> Event {
+        let finish_reason = end.map(|f| f.finish_reason.to_owned());
+        let json = match self.shape {
+            Shape::Chat => serde_json::to_string(&ChatCompletionChunk {
+                id: self.id.clone(),
+                object: "chat.completion.chunk".into(),
+                created: self.created,
+                model: self.model.clone(),
+                choices: vec![ChatChunkChoice {
+                    index: 0,
+                    delta: ChatDelta { role: role.then(|| "assistant".into()), content: text },
+                    finish_reason,
+                }],
+                usage: end.map(|f| f.usage),
+                timings: end.map(|f| f.timings.clone()),
+            }),
+            Shape::Text => serde_json::to_string(&Completion {
+                id: self.id.clone(),
+                object: "text_completion".into(),
+                created: self.created,
+                model: self.model.clone(),
+                choices: vec![CompletionChoice { index: 0, text: text.unwrap_or_default(), finish_reason }],
+                usage: end.map(|f| f.usage),
+                timings: end.map(|f| f.timings.clone()),
+            }),
+        };
+        Event::default().data(json.unwrap_or_default())
+    }
+}
+
+/// Server-sent events: (for chat, an opening chunk with the role), a chunk per piece of text,
+/// a last chunk with `finish_reason`, `usage` and `timings`, then `data: [DONE]`. A failure
+/// after the start is sent as an `{"error": ...}` event. Dropping the stream (the client
+/// went away) drops the [`Running`] and so cancels the generation.
+fn sse(running: Running, shape: Shape) -> Response {
+    let state = StreamState {
+        id: running.started.id.clone(),
+        model: running.started.model.clone(),
+        created: now_seconds(),
+        phase: match shape {
+            Shape::Chat => Phase::Opening,
+            Shape::Text => Phase::Body,
+        },
+        running,
+        shape,
+    };
+    let stream = futures_util::stream::unfold(state, |mut st| async move {
+        let event = match st.phase {
+            Phase::Opening => {
+                st.phase = Phase::Body;
+                st.chunk(Some(String::new()), true, None)
+            }
+            Phase::Body => match st.running.pieces.recv().await {
+                Some(Piece::Text(t)) => st.chunk(Some(t), false, None),
+                Some(Piece::Done(f)) => {
+                    st.phase = Phase::Closing;
+                    st.chunk(None, false, Some(&f))
+                }
+                Some(Piece::Failed(e)) => {
+                    st.phase = Phase::Closing;
+                    Event::default().data(serde_json::to_string(&e.to_openai()).unwrap_or_default())
+                }
+                None => return None,
+            },
+            Phase::Closing => {
+                st.phase = Phase::Over;
+                Event::default().data("[DONE]")
+            }
+            Phase::Over => return None,
+        };
+        Some((Ok::<_, Infallible>(event), st))
+    });
+    sse_response(stream)
+}
+
+fn sse_response(stream: impl Stream<Item = Result<Event, Infallible>> + Send + 'static) -> Response {
+    let mut response = Sse::new(stream).into_response();
+    // Proxies (nginx) would otherwise hold the events back.
+    response.headers_mut().insert("x-accel-buffering", header::HeaderValue::from_static("no"));
+    response
+}
+
+async fn models(State(s): Shared) -> Result<axum::Json<ModelList>, ServeError> {
+    let data = s
+        .registry
+        .available()?
+        .into_iter()
+        .map(|a| ModelObject { id: a.name, object: "model".into(), created: a.created, owned_by: "pocketd".into() })
+        .collect();
+    Ok(axum::Json(ModelList { object: "list".into(), data }))
+}
+
+async fn load_model(State(s): Shared, Path(name): Path<String>) -> Result<axum::Json<ModelAction>, ServeError> {
+    if s.is_stopping() {
+        return Err(ServeError::ShuttingDown);
+    }
+    let m = s.registry.get(&name).await?;
+    s.registry.release(&m.name);
+    Ok(axum::Json(ModelAction { model: m.name.clone(), loaded: true, bytes: m.bytes() }))
+}
+
+async fn unload_model(State(s): Shared, Path(name): Path<String>) -> Result<axum::Json<ModelAction>, ServeError> {
+    let found = s.registry.find(&name)?;
+    s.registry.unload(&name)?;
+    Ok(axum::Json(ModelAction { model: found.name, loaded: false, bytes: 0 }))
+}
+
+async fn status(State(s): Shared) -> axum::Json<pocket_api::Status> {
+    axum::Json(s.status())
+}
+
+async fn metrics(State(s): Shared) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render(&s)).into_response()
+}

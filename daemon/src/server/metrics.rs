@@ -1,0 +1,107 @@
+//! `/metrics`: counters in Prometheus's text format, kept as requests end.
+
+use std::fmt::Write;
+use std::sync::Mutex;
+
+use super::error::ServeError;
+use super::scheduler::{Finished, Scheduler};
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests_ok: u64,
+    requests_failed: std::collections::BTreeMap<&'static str, u64>,
+    prompt_tokens: u64,
+    generated_tokens: u64,
+    decode_seconds: f64,
+    drafted: u64,
+    accepted: u64,
+    last_decode_tok_per_s: f64,
+    session_peak_bytes: u64,
+}
+
+/// The daemon's counters.
+#[derive(Debug, Default)]
+pub struct Metrics(Mutex<Counters>);
+
+impl Metrics {
+    fn with(&self, f: impl FnOnce(&mut Counters)) {
+        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// Count a finished generation.
+    pub fn finished(&self, f: &Finished) {
+        self.with(|c| {
+            c.requests_ok += 1;
+            c.prompt_tokens += u64::from(f.usage.prompt_tokens);
+            c.generated_tokens += u64::from(f.usage.completion_tokens);
+            c.decode_seconds += f.decode_seconds;
+            c.drafted += f.timings.drafted;
+            c.accepted += f.timings.accepted;
+            if f.timings.decode_tok_per_s > 0.0 {
+                c.last_decode_tok_per_s = f.timings.decode_tok_per_s;
+            }
+            c.session_peak_bytes = c.session_peak_bytes.max(f.peak_bytes);
+        });
+    }
+
+    /// Count a failed request.
+    pub fn failed(&self, e: &ServeError) {
+        self.with(|c| *c.requests_failed.entry(e.code()).or_default() += 1);
+    }
+
+    /// Everything, in Prometheus's text exposition format.
+    pub fn render(&self, scheduler: &Scheduler) -> String {
+        let c = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mem = scheduler.memory();
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, f64)]| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        };
+        let mut requests = vec![(r#"{outcome="ok"}"#.to_owned(), c.requests_ok as f64)];
+        for (code, n) in &c.requests_failed {
+            requests.push((format!(r#"{{outcome="{code}"}}"#), *n as f64));
+        }
+        let requests: Vec<(&str, f64)> = requests.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        metric("pocketd_requests_total", "counter", "Generation requests by outcome.", &requests);
+        metric("pocketd_prompt_tokens_total", "counter", "Prompt tokens processed.", &[("", c.prompt_tokens as f64)]);
+        metric("pocketd_generated_tokens_total", "counter", "Tokens generated.", &[("", c.generated_tokens as f64)]);
+        metric(
+            "pocketd_decode_seconds_total",
+            "counter",
+            "Seconds spent decoding after each request's first token (tokens/s = rate of generated over this).",
+            &[("", c.decode_seconds)],
+        );
+        metric(
+            "pocketd_decode_tokens_per_second",
+            "gauge",
+            "Decode speed of the last request that generated more than one token.",
+            &[("", c.last_decode_tok_per_s)],
+        );
+        metric("pocketd_drafted_tokens_total", "counter", "Tokens proposed by drafters.", &[("", c.drafted as f64)]);
+        metric("pocketd_accepted_tokens_total", "counter", "Drafted tokens accepted.", &[("", c.accepted as f64)]);
+        let acceptance = if c.drafted > 0 { c.accepted as f64 / c.drafted as f64 } else { 0.0 };
+        metric("pocketd_acceptance_ratio", "gauge", "Accepted over drafted tokens since start.", &[("", acceptance)]);
+        metric("pocketd_memory_budget_bytes", "gauge", "The memory budget.", &[("", mem.budget_bytes as f64)]);
+        metric("pocketd_memory_used_bytes", "gauge", "Bytes reserved in the budget now.", &[("", mem.used_bytes as f64)]);
+        metric("pocketd_memory_peak_bytes", "gauge", "Most bytes ever reserved at once.", &[("", mem.peak_bytes as f64)]);
+        metric("pocketd_resident_bytes", "gauge", "The process's resident memory (VmRSS).", &[("", mem.resident_bytes as f64)]);
+        metric(
+            "pocketd_session_peak_bytes",
+            "gauge",
+            "The most one session has held in the budget.",
+            &[("", c.session_peak_bytes as f64)],
+        );
+        metric("pocketd_sessions", "gauge", "Requests generating now.", &[("", scheduler.active() as f64)]);
+        metric("pocketd_queued", "gauge", "Requests waiting for a turn.", &[("", scheduler.queued() as f64)]);
+        metric(
+            "pocketd_models_loaded",
+            "gauge",
+            "Models in memory.",
+            &[("", scheduler.registry.loaded().len() as f64)],
+        );
+        out
+    }
+}
