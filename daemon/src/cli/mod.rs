@@ -3,8 +3,11 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod ask;
 pub mod bench;
+pub mod client;
 pub mod common;
+pub mod daemon;
 pub mod parity;
 pub mod pull;
 pub mod run;
@@ -29,6 +32,14 @@ pub enum Command {
     Parity(parity::Args),
     /// Benchmark our engine against llama.cpp on a workload (tok/s, memory, cost curve).
     Bench(bench::Args),
+    /// Ask the daemon (pocketd) and stream its answer.
+    Ask(ask::AskArgs),
+    /// Chat with the daemon interactively (one message per line).
+    Chat(ask::ChatArgs),
+    /// List the models the daemon serves.
+    Models(daemon::Args),
+    /// Show the daemon's memory, models and running requests.
+    Status(daemon::Args),
 }
 
 impl Cli {
@@ -39,6 +50,10 @@ impl Cli {
             Command::Run(args) => run::run(args),
             Command::Parity(args) => parity::run(args),
             Command::Bench(args) => bench::run(args),
+            Command::Ask(args) => ask::ask(args),
+            Command::Chat(args) => ask::chat(args),
+            Command::Models(args) => daemon::models(args),
+            Command::Status(args) => daemon::status(args),
         }
     }
 }

@@ -120,11 +120,19 @@ fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<J
         let v: &Variant<'_> = value;
         match key.as_str() {
             "max_tokens" => {
-                let n = integer(v).filter(|n| (1..=u32::MAX as i128).contains(n)).ok_or_else(|| wrong(key, "a positive integer"))?;
+                let n = integer(v)
+                    .filter(|n| (1..=u32::MAX as i128).contains(n))
+                    .ok_or_else(|| wrong(key, "a positive integer"))?;
                 o.max_tokens = Some(n as u32);
             }
-            "top_k" => o.sampling.top_k = integer(v).filter(|n| *n >= 0).ok_or_else(|| wrong(key, "an integer ≥ 0"))? as usize,
-            "seed" => o.sampling.seed = integer(v).filter(|n| *n >= 0).ok_or_else(|| wrong(key, "an integer ≥ 0"))? as u64,
+            "top_k" => {
+                o.sampling.top_k =
+                    integer(v).filter(|n| *n >= 0).ok_or_else(|| wrong(key, "an integer ≥ 0"))? as usize
+            }
+            "seed" => {
+                o.sampling.seed =
+                    integer(v).filter(|n| *n >= 0).ok_or_else(|| wrong(key, "an integer ≥ 0"))? as u64
+            }
             "temperature" | "top_p" => {
                 let x = match v {
                     Variant::F64(x) => *x,
@@ -145,11 +153,13 @@ fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<J
             }
             "spec" => {
                 let s = string(v).ok_or_else(|| wrong(key, "a string"))?;
-                o.spec = Some(s.parse().map_err(|e: pocket_core::Error| ServeError::invalid(key, e.to_string()))?);
+                o.spec =
+                    Some(s.parse().map_err(|e: pocket_core::Error| ServeError::invalid(key, e.to_string()))?);
             }
             "kv" => {
                 let s = string(v).ok_or_else(|| wrong(key, "a string"))?;
-                o.kv = Some(s.parse().map_err(|e: pocket_core::Error| ServeError::invalid(key, e.to_string()))?);
+                o.kv =
+                    Some(s.parse().map_err(|e: pocket_core::Error| ServeError::invalid(key, e.to_string()))?);
             }
             "draft_model" => o.draft_model = Some(string(v).ok_or_else(|| wrong(key, "a string"))?),
             "chat" => {
@@ -235,7 +245,11 @@ impl Pocketd {
         let n = self.next_job.fetch_add(1, Ordering::Relaxed);
         let path = format!("{JOBS_PATH}/{n}");
         let state = Arc::new(Mutex::new(JobState { state: "running", text: String::new() }));
-        let object = JobObject { state: state.clone(), cancel: running.canceller(), model: running.started.model.clone() };
+        let object = JobObject {
+            state: state.clone(),
+            cancel: running.canceller(),
+            model: running.started.model.clone(),
+        };
         connection.object_server().at(path.as_str(), object).await?;
         self.jobs.lock().unwrap_or_else(|e| e.into_inner()).insert(path.clone(), running.canceller());
         let (connection, jobs, p) = (connection.clone(), self.jobs.clone(), path.clone());
@@ -247,7 +261,7 @@ impl Pocketd {
             tokio::time::sleep(JOB_LINGER).await;
             let _ = connection.object_server().remove::<JobObject, _>(p.as_str()).await;
         });
-        Ok(OwnedObjectPath::try_from(path).map_err(|e| PocketError::Failed(e.to_string()))?)
+        OwnedObjectPath::try_from(path).map_err(|e| PocketError::Failed(e.to_string()))
     }
 
     /// Cancel a job started with `Start`.
@@ -297,7 +311,11 @@ impl Pocketd {
     /// The models that can be served.
     #[zbus(property)]
     fn models(&self) -> Vec<String> {
-        self.scheduler.registry.available().map(|v| v.into_iter().map(|a| a.name).collect()).unwrap_or_default()
+        self.scheduler
+            .registry
+            .available()
+            .map(|v| v.into_iter().map(|a| a.name).collect())
+            .unwrap_or_default()
     }
 
     /// The models in memory.
@@ -374,7 +392,11 @@ impl JobObject {
 
     /// The end: the whole text and statistics.
     #[zbus(signal)]
-    async fn finished(emitter: &SignalEmitter<'_>, text: &str, stats: HashMap<String, OwnedVariant>) -> zbus::Result<()>;
+    async fn finished(
+        emitter: &SignalEmitter<'_>,
+        text: &str,
+        stats: HashMap<String, OwnedVariant>,
+    ) -> zbus::Result<()>;
 
     /// A failure: the D-Bus error name and the message.
     #[zbus(signal)]
@@ -400,7 +422,8 @@ async fn stream_job(
                 set(if cancelled { "cancelled" } else { "finished" });
                 if cancelled {
                     let e = ServeError::Cancelled;
-                    JobObject::failed(&emitter, &format!("org.pocketd.Error.{}", e.code()), &e.to_string()).await?;
+                    JobObject::failed(&emitter, &format!("org.pocketd.Error.{}", e.code()), &e.to_string())
+                        .await?;
                 } else {
                     JobObject::finished(&emitter, &f.text, stats(&f)).await?;
                 }
@@ -408,7 +431,8 @@ async fn stream_job(
             }
             Piece::Failed(e) => {
                 set("failed");
-                JobObject::failed(&emitter, &format!("org.pocketd.Error.{}", e.code()), &e.to_string()).await?;
+                JobObject::failed(&emitter, &format!("org.pocketd.Error.{}", e.code()), &e.to_string())
+                    .await?;
                 break;
             }
         }

@@ -61,7 +61,9 @@ impl ServeError {
             })
         });
         match core {
-            Some(E::InvalidArgument(_) | E::Unsupported(_) | E::Tokenizer(_)) => ServeError::bad_request(message),
+            Some(E::InvalidArgument(_) | E::Unsupported(_) | E::Tokenizer(_)) => {
+                ServeError::bad_request(message)
+            }
             Some(E::ContextOverflow { .. }) => ServeError::TooLarge(message),
             Some(E::OverBudget { .. }) => ServeError::OverBudget(message),
             Some(E::Cancelled) => ServeError::Cancelled,
@@ -160,7 +162,11 @@ mod tests {
         assert!(s.is_over_budget());
         assert_eq!(s.http_status(), 503);
         assert!(s.to_string().contains("10.0 MiB"), "{s}");
-        let e = anyhow::Error::new(pocket_core::Error::ContextOverflow { needed: 5000, limit: 4096, prompt: 4999 });
+        let e = anyhow::Error::new(pocket_core::Error::ContextOverflow {
+            needed: 5000,
+            limit: 4096,
+            prompt: 4999,
+        });
         assert_eq!(ServeError::from_engine(&e).http_status(), 413);
         let e = anyhow::anyhow!("ggml fell over");
         assert_eq!(ServeError::from_engine(&e).http_status(), 500);

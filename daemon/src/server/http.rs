@@ -20,8 +20,8 @@ use axum::routing::{get, post};
 use axum::serve::IncomingStream;
 use futures_util::Stream;
 use pocket_api::{
-    ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatDelta, ChatMessage,
-    Completion, CompletionChoice, CompletionRequest, ModelAction, ModelList, ModelObject,
+    ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatDelta,
+    ChatMessage, Completion, CompletionChoice, CompletionRequest, ModelAction, ModelList, ModelObject,
 };
 use serde::de::DeserializeOwned;
 
@@ -110,7 +110,8 @@ fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, 
     if std::str::from_utf8(&body).is_err() {
         return Err(ServeError::bad_request("the request body is not valid UTF-8; send JSON in UTF-8"));
     }
-    serde_json::from_slice(&body).map_err(|e| ServeError::bad_request(format!("the request body is not valid: {e}")))
+    serde_json::from_slice(&body)
+        .map_err(|e| ServeError::bad_request(format!("the request body is not valid: {e}")))
 }
 
 async fn chat_completions(
@@ -125,7 +126,11 @@ async fn chat_completions(
     let job = Job {
         model: request.model.clone(),
         input: Input::Chat(
-            request.messages.into_iter().map(|m| pocket_core::ChatMessage { role: m.role, content: m.content }).collect(),
+            request
+                .messages
+                .into_iter()
+                .map(|m| pocket_core::ChatMessage { role: m.role, content: m.content })
+                .collect(),
         ),
         options: JobOptions::from_openai(&request.options)?,
         client: format!("http {}", peer.0),
@@ -175,7 +180,11 @@ async fn completions(
         object: "text_completion".into(),
         created: now_seconds(),
         model,
-        choices: vec![CompletionChoice { index: 0, text: f.text, finish_reason: Some(f.finish_reason.into()) }],
+        choices: vec![CompletionChoice {
+            index: 0,
+            text: f.text,
+            finish_reason: Some(f.finish_reason.into()),
+        }],
         usage: Some(f.usage),
         timings: Some(f.timings),
     })
@@ -293,12 +302,20 @@ async fn models(State(s): Shared) -> Result<axum::Json<ModelList>, ServeError> {
         .registry
         .available()?
         .into_iter()
-        .map(|a| ModelObject { id: a.name, object: "model".into(), created: a.created, owned_by: "pocketd".into() })
+        .map(|a| ModelObject {
+            id: a.name,
+            object: "model".into(),
+            created: a.created,
+            owned_by: "pocketd".into(),
+        })
         .collect();
     Ok(axum::Json(ModelList { object: "list".into(), data }))
 }
 
-async fn load_model(State(s): Shared, Path(name): Path<String>) -> Result<axum::Json<ModelAction>, ServeError> {
+async fn load_model(
+    State(s): Shared,
+    Path(name): Path<String>,
+) -> Result<axum::Json<ModelAction>, ServeError> {
     if s.is_stopping() {
         return Err(ServeError::ShuttingDown);
     }
@@ -307,7 +324,10 @@ async fn load_model(State(s): Shared, Path(name): Path<String>) -> Result<axum::
     Ok(axum::Json(ModelAction { model: m.name.clone(), loaded: true, bytes: m.bytes() }))
 }
 
-async fn unload_model(State(s): Shared, Path(name): Path<String>) -> Result<axum::Json<ModelAction>, ServeError> {
+async fn unload_model(
+    State(s): Shared,
+    Path(name): Path<String>,
+) -> Result<axum::Json<ModelAction>, ServeError> {
     let found = s.registry.find(&name)?;
     s.registry.unload(&name)?;
     Ok(axum::Json(ModelAction { model: found.name, loaded: false, bytes: 0 }))

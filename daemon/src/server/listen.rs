@@ -27,11 +27,16 @@ pub fn unix_listener(config: &Config) -> anyhow::Result<Socket> {
             .context("the socket systemd passed (LISTEN_FDS) is not a Unix stream socket")?
             .context("systemd passed no socket")?;
         listener.set_nonblocking(true)?;
-        let description = match listener.local_addr().ok().and_then(|a| a.as_pathname().map(Path::to_path_buf)) {
-            Some(p) => format!("{} (from systemd)", p.display()),
-            None => "a socket from systemd".to_owned(),
-        };
-        return Ok(Socket { listener: tokio::net::UnixListener::from_std(listener)?, bound_path: None, description });
+        let description =
+            match listener.local_addr().ok().and_then(|a| a.as_pathname().map(Path::to_path_buf)) {
+                Some(p) => format!("{} (from systemd)", p.display()),
+                None => "a socket from systemd".to_owned(),
+            };
+        return Ok(Socket {
+            listener: tokio::net::UnixListener::from_std(listener)?,
+            bound_path: None,
+            description,
+        });
     }
     let path = &config.socket;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -42,7 +47,8 @@ pub fn unix_listener(config: &Config) -> anyhow::Result<Socket> {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             anyhow::bail!("{} is in use: another pocketd is listening there", path.display());
         }
-        std::fs::remove_file(path).with_context(|| format!("cannot remove the stale socket {}", path.display()))?;
+        std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove the stale socket {}", path.display()))?;
     }
     let listener = std::os::unix::net::UnixListener::bind(path)
         .with_context(|| format!("cannot listen on {}", path.display()))?;

@@ -66,8 +66,18 @@ impl Metrics {
         }
         let requests: Vec<(&str, f64)> = requests.iter().map(|(l, v)| (l.as_str(), *v)).collect();
         metric("pocketd_requests_total", "counter", "Generation requests by outcome.", &requests);
-        metric("pocketd_prompt_tokens_total", "counter", "Prompt tokens processed.", &[("", c.prompt_tokens as f64)]);
-        metric("pocketd_generated_tokens_total", "counter", "Tokens generated.", &[("", c.generated_tokens as f64)]);
+        metric(
+            "pocketd_prompt_tokens_total",
+            "counter",
+            "Prompt tokens processed.",
+            &[("", c.prompt_tokens as f64)],
+        );
+        metric(
+            "pocketd_generated_tokens_total",
+            "counter",
+            "Tokens generated.",
+            &[("", c.generated_tokens as f64)],
+        );
         metric(
             "pocketd_decode_seconds_total",
             "counter",
@@ -80,14 +90,49 @@ impl Metrics {
             "Decode speed of the last request that generated more than one token.",
             &[("", c.last_decode_tok_per_s)],
         );
-        metric("pocketd_drafted_tokens_total", "counter", "Tokens proposed by drafters.", &[("", c.drafted as f64)]);
-        metric("pocketd_accepted_tokens_total", "counter", "Drafted tokens accepted.", &[("", c.accepted as f64)]);
+        metric(
+            "pocketd_drafted_tokens_total",
+            "counter",
+            "Tokens proposed by drafters.",
+            &[("", c.drafted as f64)],
+        );
+        metric(
+            "pocketd_accepted_tokens_total",
+            "counter",
+            "Drafted tokens accepted.",
+            &[("", c.accepted as f64)],
+        );
         let acceptance = if c.drafted > 0 { c.accepted as f64 / c.drafted as f64 } else { 0.0 };
-        metric("pocketd_acceptance_ratio", "gauge", "Accepted over drafted tokens since start.", &[("", acceptance)]);
-        metric("pocketd_memory_budget_bytes", "gauge", "The memory budget.", &[("", mem.budget_bytes as f64)]);
-        metric("pocketd_memory_used_bytes", "gauge", "Bytes reserved in the budget now.", &[("", mem.used_bytes as f64)]);
-        metric("pocketd_memory_peak_bytes", "gauge", "Most bytes ever reserved at once.", &[("", mem.peak_bytes as f64)]);
-        metric("pocketd_resident_bytes", "gauge", "The process's resident memory (VmRSS).", &[("", mem.resident_bytes as f64)]);
+        metric(
+            "pocketd_acceptance_ratio",
+            "gauge",
+            "Accepted over drafted tokens since start.",
+            &[("", acceptance)],
+        );
+        metric(
+            "pocketd_memory_budget_bytes",
+            "gauge",
+            "The memory budget.",
+            &[("", mem.budget_bytes as f64)],
+        );
+        metric(
+            "pocketd_memory_used_bytes",
+            "gauge",
+            "Bytes reserved in the budget now.",
+            &[("", mem.used_bytes as f64)],
+        );
+        metric(
+            "pocketd_memory_peak_bytes",
+            "gauge",
+            "Most bytes ever reserved at once.",
+            &[("", mem.peak_bytes as f64)],
+        );
+        metric(
+            "pocketd_resident_bytes",
+            "gauge",
+            "The process's resident memory (VmRSS).",
+            &[("", mem.resident_bytes as f64)],
+        );
         metric(
             "pocketd_session_peak_bytes",
             "gauge",

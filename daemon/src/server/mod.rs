@@ -35,7 +35,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let socket = listen::unix_listener(&config)?;
     let tcp = match config.tcp {
         Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on tcp {addr}"))?,
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on tcp {addr}"))?,
         ),
         None => None,
     };
@@ -91,7 +93,11 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let status = format!(
         "serving on {}{}; budget {budget}",
         socket.description,
-        if bus.is_some() { format!(" and D-Bus ({:?} bus)", config.bus).to_lowercase() } else { String::new() }
+        if bus.is_some() {
+            format!(" and D-Bus ({:?} bus)", config.bus).to_lowercase()
+        } else {
+            String::new()
+        }
     );
     tracing::info!(version = env!("CARGO_PKG_VERSION"), models_dir = %config.models_dir.display(), "{status}");
     notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
@@ -143,7 +149,8 @@ pub fn init_logging() {
     use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,zbus=warn,tracing=warn"));
-    let journald = std::env::var_os("JOURNAL_STREAM").is_some().then(tracing_journald::layer).and_then(Result::ok);
+    let journald =
+        std::env::var_os("JOURNAL_STREAM").is_some().then(tracing_journald::layer).and_then(Result::ok);
     let registry = tracing_subscriber::registry().with(filter);
     match journald {
         Some(j) => registry.with(j).init(),

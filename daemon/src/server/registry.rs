@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use pocket_core::Model;
 use pocket_core::cost::CostModel;
 use pocket_core::memory::Ledger;
 use pocket_core::spec::SpecMode;
@@ -21,6 +22,9 @@ use pocket_models::{Catalog, Format};
 
 use super::error::ServeError;
 use crate::spec::SpecCache;
+
+/// The context a cost curve is measured in (what `pocket run` uses by default).
+const MEASURING_CTX: usize = 4096;
 
 /// A model the daemon could serve.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +65,11 @@ impl LoadedModel {
         if mode == SpecMode::Off {
             return Ok(CostModel::linear(1.0));
         }
-        let measuring = SessionConfig { max_rows: pocket_core::DEFAULT_MAX_ROWS, ..config.clone() };
+        // Measured over a context longer than a small plan may give the session, as
+        // `pocket run` measures it (the curve is cached per model, threads and KV type, not
+        // per context).
+        let n_ctx = self.model.info().n_ctx_train.clamp(config.n_ctx, MEASURING_CTX.max(config.n_ctx));
+        let measuring = SessionConfig { max_rows: pocket_core::DEFAULT_MAX_ROWS, n_ctx, ..config.clone() };
         let curve = lock(&self.spec).cost_curve(&self.model, &measuring, filler, ledger)?;
         Ok(CostModel::from_curve(&curve))
     }
@@ -150,10 +158,16 @@ impl Registry {
             if m.is_pulled(&self.models_dir) {
                 let path = m.path(&self.models_dir);
                 claimed.extend(m.files.iter().map(|f| f.path(&self.models_dir)));
-                out.push(Available { name: m.name.clone(), created: mtime_seconds(&path), format: m.format, path });
+                out.push(Available {
+                    name: m.name.clone(),
+                    created: mtime_seconds(&path),
+                    format: m.format,
+                    path,
+                });
             }
         }
-        let loose = pocket_models::loose_files(&self.models_dir).map_err(|e| ServeError::Internal(e.to_string()))?;
+        let loose =
+            pocket_models::loose_files(&self.models_dir).map_err(|e| ServeError::Internal(e.to_string()))?;
         for path in loose.into_iter().filter(|p| !claimed.contains(p)) {
             let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else { continue };
             out.push(Available { name, created: mtime_seconds(&path), format: format_of(&path), path });
@@ -187,7 +201,11 @@ impl Registry {
         let names: Vec<&str> = available.iter().map(|a| a.name.as_str()).collect();
         Err(ServeError::UnknownModel(format!(
             "unknown model {name:?}; available: {}",
-            if names.is_empty() { "none (the models directory is empty)".to_owned() } else { names.join(", ") }
+            if names.is_empty() {
+                "none (the models directory is empty)".to_owned()
+            } else {
+                names.join(", ")
+            }
         )))
     }
 
@@ -242,7 +260,11 @@ impl Registry {
             let ledger = self.ledger.sub();
             let (path, l) = (found.path.clone(), ledger.clone());
             let loaded = tokio::task::spawn_blocking(move || {
-                let options = LoadOptions { ledger: Some(l), weights: WeightFormat::AsStored, ..LoadOptions::default() };
+                let options = LoadOptions {
+                    ledger: Some(l),
+                    weights: WeightFormat::AsStored,
+                    ..LoadOptions::default()
+                };
                 GgmlModel::load(&path, &options)
             })
             .await
@@ -262,7 +284,9 @@ impl Registry {
                     return Ok(m);
                 }
                 Err(e) => {
-                    let e = ServeError::from_engine(&anyhow::Error::new(e).context(format!("loading {}", found.name)));
+                    let e = ServeError::from_engine(
+                        &anyhow::Error::new(e).context(format!("loading {}", found.name)),
+                    );
                     if e.is_over_budget() && self.evict_idle(&[]) {
                         continue;
                     }

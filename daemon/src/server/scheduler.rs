@@ -63,7 +63,10 @@ impl JobOptions {
         if let Some(n) = o.n
             && n != 1
         {
-            return Err(ServeError::invalid("n", format!("n = {n}: pocketd generates one choice per request")));
+            return Err(ServeError::invalid(
+                "n",
+                format!("n = {n}: pocketd generates one choice per request"),
+            ));
         }
         let mut sampling = SamplingConfig::default();
         if let Some(t) = o.temperature {
@@ -78,8 +81,14 @@ impl JobOptions {
         if let Some(s) = o.seed {
             sampling.seed = s;
         }
-        let spec = o.spec.as_deref().map(|s| s.parse::<SpecMode>()).transpose().map_err(|e| param_error("spec", &e))?;
-        let kv = o.kv.as_deref().map(|s| s.parse::<KvType>()).transpose().map_err(|e| param_error("kv", &e))?;
+        let spec = o
+            .spec
+            .as_deref()
+            .map(|s| s.parse::<SpecMode>())
+            .transpose()
+            .map_err(|e| param_error("spec", &e))?;
+        let kv =
+            o.kv.as_deref().map(|s| s.parse::<KvType>()).transpose().map_err(|e| param_error("kv", &e))?;
         Ok(JobOptions {
             max_tokens: o.max_tokens,
             sampling,
@@ -427,7 +436,10 @@ impl Scheduler {
                 Ok(p) => break p,
                 Err(e) if e.is_over_budget() => {
                     let keep: Vec<&str> =
-                        [Some(model.name.as_str()), draft.as_ref().map(|d| d.name.as_str())].into_iter().flatten().collect();
+                        [Some(model.name.as_str()), draft.as_ref().map(|d| d.name.as_str())]
+                            .into_iter()
+                            .flatten()
+                            .collect();
                     if self.registry.evict_idle(&keep) {
                         continue;
                     }
@@ -464,7 +476,13 @@ impl Scheduler {
     }
 
     /// Tokenize and plan (blocking).
-    fn prepare(&self, model: &LoadedModel, draft: Option<&LoadedModel>, job: &Job, spec: SpecMode) -> Result<Prepared, ServeError> {
+    fn prepare(
+        &self,
+        model: &LoadedModel,
+        draft: Option<&LoadedModel>,
+        job: &Job,
+        spec: SpecMode,
+    ) -> Result<Prepared, ServeError> {
         let tokenizer = model.model.tokenizer();
         let text = match &job.input {
             Input::Chat(messages) => tokenizer
@@ -484,7 +502,8 @@ impl Scheduler {
                 tokens.len()
             )));
         }
-        let max_tokens = job.options.max_tokens.unwrap_or(self.config.max_tokens).min(self.config.max_tokens) as usize;
+        let max_tokens =
+            job.options.max_tokens.unwrap_or(self.config.max_tokens).min(self.config.max_tokens) as usize;
         if max_tokens == 0 {
             return Err(ServeError::invalid("max_tokens", "max_tokens must be at least 1"));
         }

@@ -1,0 +1,782 @@
+//! pocketd end to end, on real parts: the real binary on a temporary socket, a private
+//! dbus-daemon, the default model (SmolLM2-135M, pulled by `scripts/test`), and the clients
+//! another app would use — curl, dbus-send, busctl, a zbus proxy, a raw socket that hangs up.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// The default model's file in the project's models directory.
+fn smollm2() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/store/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.is_file(), "run: pocket pull smollm2-135m (missing {})", p.display());
+    p
+}
+
+/// A private session bus, killed on drop.
+struct Bus {
+    address: String,
+    pid: i32,
+}
+
+impl Bus {
+    fn start() -> Bus {
+        let o = Command::new("dbus-daemon")
+            .args(["--session", "--fork", "--print-address=1", "--print-pid=1"])
+            .output()
+            .expect("dbus-daemon runs (Debian package dbus)");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8(o.stdout).unwrap();
+        let mut lines = out.lines();
+        let address = lines.next().unwrap().to_owned();
+        let pid = lines.next().unwrap().trim().parse().unwrap();
+        Bus { address, pid }
+    }
+}
+
+impl Drop for Bus {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg(self.pid.to_string()).status();
+    }
+}
+
+/// A running pocketd, stopped with SIGTERM on drop.
+struct Daemon {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+    bus: Option<Bus>,
+}
+
+/// Settings of a test daemon: its config file's extra lines and whether it is on D-Bus.
+#[derive(Default)]
+struct Setup {
+    extra: String,
+    dbus: bool,
+}
+
+impl Daemon {
+    /// pocketd over a models directory holding the default model as a bare file
+    /// (`smollm2.gguf`) and, with `qwen`, the 0.5B model too.
+    fn start(setup: Setup) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let models = dir.path().join("models");
+        std::fs::create_dir(&models).unwrap();
+        std::os::unix::fs::symlink(smollm2(), models.join("smollm2.gguf")).unwrap();
+        let socket = dir.path().join("pocketd.sock");
+        let bus = setup.dbus.then(Bus::start);
+        let config = format!(
+            "socket = {socket:?}\nmodels_dir = {models:?}\ndefault_model = \"smollm2\"\nbus = \"{}\"\n\
+             threads = 1\nspec = \"off\"\n{}{}",
+            if bus.is_some() { "session" } else { "none" },
+            if setup.extra.contains("memory_budget") { "" } else { "memory_budget = \"1GiB\"\n" },
+            setup.extra
+        );
+        std::fs::write(dir.path().join("pocketd.toml"), config).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_pocketd"));
+        command
+            .arg("--config")
+            .arg(dir.path().join("pocketd.toml"))
+            .env("POCKET_CACHE_DIR", dir.path().join("cache"))
+            .env_remove("POCKET_MODELS_DIR")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("log")).unwrap());
+        if let Some(b) = &bus {
+            command.env("DBUS_SESSION_BUS_ADDRESS", &b.address);
+        }
+        let child = command.spawn().expect("pocketd starts");
+        let mut d = Daemon { child: Some(child), dir, socket, bus };
+        d.wait_ready();
+        d
+    }
+
+    fn wait_ready(&mut self) {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            if UnixStream::connect(&self.socket).is_ok() && (self.bus.is_none() || self.dbus_ready()) {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("pocketd exited with {status}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("pocketd did not start:\n{}", self.log());
+    }
+
+    fn dbus_ready(&self) -> bool {
+        self.dbus(&[
+            "call",
+            "org.pocketd.Pocketd1",
+            "/org/pocketd/Pocketd1",
+            "org.freedesktop.DBus.Peer",
+            "Ping",
+        ])
+        .status
+        .success()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    /// `curl` on the socket: the status code and the body.
+    fn curl(&self, method: &str, path: &str, body: Option<&[u8]>) -> (u16, String) {
+        let mut c = Command::new("curl");
+        c.args(["-sS", "--max-time", "120", "-o", "-", "-w", "\n%{http_code}", "--unix-socket"])
+            .arg(&self.socket)
+            .args(["-X", method, &format!("http://localhost{path}")]);
+        if body.is_some() {
+            c.args(["-H", "Content-Type: application/json", "--data-binary", "@-"]);
+        }
+        c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().expect("curl runs");
+        let mut stdin = child.stdin.take().unwrap();
+        if let Some(b) = body {
+            stdin.write_all(b).unwrap();
+        }
+        drop(stdin);
+        let o = child.wait_with_output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let (body, code) = out.rsplit_once('\n').expect("curl printed the status");
+        (code.trim().parse().unwrap_or(0), body.to_owned())
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (code, text) = self.curl("POST", path, Some(body.to_string().as_bytes()));
+        (code, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+    }
+
+    fn get(&self, path: &str) -> Value {
+        let (code, text) = self.curl("GET", path, None);
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// `busctl` on the private bus.
+    fn dbus(&self, args: &[&str]) -> Output {
+        let b = self.bus.as_ref().expect("started with D-Bus");
+        Command::new("busctl").arg(format!("--address={}", b.address)).args(args).output().unwrap()
+    }
+
+    fn dbus_send(&self, args: &[&str]) -> Output {
+        let b = self.bus.as_ref().expect("started with D-Bus");
+        Command::new("dbus-send")
+            .arg(format!("--bus={}", b.address))
+            .args(["--print-reply", "--dest=org.pocketd.Pocketd1", "/org/pocketd/Pocketd1"])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// SIGTERM, and the exit status.
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let start = Instant::now();
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                return s;
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                panic!("pocketd did not stop within 30 s of SIGTERM:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Wait until no request is generating; returns the status then.
+    fn idle_status(&self, within: Duration) -> Value {
+        let start = Instant::now();
+        loop {
+            let s = self.get("/v1/status");
+            if s["sessions"].as_array().unwrap().is_empty() {
+                return s;
+            }
+            assert!(start.elapsed() < within, "a session is still running after {within:?}: {s}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.terminate();
+        }
+    }
+}
+
+/// A raw HTTP request on the socket, left open for the caller to read from or hang up.
+fn raw_request(socket: &Path, path: &str, body: &Value) -> UnixStream {
+    let mut s = UnixStream::connect(socket).unwrap();
+    let body = body.to_string();
+    write!(s, "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        .unwrap();
+    s
+}
+
+fn sse_data(body: &str) -> Vec<String> {
+    body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_owned).collect()
+}
+
+#[test]
+fn chat_and_completions_answer_over_the_socket_streamed_and_not() {
+    let d = Daemon::start(Setup::default());
+    let (code, r) = d.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 24}),
+    );
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["object"], "chat.completion");
+    assert_eq!(r["model"], "smollm2.gguf", "a bare file is served under its file name");
+    assert_eq!(r["choices"][0]["message"]["role"], "assistant");
+    assert!(r["choices"][0]["message"]["content"].as_str().unwrap().contains("Paris"), "{r}");
+    assert!(r["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+
+    // The same request streamed gives the same text (greedy), in OpenAI's chunks.
+    let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                      "max_tokens": 24, "stream": true});
+    let (code, text) = d.curl("POST", "/v1/chat/completions", Some(body.to_string().as_bytes()));
+    assert_eq!(code, 200, "{text}");
+    let events = sse_data(&text);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{text}");
+    let chunks: Vec<Value> =
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let streamed: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(streamed, r["choices"][0]["message"]["content"].as_str().unwrap());
+    let last = chunks.last().unwrap();
+    assert!(last["choices"][0]["finish_reason"].is_string(), "{last}");
+    assert_eq!(last["usage"], r["usage"]);
+
+    // Text completion, raw prompt, streamed and not, with a stop string.
+    let (code, c) =
+        d.post("/v1/completions", &json!({"prompt": "The capital of France is", "max_tokens": 8}));
+    assert_eq!(code, 200, "{c}");
+    assert_eq!(c["object"], "text_completion");
+    let (code, text) = d.curl(
+        "POST",
+        "/v1/completions",
+        Some(
+            json!({"prompt": "The capital of France is", "max_tokens": 8, "stream": true})
+                .to_string()
+                .as_bytes(),
+        ),
+    );
+    assert_eq!(code, 200);
+    let streamed: String = sse_data(&text)
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(streamed, c["choices"][0]["text"].as_str().unwrap());
+
+    // Models, status, metrics.
+    let models = d.get("/v1/models");
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "smollm2.gguf");
+    let status = d.get("/v1/status");
+    assert_eq!(status["loaded"][0]["name"], "smollm2.gguf");
+    assert!(
+        status["memory"]["used_bytes"].as_u64().unwrap()
+            <= status["memory"]["budget_bytes"].as_u64().unwrap()
+    );
+    let (code, metrics) = d.curl("GET", "/metrics", None);
+    assert_eq!(code, 200);
+    assert!(metrics.contains("pocketd_requests_total{outcome=\"ok\"} 4"), "{metrics}");
+    assert!(metrics.contains("# TYPE pocketd_generated_tokens_total counter"));
+}
+
+#[test]
+fn bad_requests_get_openai_shaped_errors_with_the_right_status() {
+    let d = Daemon::start(Setup { extra: "ctx_size = 128\n".into(), ..Setup::default() });
+    let check = |code: u16, body: &str, status: u16, kind: &str, needle: &str| {
+        assert_eq!(code, status, "{body}");
+        let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        assert_eq!(v["error"]["type"], kind, "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(needle), "{v}");
+    };
+    let (code, body) = d.curl("POST", "/v1/chat/completions", Some(b"{\"messages\": [}"));
+    check(code, &body, 400, "invalid_request_error", "not valid");
+    let (code, body) = d.curl("POST", "/v1/completions", Some(b"{\"prompt\": \"caf\xff\xfe\"}"));
+    check(code, &body, 400, "invalid_request_error", "UTF-8");
+    let (code, body) = d.curl(
+        "POST",
+        "/v1/chat/completions",
+        Some(br#"{"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}"#),
+    );
+    check(code, &body, 404, "not_found_error", "smollm2.gguf");
+    let (code, body) =
+        d.curl("POST", "/v1/completions", Some(br#"{"model": "../../etc/passwd", "prompt": "hi"}"#));
+    check(code, &body, 400, "invalid_request_error", "paths are not accepted");
+    let long = "word ".repeat(400);
+    let (code, body) =
+        d.curl("POST", "/v1/completions", Some(json!({"prompt": long}).to_string().as_bytes()));
+    check(code, &body, 413, "invalid_request_error", "context holds 128");
+    let (code, body) = d.curl("POST", "/v1/completions", Some(br#"{"prompt": "hi", "temperature": -1}"#));
+    check(code, &body, 400, "invalid_request_error", "temperature");
+    let (code, body) = d.curl("POST", "/v1/completions", Some(br#"{"prompt": "hi", "spec": "warp"}"#));
+    check(code, &body, 400, "invalid_request_error", "speculation mode");
+    let (code, body) = d.curl("POST", "/v1/completions", Some(br#"{"prompt": "hi", "n": 3}"#));
+    check(code, &body, 400, "invalid_request_error", "one choice");
+    let big = vec![b'a'; 5 << 20];
+    let (code, body) = d.curl("POST", "/v1/completions", Some(&big));
+    check(code, &body, 413, "invalid_request_error", "larger than");
+    let (code, body) = d.curl("GET", "/v2/nothing", None);
+    check(code, &body, 404, "not_found_error", "no such endpoint");
+    // The daemon is still serving after all that.
+    let (code, r) = d.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 2}));
+    assert_eq!(code, 200, "{r}");
+}
+
+#[test]
+fn a_budget_that_cannot_hold_the_model_is_a_503_with_the_numbers() {
+    // Room for the process, not for the weights.
+    let d = Daemon::start(Setup::default().with_budget("80MiB"));
+    let (code, r) = d.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 2}));
+    assert_eq!(code, 503, "{r}");
+    assert_eq!(r["error"]["code"], "OverBudget");
+    let m = r["error"]["message"].as_str().unwrap();
+    assert!(m.contains("MiB") && m.contains("budget"), "{m}");
+}
+
+impl Setup {
+    fn with_budget(mut self, budget: &str) -> Setup {
+        self.extra.push_str(&format!("memory_budget = \"{budget}\"\n"));
+        self
+    }
+}
+
+#[test]
+fn a_client_that_hangs_up_cancels_its_generation_and_the_memory_comes_back() {
+    let d = Daemon::start(Setup::default());
+    // Load the model, and see what the budget holds with no session.
+    let (code, _) = d.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 1}));
+    assert_eq!(code, 200);
+    let baseline = d.idle_status(Duration::from_secs(5))["memory"]["used_bytes"].as_u64().unwrap();
+    for stream in [true, false] {
+        let mut s = raw_request(
+            &d.socket,
+            "/v1/completions",
+            &json!({"prompt": "Once upon a time", "max_tokens": 1000, "stream": stream}),
+        );
+        // Wait until it is generating, then hang up.
+        let start = Instant::now();
+        loop {
+            let st = d.get("/v1/status");
+            if st["sessions"]
+                .as_array()
+                .unwrap()
+                .first()
+                .is_some_and(|s| s["generated_tokens"].as_u64().unwrap() > 5)
+            {
+                assert!(
+                    st["memory"]["used_bytes"].as_u64().unwrap() > baseline,
+                    "the session holds memory: {st}"
+                );
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "never started: {st}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if stream {
+            let mut first = [0u8; 64];
+            assert!(s.read(&mut first).unwrap() > 0);
+        }
+        drop(s);
+        // 1000 tokens would take several seconds; the hang-up ends it at the next token.
+        let st = d.idle_status(Duration::from_secs(3));
+        assert_eq!(st["memory"]["used_bytes"].as_u64().unwrap(), baseline, "stream={stream}: {st}");
+        let generated = d.curl("GET", "/metrics", None).1;
+        assert!(generated.contains("pocketd_requests_total"), "{generated}");
+    }
+}
+
+#[test]
+fn thirty_two_concurrent_clients_are_all_answered_or_refused_none_lost_or_hung() {
+    let d = Daemon::start(Setup { extra: "parallel = 2\nqueue = 6\n".into(), ..Setup::default() });
+    let start = Instant::now();
+    let results: Vec<(u16, String)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..32)
+            .map(|i| {
+                let d = &d;
+                scope.spawn(move || {
+                    let body = json!({"messages": [{"role": "user", "content": format!("Count to {i}.")}], "max_tokens": 12});
+                    d.curl("POST", "/v1/chat/completions", Some(body.to_string().as_bytes()))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let answered = results.iter().filter(|(c, _)| *c == 200).count();
+    let refused = results.iter().filter(|(c, _)| *c == 429 || *c == 503).count();
+    let other: Vec<_> = results.iter().filter(|(c, _)| ![200, 429, 503].contains(c)).collect();
+    eprintln!(
+        "32 clients: {answered} answered, {refused} refused, {} other, in {:?}",
+        other.len(),
+        start.elapsed()
+    );
+    assert!(other.is_empty(), "lost or hung: {other:?}");
+    assert_eq!(answered + refused, 32);
+    assert!(answered >= 8, "2 running + 6 queued places: at least 8 answered, got {answered}");
+    for (code, body) in &results {
+        let v: Value = serde_json::from_str(body).unwrap();
+        match code {
+            200 => assert!(!v["choices"][0]["message"]["content"].as_str().unwrap().is_empty()),
+            _ => assert_eq!(v["error"]["type"], "rate_limit_error", "{v}"),
+        }
+    }
+    let st = d.idle_status(Duration::from_secs(5));
+    assert_eq!(st["queued"], 0);
+}
+
+#[test]
+fn sigterm_mid_generation_ends_the_stream_and_exits_cleanly() {
+    let mut d = Daemon::start(Setup { extra: "shutdown_seconds = 1\n".into(), ..Setup::default() });
+    let mut s = raw_request(
+        &d.socket,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 4000, "stream": true}),
+    );
+    let mut first = [0u8; 256];
+    assert!(s.read(&mut first).unwrap() > 0);
+    let start = Instant::now();
+    let status = d.terminate();
+    assert!(status.success(), "pocketd exited with {status}:\n{}", d.log());
+    assert!(start.elapsed() < Duration::from_secs(8), "took {:?}", start.elapsed());
+    // The stream was ended (cancelled at the deadline), not cut mid-event.
+    let mut rest = String::new();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.read_to_string(&mut rest);
+    assert!(rest.contains("\"finish_reason\":\"cancelled\"") && rest.contains("[DONE]"), "{rest}");
+    assert!(!d.socket.exists(), "the socket file is removed at exit");
+    let log = d.log();
+    assert!(log.contains("SIGTERM") && log.contains("stopped"), "{log}");
+}
+
+#[test]
+fn models_load_and_unload_on_request_and_idle_ones_make_room() {
+    let qwen =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/store/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    assert!(qwen.is_file(), "run: pocket pull qwen2.5-coder-0.5b (missing {})", qwen.display());
+    // Room for the process and either model, not both.
+    let d = Daemon::start(Setup::default().with_budget("560MiB"));
+    std::os::unix::fs::symlink(&qwen, d.dir.path().join("models/qwen.gguf")).unwrap();
+    let (code, r) = d.post("/v1/models/qwen/load", &json!({}));
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["model"], "qwen.gguf");
+    assert!(r["loaded"].as_bool().unwrap() && r["bytes"].as_u64().unwrap() > 300 << 20, "{r}");
+    // The default model does not fit beside it: the idle qwen is unloaded to make room.
+    let (code, r) = d.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 4}));
+    assert_eq!(code, 200, "{r}");
+    let st = d.get("/v1/status");
+    let loaded: Vec<&str> =
+        st["loaded"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert_eq!(loaded, ["smollm2.gguf"], "{st}");
+    assert!(d.log().contains("unloaded to make room"), "{}", d.log());
+    let (code, r) = d.post("/v1/models/smollm2.gguf/unload", &json!({}));
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["loaded"], false);
+    assert!(d.get("/v1/status")["loaded"].as_array().unwrap().is_empty());
+    let (code, r) = d.post("/v1/models/nothing/load", &json!({}));
+    assert_eq!(code, 404, "{r}");
+}
+
+#[test]
+fn idle_models_are_unloaded_after_their_keep_alive() {
+    let d = Daemon::start(Setup { extra: "keep_alive_seconds = 1\n".into(), ..Setup::default() });
+    let (code, _) = d.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 1}));
+    assert_eq!(code, 200);
+    let start = Instant::now();
+    while !d.get("/v1/status")["loaded"].as_array().unwrap().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(10), "still loaded");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn dbus_generate_start_cancel_properties_and_named_errors() {
+    let d = Daemon::start(Setup { dbus: true, ..Setup::default() });
+    // As a shell script would call it: busctl and dbus-send.
+    let o = d.dbus(&[
+        "call",
+        "org.pocketd.Pocketd1",
+        "/org/pocketd/Pocketd1",
+        "org.pocketd.Pocketd1",
+        "Generate",
+        "ssa{sv}",
+        "",
+        "What is the capital of France?",
+        "1",
+        "max_tokens",
+        "u",
+        "24",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("Paris") && out.contains("completion_tokens"), "{out}");
+    let o = d.dbus_send(&["org.pocketd.Pocketd1.ListModels"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("smollm2.gguf"), "{o:?}");
+    // A wrong signature is refused by the bus binding, naming what was expected.
+    let o = d.dbus_send(&["org.pocketd.Pocketd1.Generate", "string:", "int32:5"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && e.contains("org.freedesktop.DBus.Error.InvalidArgs") && e.contains("ssa{sv}"),
+        "{e}"
+    );
+    let o = d.dbus_send(&["org.pocketd.Pocketd1.LoadModel", "string:nope"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("org.pocketd.Error.UnknownModel"), "{o:?}");
+    let o = d.dbus(&[
+        "call",
+        "org.pocketd.Pocketd1",
+        "/org/pocketd/Pocketd1",
+        "org.pocketd.Pocketd1",
+        "Generate",
+        "ssa{sv}",
+        "",
+        "hi",
+        "1",
+        "temperature",
+        "s",
+        "hot",
+    ]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("must be a double"), "{o:?}");
+    let o = d.dbus(&[
+        "get-property",
+        "org.pocketd.Pocketd1",
+        "/org/pocketd/Pocketd1",
+        "org.pocketd.Pocketd1",
+        "BudgetBytes",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), format!("t {}", 1u64 << 30));
+
+    // As a Rust app would: a zbus proxy, a job's signals, cancel, and the properties.
+    let address = d.bus.as_ref().unwrap().address.clone();
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async move {
+        zbus_client(&address).await;
+    });
+}
+
+#[zbus::proxy(
+    interface = "org.pocketd.Pocketd1",
+    default_service = "org.pocketd.Pocketd1",
+    default_path = "/org/pocketd/Pocketd1"
+)]
+trait Pocketd1 {
+    fn generate(
+        &self,
+        model: &str,
+        prompt: &str,
+        options: std::collections::HashMap<&str, zbus::Variant<'_>>,
+    ) -> zbus::Result<(String, std::collections::HashMap<String, zbus::OwnedVariant>)>;
+    fn start(
+        &self,
+        model: &str,
+        prompt: &str,
+        options: std::collections::HashMap<&str, zbus::Variant<'_>>,
+    ) -> zbus::Result<zbus::OwnedObjectPath>;
+    fn cancel(&self, job: &zbus::ObjectPath<'_>) -> zbus::Result<()>;
+    #[zbus(property)]
+    fn loaded_models(&self) -> zbus::Result<Vec<String>>;
+    #[zbus(property)]
+    fn used_bytes(&self) -> zbus::Result<u64>;
+}
+
+#[zbus::proxy(interface = "org.pocketd.Pocketd1.Job", default_service = "org.pocketd.Pocketd1")]
+trait Job {
+    #[zbus(signal)]
+    fn token(&self, text: &str) -> zbus::Result<()>;
+    #[zbus(signal)]
+    fn finished(
+        &self,
+        text: &str,
+        stats: std::collections::HashMap<String, zbus::OwnedVariant>,
+    ) -> zbus::Result<()>;
+    #[zbus(signal)]
+    fn failed(&self, error: &str, message: &str) -> zbus::Result<()>;
+    #[zbus(property)]
+    fn state(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn text(&self) -> zbus::Result<String>;
+}
+
+async fn zbus_client(address: &str) {
+    use futures_util::StreamExt;
+    let connection = zbus::connection::Builder::address(address).build().await.unwrap();
+    let p = Pocketd1Proxy::new(&connection).await.unwrap();
+    let options = |n: u32| std::collections::HashMap::from([("max_tokens", zbus::Variant::from(n))]);
+    let (text, stats) = p.generate("smollm2", "What is the capital of France?", options(24)).await.unwrap();
+    assert!(text.contains("Paris"), "{text}");
+    assert!(stats.contains_key("decode_tok_per_s"));
+    assert_eq!(p.loaded_models().await.unwrap(), ["smollm2.gguf"]);
+
+    // A job: subscribe to the jobs' signals first, then start, then collect its tokens.
+    let rule = zbus::MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .interface("org.pocketd.Pocketd1.Job")
+        .path_namespace("/org/pocketd/Pocketd1/jobs")
+        .build()
+        .unwrap();
+    let mut signals = zbus::MessageStream::for_match_rule(rule, &connection, None).await.unwrap();
+    let job = p.start("", "What is the capital of France?", options(24)).await.unwrap();
+    let mut streamed = String::new();
+    let finished_text = loop {
+        let m =
+            tokio::time::timeout(Duration::from_secs(60), signals.next()).await.unwrap().unwrap().unwrap();
+        let header = m.header();
+        assert_eq!(header.path().unwrap().as_str(), job.as_str());
+        match header.member().unwrap().as_str() {
+            "Token" => streamed.push_str(&m.body().deserialize::<String>().unwrap()),
+            "Finished" => {
+                let (t, _stats): (String, std::collections::HashMap<String, zbus::OwnedVariant>) =
+                    m.body().deserialize().unwrap();
+                break t;
+            }
+            other => panic!("unexpected {other}"),
+        }
+    };
+    assert_eq!(streamed, finished_text);
+    assert_eq!(streamed, text, "greedy: the job's text is Generate's");
+    let jp = JobProxy::builder(&connection).path(job.clone()).build().await.unwrap();
+    assert_eq!(jp.state().await.unwrap(), "finished");
+    assert_eq!(jp.text().await.unwrap(), text);
+
+    // Cancel a long job: Failed with org.pocketd.Error.Cancelled, and the memory comes back.
+    let job = p.start("", "Once upon a time", options(2000)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    p.cancel(&job.as_ref()).await.unwrap();
+    loop {
+        let m =
+            tokio::time::timeout(Duration::from_secs(30), signals.next()).await.unwrap().unwrap().unwrap();
+        if m.header().path().unwrap().as_str() != job.as_str() {
+            continue;
+        }
+        if m.header().member().unwrap().as_str() == "Failed" {
+            let (name, _msg): (String, String) = m.body().deserialize().unwrap();
+            assert_eq!(name, "org.pocketd.Error.Cancelled");
+            break;
+        }
+    }
+    let err = p.generate("no-such-model", "hi", options(1)).await.unwrap_err();
+    assert!(err.to_string().contains("org.pocketd.Error.UnknownModel"), "{err}");
+}
+
+#[test]
+fn socket_activation_serves_the_inherited_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    std::os::unix::fs::symlink(smollm2(), models.join("smollm2.gguf")).unwrap();
+    let socket = dir.path().join("activated.sock");
+    // The config names another path: the inherited socket wins.
+    let config = dir.path().join("pocketd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "socket = {:?}\nmodels_dir = {models:?}\ndefault_model = \"smollm2\"\nbus = \"none\"\nthreads = 1\n",
+            dir.path().join("unused.sock")
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new("systemd-socket-activate")
+        .arg("-l")
+        .arg(&socket)
+        .arg(env!("CARGO_BIN_EXE_pocketd"))
+        .arg("--config")
+        .arg(&config)
+        .env("POCKET_CACHE_DIR", dir.path().join("cache"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("systemd-socket-activate runs (Debian package systemd)");
+    let start = Instant::now();
+    while !socket.exists() {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The first connection starts pocketd, which then answers on the socket it was handed.
+    let o = Command::new("curl")
+        .args(["-sS", "--max-time", "60", "--unix-socket"])
+        .arg(&socket)
+        .args([
+            "http://localhost/v1/completions",
+            "-d",
+            r#"{"prompt": "The capital of France is", "max_tokens": 4}"#,
+        ])
+        .output()
+        .unwrap();
+    let body = String::from_utf8_lossy(&o.stdout);
+    assert!(body.contains("text_completion"), "{body} {}", String::from_utf8_lossy(&o.stderr));
+    assert!(!dir.path().join("unused.sock").exists(), "the configured path was not bound");
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let status = child.wait().unwrap();
+    let mut log = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut log).unwrap();
+    assert!(status.success(), "{status}: {log}");
+    assert!(log.contains("from systemd"), "{log}");
+}
+
+#[test]
+fn the_pocket_client_asks_lists_and_reports_status() {
+    let d = Daemon::start(Setup::default());
+    let pocket = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_pocket")).args(args).arg("--socket").arg(&d.socket).output().unwrap()
+    };
+    let o = pocket(&["ask", "What is the capital of France?", "-n", "24", "--stats"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("Paris"));
+    let stats: Value = serde_json::from_slice(&o.stderr).unwrap();
+    assert!(stats["ttft_ms"].as_f64().unwrap() > 0.0, "{stats}");
+    let o = pocket(&["models"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("smollm2.gguf"), "{o:?}");
+    let o = pocket(&["status"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("memory:"), "{o:?}");
+    // chat: one turn per line of input, the conversation carried over.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pocket"))
+        .args(["chat", "-n", "16", "--socket"])
+        .arg(&d.socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"What is the capital of France?\nAnd of Italy?\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().filter(|l| !l.is_empty()).count(), 2, "{o:?}");
+    // No daemon there: a clear error.
+    let o = Command::new(env!("CARGO_BIN_EXE_pocket"))
+        .args(["status", "--socket", "/nonexistent.sock"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot connect to pocketd"), "{o:?}");
+}
+
+#[test]
+fn the_openai_python_client_talks_over_the_socket() {
+    let python = std::env::var("POCKET_TEST_PYTHON").unwrap_or_else(|_| {
+        let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pyenv/bin/python");
+        venv.to_string_lossy().into_owned()
+    });
+    let has_openai =
+        Command::new(&python).args(["-c", "import openai, httpx"]).status().is_ok_and(|s| s.success());
+    assert!(has_openai, "the openai client is needed: scripts/test installs it into target/pyenv ({python})");
+    let d = Daemon::start(Setup::default());
+    let o = Command::new(&python)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/openai_client.py"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("Paris"), "{out}");
+    assert!(out.contains("streamed:"), "{out}");
+}
