@@ -1,0 +1,151 @@
+//! `cargo bench --bench ttft`: time to the first token through pocketd's socket against
+//! generating in this process, on the same prompt, alternating, in one run.
+//!
+//! In-process is what `pocket run` does once its model is loaded: make a session, tokenize,
+//! prefill, sample, until the first text. Through the socket it is what an app sees: a
+//! streamed `/v1/chat/completions` on a warm daemon (model loaded), from connecting until the
+//! first chunk with text — HTTP, the chat template, planning under the budget, the session,
+//! the prefill, SSE. Both use the default model, greedy, no speculation, the same threads.
+//! Prints medians and writes `target/bench/ttft.json`. `POCKET_BENCH_REPS` sets the number of
+//! pairs (default 30); `POCKET_BENCH_THREADS` the threads (default: every core).
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use pocket_core::{
+    ChatMessage, GenerateRequest, Model, SessionConfig, StopConfig, default_threads, generate,
+};
+use pocket_ggml::{GgmlModel, LoadOptions};
+use pocketd::cli::client::Client;
+
+const PROMPT: &str = "In one sentence, what is a Raspberry Pi?";
+
+fn main() -> ExitCode {
+    if std::env::args().any(|a| a == "--list") {
+        println!("ttft: bench");
+        return ExitCode::SUCCESS;
+    }
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+fn in_process(model: &GgmlModel, threads: usize) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let tokenizer = model.tokenizer();
+    let messages = [ChatMessage { role: "user".into(), content: PROMPT.into() }];
+    let text = tokenizer.apply_chat_template(&messages, true)?;
+    let prompt = tokenizer.encode(&text, true)?;
+    let config = SessionConfig { threads, ..SessionConfig::default() };
+    let mut session = model.new_session(&config)?;
+    let request = GenerateRequest {
+        prompt,
+        stop: StopConfig { max_tokens: 8, stop: Vec::new() },
+        ..Default::default()
+    };
+    let mut first = None;
+    generate(model.info(), &mut session, tokenizer, &request, &mut |event| {
+        if !event.text.is_empty() && first.is_none() {
+            first = Some(start.elapsed().as_secs_f64() * 1e3);
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    })?;
+    first.ok_or_else(|| anyhow::anyhow!("no text generated"))
+}
+
+async fn through_socket(client: &Client) -> anyhow::Result<f64> {
+    let body = serde_json::json!({
+        "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8, "stream": true, "spec": "off"
+    });
+    let start = Instant::now();
+    let mut first = None;
+    client
+        .stream("/v1/chat/completions", &body, &mut |data| {
+            let v: serde_json::Value = serde_json::from_str(data)?;
+            if first.is_none() && v["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty())
+            {
+                first = Some(start.elapsed().as_secs_f64() * 1e3);
+            }
+            Ok(())
+        })
+        .await?;
+    first.ok_or_else(|| anyhow::anyhow!("no text streamed"))
+}
+
+fn run() -> anyhow::Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let name = pocket_models::default_model();
+    let dir = pocket_models::models_dir(None);
+    let path = pocket_models::resolve(name, &dir)
+        .map_err(|e| anyhow::anyhow!("{e}; run `pocket pull {name}` first"))?
+        .path;
+    let threads = std::env::var("POCKET_BENCH_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(default_threads);
+    let reps: usize = std::env::var("POCKET_BENCH_REPS").ok().and_then(|t| t.parse().ok()).unwrap_or(30);
+
+    let work = tempfile::tempdir()?;
+    let socket = work.path().join("pocketd.sock");
+    let config = work.path().join("pocketd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "socket = {socket:?}\nmodels_dir = {dir:?}\ndefault_model = {name:?}\nbus = \"none\"\nthreads = {threads}\n\
+             spec = \"off\"\n"
+        ),
+    )?;
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_pocketd"))
+        .arg("--config")
+        .arg(&config)
+        .stderr(Stdio::null())
+        .spawn()?;
+    let result = (|| {
+        let started = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            anyhow::ensure!(started.elapsed() < Duration::from_secs(30), "pocketd did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let model = GgmlModel::load(&path, &LoadOptions::default())?;
+        let client = Client::new(&socket);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        // Warm both: the daemon loads its model on the first request.
+        rt.block_on(through_socket(&client))?;
+        in_process(&model, threads)?;
+        let (mut local, mut remote) = (Vec::new(), Vec::new());
+        for _ in 0..reps {
+            local.push(in_process(&model, threads)?);
+            remote.push(rt.block_on(through_socket(&client))?);
+        }
+        Ok((median(&mut local), median(&mut remote), local, remote))
+    })();
+    let _ = Command::new("kill").args(["-TERM", &daemon.id().to_string()]).status();
+    let _ = daemon.wait();
+    let (local, remote, all_local, all_remote) = result?;
+    println!("time to first token, {name}, {threads} threads, {reps} pairs (median):");
+    println!("  in-process        {local:8.2} ms");
+    println!("  through pocketd   {remote:8.2} ms");
+    println!("  difference        {:+8.2} ms", remote - local);
+    let out = root.join("target/bench");
+    std::fs::create_dir_all(&out)?;
+    let report = serde_json::json!({
+        "model": name, "threads": threads, "prompt": PROMPT, "reps": reps,
+        "in_process_ms_median": local, "socket_ms_median": remote, "difference_ms": remote - local,
+        "in_process_ms": all_local, "socket_ms": all_remote,
+    });
+    std::fs::write(out.join("ttft.json"), serde_json::to_vec_pretty(&report)?)?;
+    Ok(())
+}
