@@ -222,6 +222,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_shipped_configuration_is_the_defaults() {
+        let shipped: Config = toml::from_str(include_str!("../../../systemd/pocketd.toml")).unwrap();
+        assert_eq!(shipped, Config::default(), "systemd/pocketd.toml and Config::default() disagree");
+    }
+
+    #[test]
     fn an_empty_file_is_the_defaults_and_print_config_reads_back() {
         let c: Config = toml::from_str("").unwrap();
         assert_eq!(c, Config::default());
