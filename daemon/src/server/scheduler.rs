@@ -584,20 +584,29 @@ impl Scheduler {
             Ok(mut finished) => {
                 finished.peak_bytes = peak_bytes;
                 finished.timings.queued_ms = queued_seconds * 1e3;
+                tracing::info!(
+                    id = %request_id(id),
+                    prompt_tokens = finished.usage.prompt_tokens,
+                    generated = finished.usage.completion_tokens,
+                    decode_tok_per_s = format!("{:.1}", finished.timings.decode_tok_per_s),
+                    finish = finished.finish_reason,
+                    peak_bytes,
+                    "done"
+                );
                 self.metrics.finished(&finished);
                 let _ = tx.send(Piece::Done(Box::new(finished)));
             }
-            Err(e) => {
-                self.metrics.failed(&e);
-                match not_started {
-                    Some(s) => {
-                        let _ = s.send(Err(e));
-                    }
-                    None => {
-                        let _ = tx.send(Piece::Failed(e));
-                    }
+            // Before the start, `submit` returns the error (and counts it).
+            Err(e) => match not_started {
+                Some(s) => {
+                    let _ = s.send(Err(e));
                 }
-            }
+                None => {
+                    tracing::warn!(id = %request_id(id), "failed: {e}");
+                    self.metrics.failed(&e);
+                    let _ = tx.send(Piece::Failed(e));
+                }
+            },
         }
         self.session_ended.notify_waiters();
     }
