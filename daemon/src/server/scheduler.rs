@@ -238,9 +238,6 @@ pub struct Scheduler {
     threads: usize,
 }
 
-/// A session's status, for `/v1/status` and D-Bus.
-pub type SessionStatus = pocket_api::SessionStatus;
-
 /// How long a request whose plan does not fit waits for running sessions to give memory
 /// back before it is refused.
 const MEMORY_WAIT: Duration = Duration::from_secs(30);
@@ -346,7 +343,7 @@ impl Scheduler {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .map(|(id, s)| SessionStatus {
+            .map(|(id, s)| pocket_api::SessionStatus {
                 id: request_id(*id),
                 model: s.model.clone(),
                 generated_tokens: s.generated.load(Ordering::Relaxed),
@@ -722,7 +719,7 @@ struct GenerationContext {
     permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 }
 
-/// The id a request is known by (`chatcmpl-7`).
+/// The id a request is known by (`pocketd-7`).
 pub fn request_id(id: u64) -> String {
     format!("pocketd-{id}")
 }
