@@ -108,37 +108,18 @@ async fn exchange(
     };
     let mut text = String::new();
     let mut stdout = std::io::stdout();
-    let mut on_text = |piece: &str, stats: &mut Stats| -> anyhow::Result<()> {
-        if !piece.is_empty() {
-            if stats.ttft_ms.is_none() {
-                stats.ttft_ms = Some(start.elapsed().as_secs_f64() * 1e3);
-            }
-            text.push_str(piece);
-            stdout.write_all(piece.as_bytes())?;
-            stdout.flush()?;
-        }
-        Ok(())
-    };
-    match messages {
+    // Chat and text completion streams differ only in where a chunk keeps its text.
+    type Parse = fn(&str) -> anyhow::Result<Chunk>;
+    let (path, body, parse): (&str, serde_json::Value, Parse) = match messages {
         Some(messages) => {
             let body = ChatCompletionRequest {
                 model: args.model.clone(),
                 messages: messages.to_vec(),
                 options: args.options(),
             };
-            client
-                .stream("/v1/chat/completions", &body, &mut |data| {
-                    let chunk: ChatCompletionChunk = parse_event(data)?;
-                    stats.model = chunk.model;
-                    if let Some(choice) = chunk.choices.into_iter().next() {
-                        on_text(choice.delta.content.as_deref().unwrap_or(""), &mut stats)?;
-                        stats.finish_reason = choice.finish_reason.or(stats.finish_reason.take());
-                    }
-                    stats.usage = chunk.usage.or(stats.usage);
-                    stats.timings = chunk.timings.or(stats.timings.take());
-                    Ok(())
-                })
-                .await?;
+            ("/v1/chat/completions", serde_json::to_value(body)?, |d| {
+                Ok(parse_event::<ChatCompletionChunk>(d)?.into())
+            })
         }
         None => {
             let body = CompletionRequest {
@@ -146,23 +127,64 @@ async fn exchange(
                 prompt: prompt.to_owned(),
                 options: args.options(),
             };
-            client
-                .stream("/v1/completions", &body, &mut |data| {
-                    let chunk: Completion = parse_event(data)?;
-                    stats.model = chunk.model;
-                    if let Some(choice) = chunk.choices.into_iter().next() {
-                        on_text(&choice.text, &mut stats)?;
-                        stats.finish_reason = choice.finish_reason.or(stats.finish_reason.take());
-                    }
-                    stats.usage = chunk.usage.or(stats.usage);
-                    stats.timings = chunk.timings.or(stats.timings.take());
-                    Ok(())
-                })
-                .await?;
+            ("/v1/completions", serde_json::to_value(body)?, |d| Ok(parse_event::<Completion>(d)?.into()))
         }
-    }
+    };
+    client
+        .stream(path, &body, &mut |data| {
+            let chunk = parse(data)?;
+            stats.model = chunk.model;
+            if !chunk.text.is_empty() {
+                if stats.ttft_ms.is_none() {
+                    stats.ttft_ms = Some(start.elapsed().as_secs_f64() * 1e3);
+                }
+                text.push_str(&chunk.text);
+                stdout.write_all(chunk.text.as_bytes())?;
+                stdout.flush()?;
+            }
+            stats.finish_reason = chunk.finish_reason.or(stats.finish_reason.take());
+            stats.usage = chunk.usage.or(stats.usage);
+            stats.timings = chunk.timings.or(stats.timings.take());
+            Ok(())
+        })
+        .await?;
     stats.total_ms = start.elapsed().as_secs_f64() * 1e3;
     Ok((text, stats))
+}
+
+/// What `exchange` takes from a streamed chunk of either kind.
+struct Chunk {
+    model: String,
+    text: String,
+    finish_reason: Option<String>,
+    usage: Option<pocket_api::Usage>,
+    timings: Option<pocket_api::Timings>,
+}
+
+impl From<ChatCompletionChunk> for Chunk {
+    fn from(c: ChatCompletionChunk) -> Chunk {
+        let choice = c.choices.into_iter().next();
+        Chunk {
+            model: c.model,
+            finish_reason: choice.as_ref().and_then(|ch| ch.finish_reason.clone()),
+            text: choice.and_then(|ch| ch.delta.content).unwrap_or_default(),
+            usage: c.usage,
+            timings: c.timings,
+        }
+    }
+}
+
+impl From<Completion> for Chunk {
+    fn from(c: Completion) -> Chunk {
+        let choice = c.choices.into_iter().next();
+        Chunk {
+            model: c.model,
+            finish_reason: choice.as_ref().and_then(|ch| ch.finish_reason.clone()),
+            text: choice.map(|ch| ch.text).unwrap_or_default(),
+            usage: c.usage,
+            timings: c.timings,
+        }
+    }
 }
 
 /// An event's data: a chunk, or an error the daemon sent after the stream began.

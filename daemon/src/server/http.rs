@@ -328,9 +328,8 @@ async fn unload_model(
     State(s): Shared,
     Path(name): Path<String>,
 ) -> Result<axum::Json<ModelAction>, ServeError> {
-    let found = s.registry.find(&name)?;
-    s.registry.unload(&name)?;
-    Ok(axum::Json(ModelAction { model: found.name, loaded: false, bytes: 0 }))
+    let model = s.registry.unload(&name)?;
+    Ok(axum::Json(ModelAction { model, loaded: false, bytes: 0 }))
 }
 
 async fn status(State(s): Shared) -> axum::Json<pocket_api::Status> {

@@ -149,9 +149,16 @@ impl Registry {
         &self.models_dir
     }
 
+    fn catalog(&self) -> Result<Catalog, ServeError> {
+        Catalog::load(&self.models_dir).map_err(|e| ServeError::Internal(e.to_string()))
+    }
+
     /// Every model that could be served now: pulled manifests, then loose files, by name.
     pub fn available(&self) -> Result<Vec<Available>, ServeError> {
-        let catalog = Catalog::load(&self.models_dir).map_err(|e| ServeError::Internal(e.to_string()))?;
+        self.available_in(&self.catalog()?)
+    }
+
+    fn available_in(&self, catalog: &Catalog) -> Result<Vec<Available>, ServeError> {
         let mut out = Vec::new();
         let mut claimed = Vec::new();
         for m in catalog.manifests() {
@@ -183,14 +190,14 @@ impl Registry {
                 format!("{name:?} is not a model name: use a name from /v1/models (paths are not accepted)"),
             ));
         }
-        let available = self.available()?;
+        let catalog = self.catalog()?;
+        let available = self.available_in(&catalog)?;
         if let Some(a) = available.iter().find(|a| a.name == name) {
             return Ok(a.clone());
         }
         if let Some(a) = available.iter().find(|a| a.path.file_stem().is_some_and(|s| s == name)) {
             return Ok(a.clone());
         }
-        let catalog = Catalog::load(&self.models_dir).map_err(|e| ServeError::Internal(e.to_string()))?;
         if catalog.get(name).is_some() {
             return Err(ServeError::UnknownModel(format!(
                 "model {name:?} is known but not in {}; fetch it with `pocket pull {name} --models-dir {}`",
@@ -242,7 +249,11 @@ impl Registry {
     /// The model served as `name`, loading it if needed; when the budget is full, idle
     /// models are unloaded (least recently used first) to make room.
     pub async fn get(&self, name: &str) -> Result<Arc<LoadedModel>, ServeError> {
-        let found = self.find(name)?;
+        self.load(self.find(name)?).await
+    }
+
+    /// [`Registry::get`] for a model already [found](Registry::find).
+    pub async fn load(&self, found: Available) -> Result<Arc<LoadedModel>, ServeError> {
         if let Some(m) = self.touch(&found.name) {
             return Ok(m);
         }
@@ -331,11 +342,12 @@ impl Registry {
         gone
     }
 
-    /// Unload `name` now. A model that sessions are using cannot be.
-    pub fn unload(&self, name: &str) -> Result<bool, ServeError> {
+    /// Unload `name` now (nothing to do if it is not loaded); returns the name it is served
+    /// under. A model that sessions are using cannot be unloaded.
+    pub fn unload(&self, name: &str) -> Result<String, ServeError> {
         let found = self.find(name)?;
         let mut slots = lock(&self.loaded);
-        let Some(i) = slots.iter().position(|s| s.model.name == found.name) else { return Ok(false) };
+        let Some(i) = slots.iter().position(|s| s.model.name == found.name) else { return Ok(found.name) };
         let users = Arc::strong_count(&slots[i].model) - 1;
         if users > 0 {
             return Err(ServeError::Busy(format!(
@@ -345,7 +357,7 @@ impl Registry {
         }
         slots.remove(i);
         tracing::info!(model = %found.name, "unloaded on request");
-        Ok(true)
+        Ok(found.name)
     }
 
     /// Unload everything (at shutdown).

@@ -399,7 +399,7 @@ impl Scheduler {
         }
         let model_name = job.model.clone().unwrap_or_else(|| self.config.default_model.clone());
         // Unknown names are refused before queueing.
-        self.registry.find(&model_name)?;
+        let found = self.registry.find(&model_name)?;
 
         let place = self
             .places
@@ -415,7 +415,7 @@ impl Scheduler {
                 _ = stopping => return Err(ServeError::ShuttingDown),
             }
         };
-        let model = self.registry.get(&model_name).await?;
+        let model = self.registry.load(found).await?;
         let draft = match (&job.options.draft_model, spec) {
             (Some(d), SpecMode::Draft | SpecMode::Auto) => Some(self.registry.get(d).await?),
             _ => None,
