@@ -324,6 +324,10 @@ fn bad_requests_get_openai_shaped_errors_with_the_right_status() {
     check(code, &body, 400, "invalid_request_error", "temperature");
     let (code, body) = d.curl("POST", "/v1/completions", Some(br#"{"prompt": "hi", "spec": "warp"}"#));
     check(code, &body, 400, "invalid_request_error", "speculation mode");
+    let (code, body) = d.curl("POST", "/v1/completions", Some(br#"{"prompt": "hi", "max_tokens": 0}"#));
+    check(code, &body, 400, "invalid_request_error", "max_tokens");
+    let (code, body) = d.curl("POST", "/v1/chat/completions", Some(br#"{"messages": []}"#));
+    check(code, &body, 400, "invalid_request_error", "messages is empty");
     let (code, body) = d.curl("POST", "/v1/completions", Some(br#"{"prompt": "hi", "n": 3}"#));
     check(code, &body, 400, "invalid_request_error", "one choice");
     let big = vec![b'a'; 5 << 20];
@@ -548,6 +552,25 @@ fn dbus_generate_start_cancel_properties_and_named_errors() {
         "hot",
     ]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("must be a double"), "{o:?}");
+    let o = d.dbus(&[
+        "call",
+        "org.pocketd.Pocketd1",
+        "/org/pocketd/Pocketd1",
+        "org.pocketd.Pocketd1",
+        "Generate",
+        "ssa{sv}",
+        "",
+        "hi",
+        "1",
+        "colour",
+        "s",
+        "blue",
+    ]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("unknown option") && e.contains("max_tokens"), "{e}");
+    let o = d.dbus_send(&["org.pocketd.Pocketd1.Cancel", "objpath:/org/pocketd/Pocketd1/jobs/999"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("org.pocketd.Error.InvalidArgument") && e.contains("no running job"), "{e}");
     let o = d.dbus(&[
         "get-property",
         "org.pocketd.Pocketd1",
