@@ -283,9 +283,14 @@ impl Output<'_> {
         if self.tokenizer.is_end(token) {
             return Some(StopReason::Eos);
         }
+        let piece = if self.tokens.is_empty() {
+            self.tokenizer.first_piece(token)
+        } else {
+            self.tokenizer.piece(token)
+        };
         self.tokens.push(token);
         self.history.push(token);
-        let chunk = self.stream.push(&self.tokenizer.piece(token));
+        let chunk = self.stream.push(&piece);
         self.text.push_str(chunk.text);
         let flow = on_event(Event { token: Some(token), text: chunk.text });
         if chunk.stop.is_some() {

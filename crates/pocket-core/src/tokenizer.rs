@@ -22,6 +22,13 @@ pub trait Tokenizer: Send + Sync {
     /// split across tokens, so text is assembled from bytes (see [`crate::stop::TextStream`]).
     fn piece(&self, token: Token) -> Vec<u8>;
 
+    /// The bytes `token` stands for as the first token of a generated text. SentencePiece
+    /// tokenizers mark word starts with a space that the first word of a text does not have;
+    /// by default the same as [`Tokenizer::piece`].
+    fn first_piece(&self, token: Token) -> Vec<u8> {
+        self.piece(token)
+    }
+
     /// Whether `token` ends generation (end of sequence or end of turn).
     fn is_end(&self, token: Token) -> bool;
 

@@ -1,0 +1,252 @@
+//! [`TractModel`]: the graphs, tokenizer and dimensions of one encoder-decoder model.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use pocket_core::memory::{Ledger, Reservation};
+use pocket_core::{Footprint, Model, ModelInfo, ModelKind, Session, SessionConfig, Token, Tokenizer};
+use serde_json::Value;
+use tract_linalg::multithread::Executor;
+
+use crate::graph::Graph;
+use crate::kv::kv_bytes_per_token;
+use crate::layout::Layout;
+use crate::roles::{DecoderGraph, EncoderGraph};
+use crate::session::TractSession;
+use crate::tokenizer::HfTokenizer;
+use crate::{Error, KV_WINDOW};
+
+/// What sessions share with the model.
+pub(crate) struct Inner {
+    pub(crate) info: ModelInfo,
+    pub(crate) layout: Layout,
+    pub(crate) tokenizer: HfTokenizer,
+    pub(crate) encoder: EncoderGraph,
+    pub(crate) decoder: DecoderGraph,
+    pub(crate) with_past: Option<DecoderGraph>,
+    pub(crate) decoder_start: Token,
+    /// Attention heads and their width (of the cache where there is one, else from
+    /// config.json or a guess), for the footprint.
+    pub(crate) heads: usize,
+    pub(crate) head_dim: usize,
+    /// One thread pool per thread count, shared by the sessions that ask for it.
+    executors: Mutex<HashMap<usize, Executor>>,
+}
+
+/// An ONNX encoder-decoder model loaded into tract.
+pub struct TractModel {
+    pub(crate) inner: Arc<Inner>,
+    /// The weights' bytes, paid for in the ledger the model was loaded in.
+    _weights: Reservation,
+}
+
+/// `config.json` and `generation_config.json` merged (the latter wins), where present.
+fn read_config(layout: &Layout) -> Result<Value, Error> {
+    let mut merged = serde_json::Map::new();
+    for path in [layout.config.as_ref(), layout.generation_config.as_ref()].into_iter().flatten() {
+        let text = std::fs::read(path).map_err(|source| Error::Io { path: path.clone(), source })?;
+        let value: Value = serde_json::from_slice(&text)
+            .map_err(|e| Error::BadGraph { path: path.clone(), reason: format!("not valid JSON: {e}") })?;
+        if let Value::Object(map) = value {
+            merged.extend(map);
+        }
+    }
+    Ok(Value::Object(merged))
+}
+
+fn usize_key(config: &Value, keys: &[&str]) -> Option<usize> {
+    keys.iter().find_map(|k| config.get(*k)?.as_u64()).map(|v| v as usize)
+}
+
+impl TractModel {
+    /// Load the model in directory `dir` (see [`Layout`] for what it must hold), with no
+    /// memory budget.
+    pub fn load(dir: &Path) -> Result<Self, Error> {
+        Self::load_in(dir, &Ledger::unlimited())
+    }
+
+    /// Load the model in `dir`, its weights paid for in `ledger` before they are read.
+    pub fn load_in(dir: &Path, ledger: &Ledger) -> Result<Self, Error> {
+        let layout = Layout::find(dir)?;
+        let weights = ledger.reserve(layout.graph_bytes(), "the model's graphs")?;
+        let config = read_config(&layout)?;
+        let name = dir.file_name().map_or_else(|| "onnx model".into(), |n| n.to_string_lossy().into_owned());
+        let eos = usize_key(&config, &["eos_token_id"]).map(|v| v as Token);
+        let tokenizer = HfTokenizer::load(&layout.tokenizer, &name, eos)?;
+
+        let encoder = EncoderGraph::new(Graph::load(&layout.encoder)?)?;
+        let decoder = DecoderGraph::first(Graph::load(&layout.decoder)?)?;
+        let with_past = match &layout.decoder_with_past {
+            Some(path) if !decoder.present.is_empty() => {
+                Some(DecoderGraph::with_past(Graph::load(path)?, decoder.present.len())?)
+            }
+            Some(path) => {
+                return Err(Error::BadGraph {
+                    path: path.clone(),
+                    reason: format!(
+                        "a with-past decoder beside a first decoder ({}) that returns no present.* K/V to start it with",
+                        layout.decoder.display()
+                    ),
+                });
+            }
+            None => None,
+        };
+        let n_vocab = decoder
+            .vocab()
+            .ok_or_else(|| decoder.graph.error("the logits' last axis (the vocabulary) is not fixed"))?;
+        let n_embd = encoder.width().or_else(|| usize_key(&config, &["d_model"])).unwrap_or(0);
+        let n_layers = usize_key(&config, &["num_decoder_layers", "num_layers"])
+            .or((!decoder.present.is_empty()).then_some(decoder.present.len()))
+            .unwrap_or(1);
+        let (heads, head_dim) = with_past.as_ref().and_then(|d| d.kv_dims()).unwrap_or_else(|| {
+            let heads = usize_key(&config, &["num_heads"]).unwrap_or(8);
+            (heads, usize_key(&config, &["d_kv"]).unwrap_or(64))
+        });
+        let decoder_start = usize_key(&config, &["decoder_start_token_id"])
+            .map(|v| v as Token)
+            .or_else(|| tokenizer.token_id("<pad>"))
+            .unwrap_or(0);
+        let info = ModelInfo {
+            name,
+            architecture: config
+                .get("model_type")
+                .and_then(Value::as_str)
+                .unwrap_or("onnx-seq2seq")
+                .to_owned(),
+            kind: ModelKind::EncoderDecoder,
+            n_layers,
+            n_embd,
+            n_vocab,
+            // T5's relative positions have no hard limit; 512 is what it was trained on.
+            n_ctx_train: usize_key(&config, &["n_positions"]).unwrap_or(512),
+            weights_bytes: layout.graph_bytes(),
+        };
+        tracing::debug!(
+            model = %info.name,
+            with_past = with_past.is_some(),
+            n_vocab,
+            n_layers,
+            "loaded an encoder-decoder model"
+        );
+        let inner = Inner {
+            info,
+            layout,
+            tokenizer,
+            encoder,
+            decoder,
+            with_past,
+            decoder_start,
+            heads,
+            head_dim,
+            executors: Mutex::new(HashMap::new()),
+        };
+        Ok(TractModel { inner: Arc::new(inner), _weights: weights })
+    }
+
+    /// The directory the model was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.inner.layout.dir
+    }
+
+    /// The token the decoder starts from (T5: `<pad>`, 0).
+    pub fn decoder_start(&self) -> Token {
+        self.inner.decoder_start
+    }
+
+    /// Whether the model has a with-past decoder, so that sessions keep a KV cache; without
+    /// one every decoder call recomputes the whole prefix.
+    pub fn has_kv_cache(&self) -> bool {
+        self.inner.with_past.is_some()
+    }
+
+    /// The tokenizer, with its Hugging Face specifics.
+    pub fn hf_tokenizer(&self) -> &HfTokenizer {
+        &self.inner.tokenizer
+    }
+
+    /// A new session of the concrete type (for the engine's own tests and tools).
+    pub fn new_session(&self, config: &SessionConfig, ledger: &Ledger) -> pocket_core::Result<TractSession> {
+        TractSession::new(self.inner.clone(), config, ledger)
+    }
+}
+
+impl Inner {
+    /// The thread pool for `threads` threads.
+    pub(crate) fn executor(&self, threads: usize) -> Executor {
+        let threads = threads.max(1);
+        if threads == 1 {
+            return Executor::SingleThread;
+        }
+        let mut pools = self.executors.lock().unwrap_or_else(|p| p.into_inner());
+        pools
+            .entry(threads)
+            .or_insert_with(|| Executor::multithread_with_name(threads, "pocket-tract"))
+            .clone()
+    }
+
+    /// Bytes tract's intermediate tensors take in one decoder call over `positions` positions
+    /// of which `rows` return logits, with `past` cached tokens written out as f32 (an
+    /// estimate from the shapes: logits, a few model-width activations per position, the
+    /// attention scores, and the past and present K/V of a with-past call).
+    pub(crate) fn compute_bytes(&self, positions: usize, rows: usize, past: usize) -> u64 {
+        let i = &self.info;
+        let activations = positions * 8 * i.n_embd.max(self.heads * self.head_dim);
+        let scores = 2 * self.heads * positions * (past + positions);
+        let kv = if self.with_past.is_some() {
+            2 * 2 * i.n_layers * self.heads * self.head_dim * (past + positions)
+        } else {
+            0
+        };
+        (4 * (rows * i.n_vocab + activations + scores + kv)) as u64
+    }
+}
+
+impl Model for TractModel {
+    fn info(&self) -> &ModelInfo {
+        &self.inner.info
+    }
+
+    fn tokenizer(&self) -> &dyn Tokenizer {
+        &self.inner.tokenizer
+    }
+
+    fn footprint(&self, config: &SessionConfig) -> pocket_core::Result<Footprint> {
+        Self::footprint_of(&self.inner, config)
+    }
+
+    fn session_in(&self, config: &SessionConfig, ledger: &Ledger) -> pocket_core::Result<Box<dyn Session>> {
+        Ok(Box::new(self.new_session(config, ledger)?))
+    }
+}
+
+impl TractModel {
+    /// [`Model::footprint`] for the model `inner`.
+    pub(crate) fn footprint_of(inner: &Inner, config: &SessionConfig) -> pocket_core::Result<Footprint> {
+        let n_ctx = config.n_ctx.max(1);
+        let (kv_bytes_per_token, kv_block_tokens, compute_bytes) = if inner.with_past.is_some() {
+            let per_token = kv_bytes_per_token(config.kv, inner.info.n_layers, inner.heads, inner.head_dim);
+            // Quantized groups are 32 tokens; the f32 window is charged at the quantized rate
+            // plus its own f32 bytes in the compute figure.
+            let block = if crate::kv::kv_bits(config.kv) == crate::kivi::Bits::F32 { 1 } else { 32 };
+            let rows = config.max_rows.max(1);
+            (per_token.ceil() as u64, block, inner.compute_bytes(rows, rows, n_ctx))
+        } else {
+            // Every call recomputes the prefix: no cache, but a pass over all of it.
+            (0, 1, inner.compute_bytes(n_ctx, n_ctx, 0))
+        };
+        // The encoder's output and the cross-attention K/V are held for the source (at most
+        // n_ctx tokens): charged per context token with the compute.
+        let source =
+            (n_ctx * 4 * (inner.info.n_embd + 2 * inner.info.n_layers * inner.heads * inner.head_dim)) as u64;
+        let window = (KV_WINDOW * 2 * 4 * inner.info.n_layers * inner.heads * inner.head_dim) as u64;
+        Ok(Footprint {
+            weights_anon_bytes: inner.layout.graph_bytes(),
+            weights_mapped_bytes: 0,
+            kv_bytes_per_token,
+            kv_block_tokens,
+            compute_bytes: compute_bytes + source + window,
+            logits_row_bytes: (inner.info.n_vocab * 4) as u64,
+        })
+    }
+}
