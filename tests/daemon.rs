@@ -17,6 +17,13 @@ fn smollm2() -> PathBuf {
     p
 }
 
+/// flan-t5-small's directory in the project's models directory (pulled by `scripts/test`).
+fn flan_t5() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/store/flan-t5-small");
+    assert!(p.is_dir(), "run: pocket pull flan-t5-small (missing {})", p.display());
+    p
+}
+
 /// A private session bus, killed on drop.
 struct Bus {
     address: String,
@@ -57,6 +64,8 @@ struct Daemon {
 struct Setup {
     extra: String,
     dbus: bool,
+    /// Also serve flan-t5-small (an encoder-decoder on tract).
+    flan: bool,
 }
 
 impl Daemon {
@@ -67,6 +76,9 @@ impl Daemon {
         let models = dir.path().join("models");
         std::fs::create_dir(&models).unwrap();
         std::os::unix::fs::symlink(smollm2(), models.join("smollm2.gguf")).unwrap();
+        if setup.flan {
+            std::os::unix::fs::symlink(flan_t5(), models.join("flan-t5-small")).unwrap();
+        }
         let socket = dir.path().join("pocketd.sock");
         let bus = setup.dbus.then(Bus::start);
         let config = format!(
@@ -356,6 +368,38 @@ impl Setup {
         self.extra.push_str(&format!("memory_budget = \"{budget}\"\n"));
         self
     }
+}
+
+#[test]
+fn an_encoder_decoder_model_answers_completions_and_refuses_chat() {
+    let d = Daemon::start(Setup { flan: true, ..Setup::default() });
+    let prompt = "translate English to German: The house is wonderful.";
+    let mut texts = Vec::new();
+    for spec in ["off", "inputcopy", "suffix", "auto"] {
+        let (code, r) = d.post(
+            "/v1/completions",
+            &json!({"model": "flan-t5-small", "prompt": prompt, "max_tokens": 32, "spec": spec}),
+        );
+        assert_eq!(code, 200, "{spec}: {r}");
+        assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+        assert_eq!(r["usage"]["prompt_tokens"], 11, "the source's tokens: {r}");
+        texts.push(r["choices"][0]["text"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(texts[0], "Das Haus ist wunderbar.");
+    assert!(texts.iter().all(|t| *t == texts[0]), "greedy text changed with drafting: {texts:?}");
+    let (code, r) = d.post(
+        "/v1/chat/completions",
+        &json!({"model": "flan-t5-small", "messages": [{"role": "user", "content": prompt}]}),
+    );
+    assert_eq!(code, 400, "{r}");
+    let m = r["error"]["message"].as_str().unwrap();
+    assert!(m.contains("no chat template") && m.contains("/v1/completions"), "{m}");
+    let (code, r) =
+        d.post("/v1/completions", &json!({"model": "flan-t5-small", "prompt": prompt, "spec": "layerskip"}));
+    assert_eq!(code, 400, "{r}");
+    // The decoder model is still served beside it.
+    let (code, _) = d.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 2}));
+    assert_eq!(code, 200);
 }
 
 #[test]

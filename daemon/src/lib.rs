@@ -6,5 +6,6 @@
 pub mod bench;
 pub mod cli;
 pub mod mem;
+pub mod seq2seq;
 pub mod server;
 pub mod spec;

@@ -256,6 +256,10 @@ impl SpecSetup<'_> {
             SpecMode::Suffix => {
                 BuiltDrafter::Suffix(SuffixDrafter::with_cost(self.max_draft, self.cost.clone()))
             }
+            SpecMode::InputCopy => anyhow::bail!(
+                "--spec inputcopy drafts from an encoder-decoder model's source text; for \
+                 decoder-only models use suffix, which also matches the prompt"
+            ),
             SpecMode::LayerSkip => BuiltDrafter::LayerSkip(Box::new(self.layerskip()?)),
             SpecMode::Draft => {
                 let d = self
@@ -282,7 +286,7 @@ impl SpecSetup<'_> {
 /// what `ledger` has free (see [`pocket_core::memory::plan`]). The draft model is already loaded and paid
 /// for, so only its session counts; the plan may still drop it.
 pub fn plan_session(
-    model: &GgmlModel,
+    model: &dyn Model,
     draft_model: Option<&GgmlModel>,
     config: &SessionConfig,
     ledger: &Ledger,

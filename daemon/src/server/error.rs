@@ -55,10 +55,15 @@ impl ServeError {
         use pocket_core::Error as E;
         let message = format!("{e:#}");
         let core = e.chain().find_map(|c| {
-            c.downcast_ref::<E>().or_else(|| match c.downcast_ref::<pocket_ggml::Error>() {
-                Some(pocket_ggml::Error::Core(inner)) => Some(inner),
-                _ => None,
-            })
+            c.downcast_ref::<E>()
+                .or_else(|| match c.downcast_ref::<pocket_ggml::Error>() {
+                    Some(pocket_ggml::Error::Core(inner)) => Some(inner),
+                    _ => None,
+                })
+                .or_else(|| match c.downcast_ref::<pocket_tract::Error>() {
+                    Some(pocket_tract::Error::Core(inner)) => Some(inner),
+                    _ => None,
+                })
         });
         match core {
             Some(E::InvalidArgument(_) | E::Unsupported(_) | E::Tokenizer(_)) => {
@@ -74,6 +79,9 @@ impl ServeError {
                     | pocket_ggml::Error::UnsupportedArchitecture { .. }
                     | pocket_ggml::Error::BadModel { .. },
                 ) => ServeError::bad_request(message),
+                // A model directory whose files are missing or wrong: the operator's to fix,
+                // described in the message.
+                _ if e.chain().any(|c| c.is::<pocket_tract::Error>()) => ServeError::bad_request(message),
                 _ => ServeError::Internal(message),
             },
         }

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use std::collections::HashMap;
+
 use pocket_core::Model;
 use pocket_core::cost::CostModel;
 use pocket_core::memory::Ledger;
@@ -19,6 +21,7 @@ use pocket_core::spec::SpecMode;
 use pocket_core::{SessionConfig, Token};
 use pocket_ggml::{GgmlModel, LoadOptions, WeightFormat};
 use pocket_models::{Catalog, Format};
+use pocket_tract::TractModel;
 
 use super::error::ServeError;
 use crate::spec::SpecCache;
@@ -39,16 +42,28 @@ pub struct Available {
     pub created: u64,
 }
 
+/// A loaded model, on the engine that runs it.
+pub enum Engine {
+    /// A decoder-only GGUF model on ggml.
+    Ggml(GgmlModel),
+    /// An encoder-decoder ONNX model on tract.
+    Tract(TractModel),
+}
+
 /// A model in memory.
 pub struct LoadedModel {
     /// The name it is served under.
     pub name: String,
     /// The engine's model.
-    pub model: GgmlModel,
+    pub engine: Engine,
     /// Its own part of the budget: the weights (and what was measured with it).
     pub ledger: Ledger,
-    /// Its speculation cache (cost curves, layer-skip sets), shared by its sessions.
-    spec: Mutex<SpecCache>,
+    /// Its speculation cache (cost curves, layer-skip sets), shared by its sessions (ggml
+    /// models only: they are known by their file).
+    spec: Mutex<Option<SpecCache>>,
+    /// Cost curves of an encoder-decoder model, by KV type and threads, measured once per
+    /// load (they take about a second).
+    seq2seq_costs: Mutex<HashMap<(pocket_core::KvType, usize), CostModel>>,
 }
 
 impl LoadedModel {
@@ -65,23 +80,54 @@ impl LoadedModel {
         if mode == SpecMode::Off {
             return Ok(CostModel::linear(1.0));
         }
+        let model = match &self.engine {
+            Engine::Ggml(m) => m,
+            Engine::Tract(m) => {
+                let key = (config.kv, config.threads);
+                if let Some(cost) = lock(&self.seq2seq_costs).get(&key) {
+                    return Ok(cost.clone());
+                }
+                let cost = crate::seq2seq::measure_cost(m, config, filler, ledger)?;
+                lock(&self.seq2seq_costs).insert(key, cost.clone());
+                return Ok(cost);
+            }
+        };
         // Measured over a context longer than a small plan may give the session, as
         // `pocket run` measures it (the curve is cached per model, threads and KV type, not
         // per context).
-        let n_ctx = self.model.info().n_ctx_train.clamp(config.n_ctx, MEASURING_CTX.max(config.n_ctx));
+        let n_ctx = model.info().n_ctx_train.clamp(config.n_ctx, MEASURING_CTX.max(config.n_ctx));
         let measuring = SessionConfig { max_rows: pocket_core::DEFAULT_MAX_ROWS, n_ctx, ..config.clone() };
-        let curve = lock(&self.spec).cost_curve(&self.model, &measuring, filler, ledger)?;
+        let mut cache = lock(&self.spec);
+        let cache = cache.get_or_insert_with(|| SpecCache::open(model.path(), model.weight_format()));
+        let curve = cache.cost_curve(model, &measuring, filler, ledger)?;
         Ok(CostModel::from_curve(&curve))
+    }
+
+    /// The model, whichever engine runs it.
+    pub fn model(&self) -> &dyn Model {
+        match &self.engine {
+            Engine::Ggml(m) => m,
+            Engine::Tract(m) => m,
+        }
+    }
+
+    /// The model if ggml runs it.
+    pub fn ggml(&self) -> Option<&GgmlModel> {
+        match &self.engine {
+            Engine::Ggml(m) => Some(m),
+            Engine::Tract(_) => None,
+        }
     }
 
     /// The layer-skip set found earlier, if any.
     pub fn skip_set(&self) -> Option<pocket_core::spec::SkipSet> {
-        lock(&self.spec).skip_set().cloned()
+        lock(&self.spec).as_ref().and_then(|c| c.skip_set().cloned())
     }
 
     /// Remember a skip set a request's drafter found.
     pub fn set_skip_set(&self, set: pocket_core::spec::SkipSet) {
         let mut cache = lock(&self.spec);
+        let Some(cache) = cache.as_mut() else { return };
         if cache.skip_set() != Some(&set) {
             tracing::info!(model = %self.name, skip = ?set.skip, "found a layer-skip set");
             cache.set_skip_set(set);
@@ -261,29 +307,32 @@ impl Registry {
         if let Some(m) = self.touch(&found.name) {
             return Ok(m);
         }
-        if found.format == Format::Onnx {
-            return Err(ServeError::bad_request(format!(
-                "{} is an ONNX model; encoder-decoder models (tract) are not served yet",
-                found.name
-            )));
-        }
         loop {
             let ledger = self.ledger.sub();
             let (path, l) = (found.path.clone(), ledger.clone());
-            let loaded = tokio::task::spawn_blocking(move || {
+            let format = found.format;
+            let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<Engine> {
+                if format == Format::Onnx {
+                    return Ok(Engine::Tract(crate::seq2seq::load(&path, &l)?));
+                }
                 let options = LoadOptions {
                     ledger: Some(l),
                     weights: WeightFormat::AsStored,
                     ..LoadOptions::default()
                 };
-                GgmlModel::load(&path, &options)
+                Ok(Engine::Ggml(GgmlModel::load(&path, &options)?))
             })
             .await
             .map_err(|e| ServeError::Internal(format!("loading {} panicked: {e}", found.name)))?;
             match loaded {
-                Ok(model) => {
-                    let spec = Mutex::new(SpecCache::open(model.path(), model.weight_format()));
-                    let m = Arc::new(LoadedModel { name: found.name.clone(), model, ledger, spec });
+                Ok(engine) => {
+                    let m = Arc::new(LoadedModel {
+                        name: found.name.clone(),
+                        engine,
+                        ledger,
+                        spec: Mutex::new(None),
+                        seq2seq_costs: Mutex::new(HashMap::new()),
+                    });
                     tracing::info!(
                         model = %found.name,
                         bytes = m.bytes(),
@@ -295,9 +344,7 @@ impl Registry {
                     return Ok(m);
                 }
                 Err(e) => {
-                    let e = ServeError::from_engine(
-                        &anyhow::Error::new(e).context(format!("loading {}", found.name)),
-                    );
+                    let e = ServeError::from_engine(&e.context(format!("loading {}", found.name)));
                     if e.is_over_budget() && self.evict_idle(&[]) {
                         continue;
                     }

@@ -28,7 +28,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use super::config::Config;
 use super::error::ServeError;
 use super::metrics::Metrics;
-use super::registry::{LoadedModel, Registry};
+use super::registry::{Engine, LoadedModel, Registry};
 use crate::spec::{DEFAULT_MAX_DRAFT, SpecSetup, plan_session};
 
 /// What to generate from.
@@ -480,8 +480,18 @@ impl Scheduler {
         job: &Job,
         spec: SpecMode,
     ) -> Result<Prepared, ServeError> {
-        let tokenizer = model.model.tokenizer();
+        let tokenizer = model.model().tokenizer();
         let text = match &job.input {
+            Input::Chat(_) if model.ggml().is_none() => {
+                return Err(ServeError::invalid(
+                    "messages",
+                    format!(
+                        "{} is an encoder-decoder model with no chat template: it takes plain text; send \
+                         the text to /v1/completions as `prompt`",
+                        model.name
+                    ),
+                ));
+            }
             Input::Chat(messages) => tokenizer
                 .apply_chat_template(messages, true)
                 .map_err(|e| ServeError::invalid("messages", e.to_string()))?,
@@ -491,7 +501,7 @@ impl Scheduler {
         if tokens.is_empty() {
             return Err(ServeError::invalid("prompt", "the prompt is empty"));
         }
-        let n_ctx = self.config.ctx_size.min(model.model.info().n_ctx_train.max(16));
+        let n_ctx = self.config.ctx_size.min(model.model().info().n_ctx_train.max(16));
         if tokens.len() + 1 > n_ctx {
             return Err(ServeError::TooLarge(format!(
                 "the prompt is {} tokens but the context holds {n_ctx} (with room for at least one generated \
@@ -511,8 +521,9 @@ impl Scheduler {
             threads: self.threads,
             ..SessionConfig::default()
         };
-        let plan = plan_session(&model.model, draft.map(|d| &d.model), &config, &self.ledger, wanted, spec)
-            .map_err(|e| ServeError::from_engine(&e))?;
+        let plan =
+            plan_session(model.model(), draft.and_then(|d| d.ggml()), &config, &self.ledger, wanted, spec)
+                .map_err(|e| ServeError::from_engine(&e))?;
         plan.apply_to(&mut config);
         Ok(Prepared {
             tokens,
@@ -623,19 +634,43 @@ impl Scheduler {
         let engine = |e: anyhow::Error| ServeError::from_engine(&e);
         let spec = p.plan.spec;
         let cost = model.cost_model(spec, &p.config, &p.tokens, ledger).map_err(engine)?;
+        let target = match &model.engine {
+            Engine::Ggml(m) => m,
+            Engine::Tract(m) => {
+                let max_draft = if p.plan.max_draft == 0 { DEFAULT_MAX_DRAFT } else { p.plan.max_draft };
+                let mut drafter = crate::seq2seq::drafter(spec, &p.tokens, cost, max_draft)
+                    .map_err(|e| ServeError::invalid("spec", e.to_string()))?;
+                let mut session = m
+                    .new_session(&p.config, ledger)
+                    .map_err(|e| ServeError::from_engine(&anyhow::Error::new(e)))?;
+                on_start();
+                let stop = StopConfig { max_tokens: p.max_tokens, stop: p.stop.clone() };
+                let generation = crate::seq2seq::generate(
+                    m,
+                    &mut session,
+                    &p.tokens,
+                    p.sampling.clone(),
+                    stop,
+                    drafter.as_mut(),
+                    &mut |event| forward(event, generated, tx, cancel),
+                )
+                .map_err(|e| ServeError::from_engine(&anyhow::Error::new(e)))?;
+                let name = drafter.as_ref().map(|d| d.describe());
+                return Ok(finished(&generation, name));
+            }
+        };
         let setup = SpecSetup {
-            model: &model.model,
+            model: target,
             session: &p.config,
             cost,
             skip_set: model.skip_set(),
-            draft_model: draft.filter(|_| p.plan.draft_model).map(|d| &d.model),
+            draft_model: draft.filter(|_| p.plan.draft_model).and_then(|d| d.ggml()),
             seed: p.sampling.seed,
             max_draft: if p.plan.max_draft == 0 { DEFAULT_MAX_DRAFT } else { p.plan.max_draft },
             ledger: ledger.clone(),
         };
         let mut drafter = setup.build(spec).map_err(engine)?;
-        let mut session = model
-            .model
+        let mut session = target
             .new_session_in(&p.config, ledger)
             .map_err(|e| ServeError::from_engine(&anyhow::Error::new(e)))?;
         on_start();
@@ -646,55 +681,69 @@ impl Scheduler {
         };
         let d = drafter.as_mut().map(|d| d.as_drafter());
         let generation = generate_speculative(
-            model.model.info(),
+            target.info(),
             &mut session,
-            model.model.tokenizer(),
+            target.tokenizer(),
             &request,
             d,
-            &mut |event| {
-                if event.token.is_some() {
-                    generated.fetch_add(1, Ordering::Relaxed);
-                }
-                if !event.text.is_empty() && tx.send(Piece::Text(event.text.to_owned())).is_err() {
-                    return ControlFlow::Break(()); // the client is gone
-                }
-                if cancel.load(Ordering::Relaxed) || tx.is_closed() {
-                    return ControlFlow::Break(());
-                }
-                ControlFlow::Continue(())
-            },
+            &mut |event| forward(event, generated, tx, cancel),
         )
         .map_err(|e| ServeError::from_engine(&anyhow::Error::new(e)))?;
         if let Some(set) = drafter.as_ref().and_then(|d| d.found_skip_set()) {
             model.set_skip_set(set);
         }
         let drafter_name = drafter.as_mut().map(|d| d.as_drafter().describe());
-        let finish_reason = match generation.stop {
-            StopReason::MaxTokens | StopReason::ContextFull => "length",
-            StopReason::Cancelled => "cancelled",
-            _ => "stop",
-        };
-        let completion = generation.tokens.len() as u32;
-        Ok(Finished {
-            text: generation.text.clone(),
-            finish_reason,
-            usage: pocket_api::Usage {
-                prompt_tokens: generation.prompt_tokens as u32,
-                completion_tokens: completion,
-                total_tokens: generation.prompt_tokens as u32 + completion,
-            },
-            timings: pocket_api::Timings {
-                prefill_ms: generation.prefill_seconds * 1e3,
-                prefill_tok_per_s: generation.prefill_tok_per_s(),
-                decode_tok_per_s: generation.decode_tok_per_s(),
-                drafted: generation.spec.drafted as u64,
-                accepted: generation.spec.accepted as u64,
-                drafter: drafter_name,
-                queued_ms: 0.0,
-            },
-            peak_bytes: 0,
-            decode_seconds: generation.decode_seconds,
-        })
+        Ok(finished(&generation, drafter_name))
+    }
+}
+
+/// Pass one generation event on: count the token, send the text; stop when the client is
+/// gone or the request is cancelled.
+fn forward(
+    event: pocket_core::Event<'_>,
+    generated: &AtomicU64,
+    tx: &mpsc::UnboundedSender<Piece>,
+    cancel: &AtomicBool,
+) -> ControlFlow<()> {
+    if event.token.is_some() {
+        generated.fetch_add(1, Ordering::Relaxed);
+    }
+    if !event.text.is_empty() && tx.send(Piece::Text(event.text.to_owned())).is_err() {
+        return ControlFlow::Break(()); // the client is gone
+    }
+    if cancel.load(Ordering::Relaxed) || tx.is_closed() {
+        return ControlFlow::Break(());
+    }
+    ControlFlow::Continue(())
+}
+
+/// What a finished generation reports.
+fn finished(generation: &pocket_core::Generation, drafter_name: Option<String>) -> Finished {
+    let finish_reason = match generation.stop {
+        StopReason::MaxTokens | StopReason::ContextFull => "length",
+        StopReason::Cancelled => "cancelled",
+        _ => "stop",
+    };
+    let completion = generation.tokens.len() as u32;
+    Finished {
+        text: generation.text.clone(),
+        finish_reason,
+        usage: pocket_api::Usage {
+            prompt_tokens: generation.prompt_tokens as u32,
+            completion_tokens: completion,
+            total_tokens: generation.prompt_tokens as u32 + completion,
+        },
+        timings: pocket_api::Timings {
+            prefill_ms: generation.prefill_seconds * 1e3,
+            prefill_tok_per_s: generation.prefill_tok_per_s(),
+            decode_tok_per_s: generation.decode_tok_per_s(),
+            drafted: generation.spec.drafted as u64,
+            accepted: generation.spec.accepted as u64,
+            drafter: drafter_name,
+            queued_ms: 0.0,
+        },
+        peak_bytes: 0,
+        decode_seconds: generation.decode_seconds,
     }
 }
 

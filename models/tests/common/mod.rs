@@ -123,3 +123,154 @@ pub fn message(err: &pocket_models::Error) -> String {
     }
     out
 }
+
+/// Builders of small ONNX graphs shaped like ONNX Runtime's `quantize_dynamic` output.
+pub mod onnx {
+    use tract_onnx::pb::tensor_proto::DataType;
+    use tract_onnx::pb::tensor_shape_proto::{Dimension, dimension};
+    use tract_onnx::pb::{
+        AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto,
+        TypeProto, ValueInfoProto, attribute_proto, type_proto,
+    };
+
+    /// A float tensor value of shape `dims`.
+    pub fn value(name: &str, dims: &[i64]) -> ValueInfoProto {
+        let dim = dims
+            .iter()
+            .map(|&d| Dimension { value: Some(dimension::Value::DimValue(d)), ..Dimension::default() })
+            .collect();
+        let tensor =
+            type_proto::Tensor { elem_type: DataType::Float as i32, shape: Some(TensorShapeProto { dim }) };
+        ValueInfoProto {
+            name: name.into(),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(tensor)),
+                ..TypeProto::default()
+            }),
+            ..ValueInfoProto::default()
+        }
+    }
+
+    pub fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
+        NodeProto {
+            op_type: op.into(),
+            name: name.into(),
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: outputs.iter().map(|s| s.to_string()).collect(),
+            ..NodeProto::default()
+        }
+    }
+
+    pub fn cast_to_float(name: &str, input: &str, output: &str) -> NodeProto {
+        let mut cast = node("Cast", name, &[input], &[output]);
+        cast.attribute.push(AttributeProto {
+            name: "to".into(),
+            r#type: attribute_proto::AttributeType::Int as i32,
+            i: DataType::Float as i64,
+            ..AttributeProto::default()
+        });
+        cast
+    }
+
+    /// An int8 (or, `signed = false`, uint8) tensor with its data in `raw_data`.
+    pub fn int8(name: &str, dims: &[i64], values: &[i32], signed: bool) -> TensorProto {
+        TensorProto {
+            name: name.into(),
+            dims: dims.to_vec(),
+            data_type: if signed { DataType::Int8 } else { DataType::Uint8 } as i32,
+            raw_data: values.iter().map(|&v| v as u8).collect(),
+            ..TensorProto::default()
+        }
+    }
+
+    /// A float tensor with its data in `float_data` (as quantize_dynamic writes scales).
+    pub fn float(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
+        TensorProto {
+            name: name.into(),
+            dims: dims.to_vec(),
+            data_type: DataType::Float as i32,
+            float_data: values.to_vec(),
+            ..TensorProto::default()
+        }
+    }
+
+    /// The nodes of one quantized chain computing `out = x · W` from the shared
+    /// DynamicQuantizeLinear of `x` (outputs `x_quantized`, `x_scale`, `x_zero_point`), as
+    /// quantize_dynamic names them; `w` names the weight's initializers (`{w}_quantized`,
+    /// `{w}_zero_point`, `{w}_scale`).
+    pub fn chain(out: &str, w: &str) -> Vec<NodeProto> {
+        vec![
+            node(
+                "MatMulInteger",
+                &format!("{out}_quant"),
+                &["x_quantized", &format!("{w}_quantized"), "x_zero_point", &format!("{w}_zero_point")],
+                &[&format!("{out}_int32")],
+            ),
+            cast_to_float(&format!("{out}_cast"), &format!("{out}_int32"), &format!("{out}_cast_output")),
+            node(
+                "Mul",
+                &format!("{out}_scales_mul"),
+                &["x_scale", &format!("{w}_scale")],
+                &[&format!("{out}_scales")],
+            ),
+            node(
+                "Mul",
+                &format!("{out}_output_scale_mul"),
+                &[&format!("{out}_cast_output"), &format!("{out}_scales")],
+                &[out],
+            ),
+        ]
+    }
+
+    /// The DynamicQuantizeLinear of input `x`.
+    pub fn quantize_x() -> NodeProto {
+        node("DynamicQuantizeLinear", "x_QuantizeLinear", &["x"], &["x_quantized", "x_scale", "x_zero_point"])
+    }
+
+    /// A model around `graph`, opset 18 like the real ones.
+    pub fn model(graph: GraphProto) -> ModelProto {
+        ModelProto {
+            ir_version: 8,
+            opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 18 }],
+            producer_name: "pocket-models tests".into(),
+            graph: Some(graph),
+            ..ModelProto::default()
+        }
+    }
+
+    /// `y = x · W` for x [m, k] through one quantized chain; W is int8 [k, n] with the
+    /// given zero point and scale (one value: per tensor; n values: per column).
+    pub fn one_matmul(m: i64, k: i64, n: i64, w: &[i32], zero_point: &[i32], scale: &[f32]) -> ModelProto {
+        let per = |len: usize| if len == 1 { vec![] } else { vec![n] };
+        let mut nodes = vec![quantize_x()];
+        nodes.extend(chain("y", "W"));
+        model(GraphProto {
+            name: "one_matmul".into(),
+            node: nodes,
+            initializer: vec![
+                int8("W_quantized", &[k, n], w, true),
+                int8("W_zero_point", &per(zero_point.len()), zero_point, true),
+                float("W_scale", &per(scale.len()), scale),
+            ],
+            input: vec![value("x", &[m, k])],
+            output: vec![value("y", &[m, n])],
+            value_info: vec![value("y_cast_output", &[m, n])],
+            ..GraphProto::default()
+        })
+    }
+
+    /// Runs `model` in tract on one f32 input [m, k]; returns the first output, flattened.
+    pub fn run(model: &[u8], x: &[f32], m: usize, k: usize) -> Vec<f32> {
+        use tract_onnx::prelude::*;
+        let plan = tract_onnx::onnx()
+            .model_for_read(&mut &model[..])
+            .unwrap()
+            .into_optimized()
+            .unwrap()
+            .into_runnable()
+            .unwrap();
+        let input = tract_ndarray::Array2::from_shape_vec((m, k), x.to_vec()).unwrap().into_tensor();
+        let out = plan.run(tvec!(input.into())).unwrap();
+        out[0].to_plain_array_view::<f32>().unwrap().iter().copied().collect()
+    }
+}

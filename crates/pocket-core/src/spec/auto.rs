@@ -3,16 +3,20 @@
 //!
 //! Each step every available drafter is valued by the speed-up [`CostModel::speedup`]
 //! predicts from its acceptance so far and its drafting cost; the best drafts if it beats
-//! plain decoding by `min_gain`, and otherwise the step is plain decoding. The suffix drafter
-//! is valued by the length of its current match (it knows it before drafting, for free);
-//! the layer-skip drafter is only considered where the cost curve lets a good skip set pay
-//! at all, which on a small CPU it does not.
+//! plain decoding by `min_gain`, and otherwise the step is plain decoding. The suffix and
+//! input-copy drafters are valued by the length of their current match (they know it before
+//! drafting, for free); the layer-skip drafter is only considered where the cost curve lets a
+//! good skip set pay at all, which on a small CPU it does not.
+//!
+//! For an encoder-decoder model ([`AutoDrafter::for_seq2seq`]) the choice is among the suffix
+//! drafter seeded with the source text, input copying from it, and plain decoding.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use super::acceptance::AcceptanceEstimate;
+use super::input_copy::InputCopyDrafter;
 use super::suffix_drafter::SuffixDrafter;
 use super::{Draft, DraftModelDrafter, Drafter, LayerSkipDrafter, MAX_DRAFT};
 use crate::cost::CostModel;
@@ -26,6 +30,8 @@ pub enum Choice {
     Plain,
     /// Drafted with the suffix automaton.
     Suffix,
+    /// Drafted by copying from the source text.
+    InputCopy,
     /// Drafted (or searched) with skipped layers.
     LayerSkip,
     /// Drafted with the draft model.
@@ -33,12 +39,14 @@ pub enum Choice {
 }
 
 impl Choice {
-    const ALL: [Choice; 4] = [Choice::Plain, Choice::Suffix, Choice::LayerSkip, Choice::Draft];
+    const ALL: [Choice; 5] =
+        [Choice::Plain, Choice::Suffix, Choice::InputCopy, Choice::LayerSkip, Choice::Draft];
 
     fn name(self) -> &'static str {
         match self {
             Choice::Plain => "plain",
             Choice::Suffix => "suffix",
+            Choice::InputCopy => "inputcopy",
             Choice::LayerSkip => "layerskip",
             Choice::Draft => "draft",
         }
@@ -76,12 +84,13 @@ impl AutoConfig {
 pub struct AutoDrafter {
     config: AutoConfig,
     suffix: SuffixDrafter,
+    input_copy: Option<InputCopyDrafter>,
     layerskip: Option<LayerSkipDrafter>,
     draft_model: Option<DraftModelDrafter>,
     layerskip_acceptance: AcceptanceEstimate,
     draft_acceptance: AcceptanceEstimate,
     last: Choice,
-    counts: [usize; 4],
+    counts: [usize; Choice::ALL.len()],
 }
 
 impl AutoDrafter {
@@ -102,13 +111,28 @@ impl AutoDrafter {
         AutoDrafter {
             suffix: SuffixDrafter::with_cost(config.max_draft, config.cost.clone()),
             config,
+            input_copy: None,
             layerskip,
             draft_model,
             layerskip_acceptance,
             draft_acceptance: AcceptanceEstimate::prior(0.7, 4.0),
             last: Choice::Plain,
-            counts: [0; 4],
+            counts: [0; Choice::ALL.len()],
         }
+    }
+
+    /// An auto drafter for an encoder-decoder model whose encoder read `source`: the suffix
+    /// drafter matches the source as well as the output, input copying drafts from the source
+    /// at the aligned position, and there is no layer-skip drafter or draft model.
+    pub fn for_seq2seq(config: AutoConfig, source: &[Token]) -> Self {
+        let suffix = SuffixDrafter::with_source(source, config.max_draft, config.cost.clone());
+        let input_copy = InputCopyDrafter::new(source, config.max_draft, config.cost.clone());
+        AutoDrafter { suffix, ..Self::new(config, None, None) }.with_input_copy(input_copy)
+    }
+
+    /// This drafter, also choosing input copying with `input_copy` where it pays.
+    pub fn with_input_copy(self, input_copy: InputCopyDrafter) -> Self {
+        AutoDrafter { input_copy: Some(input_copy), ..self }
     }
 
     /// Steps in which each choice was made.
@@ -128,6 +152,9 @@ impl Drafter for AutoDrafter {
     }
 
     fn prefill(&mut self, context: &[Token]) -> Result<()> {
+        if let Some(ic) = &mut self.input_copy {
+            ic.prefill(context)?;
+        }
         match &mut self.draft_model {
             Some(d) => d.prefill(context),
             None => Ok(()),
@@ -147,6 +174,12 @@ impl Drafter for AutoDrafter {
         let (k, gain) = self.suffix.plan_step(context, max);
         if k > 0 && gain > best.2 {
             best = (Choice::Suffix, k, gain);
+        }
+        if let Some(ic) = &mut self.input_copy {
+            let (k, gain) = ic.plan_step(context, max);
+            if k > 0 && gain > best.2 {
+                best = (Choice::InputCopy, k, gain);
+            }
         }
         if let Some(ls) = &self.layerskip {
             if ls.searching() {
@@ -175,6 +208,10 @@ impl Drafter for AutoDrafter {
         match choice {
             Choice::Plain => Ok(()),
             Choice::Suffix => self.suffix.draft(target, context, k, out),
+            Choice::InputCopy => match &mut self.input_copy {
+                Some(ic) => ic.draft(target, context, k, out),
+                None => Ok(()),
+            },
             Choice::LayerSkip => match &mut self.layerskip {
                 Some(ls) => ls.draft(target, context, k, out),
                 None => Ok(()),
@@ -190,6 +227,11 @@ impl Drafter for AutoDrafter {
         match self.last {
             Choice::Plain => {}
             Choice::Suffix => self.suffix.feedback(drafted, accepted),
+            Choice::InputCopy => {
+                if let Some(ic) = &mut self.input_copy {
+                    ic.feedback(drafted, accepted);
+                }
+            }
             Choice::LayerSkip => {
                 self.layerskip_acceptance.update(drafted.len(), accepted);
                 if let Some(ls) = &mut self.layerskip {
@@ -208,5 +250,74 @@ impl Drafter for AutoDrafter {
             .map(|(c, n)| format!("{c} {:.0}%", 100.0 * n as f64 / total.max(1) as f64))
             .collect();
         format!("auto ({})", parts.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::FakeSession;
+
+    /// Draft for `context` (the suffix and input-copy drafters never touch the session); the
+    /// draft and what was chosen.
+    fn step(auto: &mut AutoDrafter, context: &[Token]) -> (Vec<Token>, Choice) {
+        let mut out = Draft::new();
+        auto.draft(&mut FakeSession::new(0), context, MAX_DRAFT, &mut out).unwrap();
+        (out.to_vec(), auto.last)
+    }
+
+    fn seq2seq(source: &[Token]) -> AutoDrafter {
+        let mut auto = AutoDrafter::for_seq2seq(AutoConfig::new(CostModel::linear(0.1)), source);
+        auto.prefill(&[0]).unwrap();
+        auto
+    }
+
+    #[test]
+    fn an_output_copying_its_source_is_drafted_by_input_copy() {
+        let source: Vec<Token> = (100..140).collect();
+        let mut auto = seq2seq(&source);
+        assert!(auto.layerskip().is_none() && auto.draft_model.is_none());
+        // Both the source-seeded suffix drafter and input copy match "100 101 102 103"; input
+        // copy expects more of such a match to be accepted, so it drafts further and wins.
+        let (draft, choice) = step(&mut auto, &[0, 100, 101, 102, 103]);
+        assert_eq!(choice, Choice::InputCopy);
+        assert!(draft.len() >= 3 && draft[..] == source[4..4 + draft.len()], "{draft:?}");
+        assert!(auto.describe().contains("inputcopy 100%"), "{}", auto.describe());
+        // A decoder-only auto drafter knows no source: nothing repeats, nothing is drafted.
+        let mut plain = AutoDrafter::new(AutoConfig::new(CostModel::linear(0.1)), None, None);
+        assert_eq!(step(&mut plain, &[0, 100, 101, 102, 103]), (Vec::new(), Choice::Plain));
+    }
+
+    #[test]
+    fn the_suffix_drafter_takes_what_repeats_in_the_output_only() {
+        let mut auto = seq2seq(&(100..140).collect::<Vec<_>>());
+        // "7 8 9" is not in the source but occurred earlier in the output.
+        let (draft, choice) = step(&mut auto, &[0, 7, 8, 9, 5, 6, 7, 8, 9]);
+        assert_eq!(choice, Choice::Suffix);
+        assert_eq!(draft[..], [5, 6, 7, 8, 9][..draft.len()]);
+    }
+
+    #[test]
+    fn rejected_copies_fall_back_to_other_choices_then_to_plain_decoding() {
+        let source: Vec<Token> = (100..140).collect();
+        let mut auto = seq2seq(&source);
+        let context = [0, 100, 101, 102, 103];
+        let mut seen = Vec::new();
+        for _ in 0..60 {
+            let (draft, choice) = step(&mut auto, &context);
+            seen.push(choice);
+            if !draft.is_empty() {
+                auto.feedback(&draft, 0);
+            }
+        }
+        assert_eq!(seen.first(), Some(&Choice::InputCopy));
+        assert!(seen.contains(&Choice::Suffix), "{seen:?}");
+        assert_eq!(seen.last(), Some(&Choice::Plain), "{seen:?}");
+        let counts: Vec<(Choice, usize)> = auto.choices().filter(|c| c.1 > 0).collect();
+        assert_eq!(
+            counts.iter().map(|c| c.0).collect::<Vec<_>>(),
+            [Choice::Plain, Choice::Suffix, Choice::InputCopy]
+        );
+        assert_eq!(counts.iter().map(|c| c.1).sum::<usize>(), 60);
     }
 }

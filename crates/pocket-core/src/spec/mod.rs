@@ -9,16 +9,27 @@
 //!
 //! Drafters:
 //! - [`SuffixDrafter`]: longest-suffix match over prompt and output (a suffix automaton);
-//!   free, and strong wherever the output copies its input (edits, summaries, code).
+//!   free, and strong wherever the output copies its input (edits, summaries, code). For an
+//!   encoder-decoder model it is seeded with the source text, which the decoder's context
+//!   does not hold ([`SuffixDrafter::with_source`]).
+//! - [`InputCopyDrafter`]: for encoder-decoder models, the source text copied from where the
+//!   output aligns to it (Aggressive Decoding); free, and strong where the output is mostly
+//!   its input (grammar correction, editing).
 //! - [`LayerSkipDrafter`]: the target model itself with some layers skipped, the skip set
 //!   searched on the fly (SWIFT) and drafts cut short when unsure (Draft & Verify).
 //! - [`DraftModelDrafter`]: a second, smaller model with the same vocabulary.
 //! - [`AutoDrafter`]: picks among them per step from measured acceptance and the device's
-//!   cost curve, and drafts nothing when nothing is expected to pay.
+//!   cost curve, and drafts nothing when nothing is expected to pay
+//!   ([`AutoDrafter::for_seq2seq`]: among suffix and input copy, both over the source).
+//!
+//! For an encoder-decoder model the context drafters see is the decoder's: its start token,
+//! the output so far and the pending token, never the source; drafters that need the source
+//! are given it when they are made.
 
 mod acceptance;
 mod auto;
 mod draft_model;
+mod input_copy;
 mod layerskip;
 mod search;
 mod suffix;
@@ -32,6 +43,7 @@ use serde::{Deserialize, Serialize};
 
 pub use auto::{AutoConfig, AutoDrafter, Choice};
 pub use draft_model::{DraftModelDrafter, check_same_vocabulary};
+pub use input_copy::InputCopyDrafter;
 pub use layerskip::{LayerSkipConfig, LayerSkipDrafter, SkipSet};
 pub use search::{SearchConfig, SkipSearch};
 pub use suffix::{Match, SuffixAutomaton};
@@ -55,7 +67,7 @@ pub type Batch = heapless::Vec<Token, { MAX_DRAFT + 1 }>;
 /// Drafters are deterministic: a drafted token stands for a one-hot draft distribution, so
 /// speculative sampling accepts it with probability p(token) under the target.
 pub trait Drafter: Send {
-    /// A short name for reports (`suffix`, `layerskip`, `draft`, `auto`).
+    /// A short name for reports (`suffix`, `inputcopy`, `layerskip`, `draft`, `auto`).
     fn name(&self) -> &str;
 
     /// Propose up to `max` tokens to follow `context`, written into `out` (cleared first).
@@ -102,6 +114,8 @@ pub enum SpecMode {
     Auto,
     /// Suffix-automaton matching over prompt and output.
     Suffix,
+    /// Copying from an encoder-decoder model's source text at the aligned position.
+    InputCopy,
     /// Self-drafting with a subset of the model's layers.
     LayerSkip,
     /// A second, smaller model.
@@ -110,8 +124,14 @@ pub enum SpecMode {
 
 impl SpecMode {
     /// Every mode, in the order the CLI lists them.
-    pub const ALL: [SpecMode; 5] =
-        [SpecMode::Off, SpecMode::Auto, SpecMode::Suffix, SpecMode::LayerSkip, SpecMode::Draft];
+    pub const ALL: [SpecMode; 6] = [
+        SpecMode::Off,
+        SpecMode::Auto,
+        SpecMode::Suffix,
+        SpecMode::InputCopy,
+        SpecMode::LayerSkip,
+        SpecMode::Draft,
+    ];
 
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
@@ -119,6 +139,7 @@ impl SpecMode {
             SpecMode::Off => "off",
             SpecMode::Auto => "auto",
             SpecMode::Suffix => "suffix",
+            SpecMode::InputCopy => "inputcopy",
             SpecMode::LayerSkip => "layerskip",
             SpecMode::Draft => "draft",
         }
@@ -137,7 +158,7 @@ impl FromStr for SpecMode {
     fn from_str(s: &str) -> Result<Self> {
         SpecMode::ALL.into_iter().find(|m| m.name().eq_ignore_ascii_case(s)).ok_or_else(|| {
             crate::Error::invalid(format!(
-                "unknown speculation mode {s:?}; use off, auto, suffix, layerskip or draft"
+                "unknown speculation mode {s:?}; use off, auto, suffix, inputcopy, layerskip or draft"
             ))
         })
     }
@@ -191,6 +212,9 @@ mod tests {
             assert_eq!(m.name().parse::<SpecMode>().unwrap(), m);
         }
         assert_eq!("LayerSkip".parse::<SpecMode>().unwrap(), SpecMode::LayerSkip);
+        assert_eq!("InputCopy".parse::<SpecMode>().unwrap(), SpecMode::InputCopy);
+        let e = "eagle".parse::<SpecMode>().unwrap_err().to_string();
+        assert!(e.contains("suffix, inputcopy, layerskip"), "{e}");
         assert!("eagle".parse::<SpecMode>().is_err());
     }
 

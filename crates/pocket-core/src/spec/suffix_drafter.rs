@@ -5,6 +5,11 @@
 //! is right, so acceptance is estimated per match-length bucket from this request's own
 //! verdicts and the device's cost model says how many tokens that acceptance pays for. A
 //! step whose best draft would not beat plain decoding drafts nothing.
+//!
+//! For an encoder-decoder model the decoder's context does not hold the source text, so the
+//! drafter can be seeded with it ([`SuffixDrafter::with_source`]): the automaton then holds
+//! the source followed by the context, and a suffix of the output that occurred in the
+//! source drafts what followed it there.
 
 use super::acceptance::AcceptanceEstimate;
 use super::suffix::SuffixAutomaton;
@@ -25,7 +30,10 @@ fn bucket(match_len: usize) -> usize {
 
 /// The suffix drafter.
 pub struct SuffixDrafter {
+    /// Holds `source` then the context.
     sam: SuffixAutomaton,
+    /// A fixed prefix of the automaton (empty for decoder-only models).
+    source: Vec<Token>,
     max_draft: usize,
     cost: CostModel,
     acceptance: [AcceptanceEstimate; 6],
@@ -38,6 +46,7 @@ impl SuffixDrafter {
     pub fn with_cost(max_draft: usize, cost: CostModel) -> Self {
         SuffixDrafter {
             sam: SuffixAutomaton::new(),
+            source: Vec::new(),
             max_draft,
             cost,
             acceptance: PRIORS.map(|p| AcceptanceEstimate::prior(p, PRIOR_WEIGHT)),
@@ -45,15 +54,27 @@ impl SuffixDrafter {
         }
     }
 
-    /// Bring the automaton up to `context`: append what is new, or rebuild when `context` is
-    /// not a continuation of what it holds (a new request on a reused drafter).
+    /// As [`SuffixDrafter::with_cost`], also matching against `source`, an encoder-decoder
+    /// model's input, which the context passed to [`Drafter::draft`] does not contain. A match
+    /// in the source drafts no further than the source's end: the context that follows it in
+    /// the automaton is not what followed the match.
+    pub fn with_source(source: &[Token], max_draft: usize, cost: CostModel) -> Self {
+        SuffixDrafter { source: source.to_vec(), ..Self::with_cost(max_draft, cost) }
+    }
+
+    /// Bring the automaton up to `source ++ context`: append what is new, or rebuild when
+    /// `context` is not a continuation of what it holds after the source (a new request on a
+    /// reused drafter).
     fn sync(&mut self, context: &[Token]) {
-        let held = self.sam.len();
-        if context.len() < held || context[..held] != *self.sam.tokens() {
-            self.sam.clear();
-            self.sam.extend(context);
-        } else {
-            self.sam.extend(&context[held..]);
+        let src = self.source.len();
+        let held = self.sam.tokens().get(src..);
+        match held.filter(|h| context.starts_with(h)).map(<[Token]>::len) {
+            Some(n) => self.sam.extend(&context[n..]),
+            None => {
+                self.sam.clear();
+                self.sam.extend(&self.source);
+                self.sam.extend(context);
+            }
         }
     }
 
@@ -62,7 +83,8 @@ impl SuffixDrafter {
     pub fn plan_step(&mut self, context: &[Token], max: usize) -> (usize, f64) {
         self.sync(context);
         let Some(m) = self.sam.longest_match() else { return (0, 1.0) };
-        let available = self.sam.len() - m.end;
+        let src = self.source.len();
+        let available = if m.end <= src { src } else { self.sam.len() } - m.end;
         let b = bucket(m.len);
         let (k, gain) =
             self.cost.best_k(self.acceptance[b].alpha(), 0.0, max.min(self.max_draft).min(available));
@@ -127,5 +149,35 @@ mod tests {
         }
         let (k1, _) = d.plan_step(&ctx, 8);
         assert!(k1 < k0, "{k0} -> {k1}");
+    }
+
+    /// Draft for `context` with no session involved (the drafter never touches it).
+    fn draft(d: &mut SuffixDrafter, context: &[Token], max: usize) -> Vec<Token> {
+        let mut out = Draft::new();
+        d.draft(&mut crate::testing::FakeSession::new(0), context, max, &mut out).unwrap();
+        out.to_vec()
+    }
+
+    #[test]
+    fn a_source_is_matched_as_a_fixed_prefix() {
+        // The output (after the decoder start 0) has begun copying the source.
+        let source: Vec<Token> = (100..120).collect();
+        let mut d = SuffixDrafter::with_source(&source, 4, CostModel::linear(0.0));
+        assert_eq!(draft(&mut d, &[0, 100, 101, 102], 4), [103, 104, 105, 106]);
+        // Continuing the same context appends to the automaton; the source stays in front.
+        assert_eq!(draft(&mut d, &[0, 100, 101, 102, 103, 104, 105, 106, 107], 4), [108, 109, 110, 111]);
+        assert_eq!(d.sam.tokens().len(), source.len() + 9);
+        // A context that does not continue the last one rebuilds over the source.
+        assert_eq!(draft(&mut d, &[0, 110, 111], 4), [112, 113, 114, 115]);
+        assert_eq!(d.sam.tokens(), [&source[..], &[0, 110, 111]].concat());
+        // A draft from a source match stops at the source's end, not running on into the
+        // context after it.
+        assert_eq!(draft(&mut d, &[0, 117, 118], 4), [119]);
+        assert_eq!(draft(&mut d, &[0, 118, 119], 4), Vec::<Token>::new());
+        // The output still matches itself, as without a source.
+        assert_eq!(draft(&mut d, &[0, 7, 8, 9, 5, 7, 8], 4), [9, 5, 7, 8]);
+        // Without the source nothing of it is known.
+        let mut plain = SuffixDrafter::with_cost(4, CostModel::linear(0.0));
+        assert_eq!(draft(&mut plain, &[0, 100, 101, 102], 4), Vec::<Token>::new());
     }
 }

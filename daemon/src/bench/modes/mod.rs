@@ -2,8 +2,8 @@
 //! reports its timing the same way, so the only thing that differs between modes is the
 //! engine or drafter under test.
 //!
-//! Adding a mode (`inputcopy` next) is a [`Mode`] variant, a runner type in its own module,
-//! and one arm in [`open`].
+//! Adding a mode is a [`Mode`] variant, a runner type in its own module, and one arm in
+//! [`open`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -37,15 +37,17 @@ pub enum Mode {
     Draft(String),
     /// The drafter and length chosen per step.
     Auto,
+    /// Copying from an encoder-decoder model's source text.
+    InputCopy,
 }
 
 impl Mode {
     /// The modes that can be run, by name.
-    pub const KNOWN: [&'static str; 7] =
-        ["llama.cpp", "vanilla", "suffix", "layerskip", "draft:MODEL", "auto", "naive:MODE"];
+    pub const KNOWN: [&'static str; 8] =
+        ["llama.cpp", "vanilla", "suffix", "layerskip", "draft:MODEL", "auto", "inputcopy", "naive:MODE"];
 
     /// Modes the results format names that are not implemented yet.
-    pub const PLANNED: [&'static str; 1] = ["inputcopy"];
+    pub const PLANNED: [&'static str; 0] = [];
 
     /// The name used on the command line and in results.
     pub fn name(&self) -> String {
@@ -56,6 +58,7 @@ impl Mode {
             Mode::LayerSkip => "layerskip".into(),
             Mode::Draft(model) => format!("draft:{model}"),
             Mode::Auto => "auto".into(),
+            Mode::InputCopy => "inputcopy".into(),
         }
     }
 
@@ -68,6 +71,7 @@ impl Mode {
             Mode::LayerSkip => Some(SpecMode::LayerSkip),
             Mode::Draft(_) => Some(SpecMode::Draft),
             Mode::Auto => Some(SpecMode::Auto),
+            Mode::InputCopy => Some(SpecMode::InputCopy),
         }
     }
 }
@@ -88,6 +92,7 @@ impl FromStr for Mode {
             "suffix" => Ok(Mode::Suffix),
             "layerskip" => Ok(Mode::LayerSkip),
             "auto" => Ok(Mode::Auto),
+            "inputcopy" => Ok(Mode::InputCopy),
             _ => match s.strip_prefix("draft:") {
                 Some(model) if !model.is_empty() => Ok(Mode::Draft(model.to_owned())),
                 _ => Err(Error::UnknownMode(s.to_owned())),
