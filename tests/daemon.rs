@@ -397,9 +397,13 @@ fn an_encoder_decoder_model_answers_completions_and_refuses_chat() {
     let (code, r) =
         d.post("/v1/completions", &json!({"model": "flan-t5-small", "prompt": prompt, "spec": "layerskip"}));
     assert_eq!(code, 400, "{r}");
-    // The decoder model is still served beside it.
+    // The decoder model is still served beside it; input copying is for encoder-decoders.
     let (code, _) = d.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 2}));
     assert_eq!(code, 200);
+    let (code, r) =
+        d.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 2, "spec": "inputcopy"}));
+    assert_eq!(code, 400, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("use suffix"), "{r}");
 }
 
 #[test]

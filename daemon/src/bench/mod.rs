@@ -60,11 +60,7 @@ pub enum Error {
         error: WorkloadError,
     },
     /// A mode name that is not known.
-    #[error(
-        "unknown mode {0:?}; known modes: {known} (planned, not yet available: {planned})",
-        known = Mode::KNOWN.join(", "),
-        planned = Mode::PLANNED.join(", ")
-    )]
+    #[error("unknown mode {0:?}; known modes: {known}", known = Mode::KNOWN.join(", "))]
     UnknownMode(String),
     /// A setting or argument is invalid.
     #[error("{0}")]

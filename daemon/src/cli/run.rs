@@ -181,6 +181,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if crate::seq2seq::is_seq2seq(&path) {
         return seq2seq::run(&args, &path, &prompt, &ledger);
     }
+    if args.spec.spec == SpecMode::InputCopy {
+        anyhow::bail!(
+            "--spec inputcopy drafts from an encoder-decoder model's source text; for decoder-only models use \
+             suffix, which also matches the prompt"
+        );
+    }
     let weight_choice = match args.model.weights {
         // Trying another format would hold two copies of the weights at once.
         WeightChoice::Auto if budgeted => WeightChoice::Format(WeightFormat::AsStored),

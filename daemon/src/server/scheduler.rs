@@ -25,6 +25,8 @@ use pocket_core::{
 };
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
+use pocket_models::Format;
+
 use super::config::Config;
 use super::error::ServeError;
 use super::metrics::Metrics;
@@ -393,13 +395,13 @@ impl Scheduler {
         StopConfig { max_tokens: 1, stop: job.options.stop.clone() }
             .validate()
             .map_err(|e| param_error("stop", &e))?;
-        let spec = job.options.spec.unwrap_or(self.config.spec);
-        if spec == SpecMode::Draft && job.options.draft_model.is_none() {
-            return Err(ServeError::invalid("draft_model", "spec = draft needs a draft_model"));
-        }
         let model_name = job.model.clone().unwrap_or_else(|| self.config.default_model.clone());
         // Unknown names are refused before queueing.
         let found = self.registry.find(&model_name)?;
+        let spec = spec_for(job.options.spec, self.config.spec, found.format == Format::Onnx)?;
+        if spec == SpecMode::Draft && job.options.draft_model.is_none() {
+            return Err(ServeError::invalid("draft_model", "spec = draft needs a draft_model"));
+        }
 
         let place = self
             .places
@@ -694,6 +696,33 @@ impl Scheduler {
         }
         let drafter_name = drafter.as_mut().map(|d| d.as_drafter().describe());
         Ok(finished(&generation, drafter_name))
+    }
+}
+
+/// The speculation mode a request runs in: the one it asks for, refused where the model's
+/// kind has no such drafter; else the daemon's default, or plain decoding where the default
+/// does not apply to this kind of model.
+fn spec_for(asked: Option<SpecMode>, default: SpecMode, seq2seq: bool) -> Result<SpecMode, ServeError> {
+    let fits = |mode: SpecMode| match mode {
+        SpecMode::InputCopy => seq2seq,
+        SpecMode::LayerSkip | SpecMode::Draft => !seq2seq,
+        _ => true,
+    };
+    match asked {
+        Some(mode) if fits(mode) => Ok(mode),
+        Some(SpecMode::InputCopy) => Err(ServeError::invalid(
+            "spec",
+            "spec = inputcopy drafts from an encoder-decoder model's source text; for decoder-only models \
+             use suffix, which also matches the prompt",
+        )),
+        Some(mode) => Err(ServeError::invalid(
+            "spec",
+            format!(
+                "spec = {mode} is for decoder (GGUF) models; encoder-decoder models draft with inputcopy, suffix or auto"
+            ),
+        )),
+        None if fits(default) => Ok(default),
+        None => Ok(SpecMode::Off),
     }
 }
 

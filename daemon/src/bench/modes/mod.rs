@@ -46,9 +46,6 @@ impl Mode {
     pub const KNOWN: [&'static str; 8] =
         ["llama.cpp", "vanilla", "suffix", "layerskip", "draft:MODEL", "auto", "inputcopy", "naive:MODE"];
 
-    /// Modes the results format names that are not implemented yet.
-    pub const PLANNED: [&'static str; 0] = [];
-
     /// The name used on the command line and in results.
     pub fn name(&self) -> String {
         match self {
