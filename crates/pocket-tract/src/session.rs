@@ -77,9 +77,9 @@ impl TractSession {
         multithread_tract_scope(self.executor.clone(), f)
     }
 
-    /// Run the decoder over `tokens` after what is held; its outputs and how many positions
-    /// its logits cover.
-    fn run_decoder(&mut self, tokens: &[Token]) -> Result<TVec<TValue>> {
+    /// Run the decoder over `tokens` after what is held; its outputs and the position of
+    /// `logits` among them.
+    fn run_decoder(&mut self, tokens: &[Token]) -> Result<(TVec<TValue>, usize)> {
         let model = self.model.clone();
         let source = self.source.as_ref().ok_or_else(|| {
             Error::invalid("decode before encode: an encoder-decoder session encodes its source first")
@@ -96,19 +96,19 @@ impl TractSession {
                     past_graph.run_with_past(tokens, &mask, past)
                 })?;
                 cache.append(&outputs, &past_graph.present)?;
-                Ok(outputs)
+                Ok((outputs, past_graph.logits))
             }
             Some(_) => {
                 let outputs = self.scoped(|| model.decoder.run_first(tokens, &mask, &hidden))?;
                 self.cache =
                     Some(DecoderCache::from_first(&outputs, &model.decoder.present, self.config.kv)?);
-                Ok(outputs)
+                Ok((outputs, model.decoder.logits))
             }
             None => {
                 let mut all = Vec::with_capacity(self.tokens.len() + tokens.len());
                 all.extend_from_slice(&self.tokens);
                 all.extend_from_slice(tokens);
-                self.scoped(|| model.decoder.run_first(&all, &mask, &hidden))
+                Ok((self.scoped(|| model.decoder.run_first(&all, &mask, &hidden))?, model.decoder.logits))
             }
         }
     }
@@ -176,7 +176,7 @@ impl Session for TractSession {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= info.n_vocab) {
             return Err(Error::invalid(format!("token {bad} is outside the vocabulary of {}", info.n_vocab)));
         }
-        let outputs = self.run_decoder(tokens)?;
+        let (outputs, logits_at) = self.run_decoder(tokens)?;
         if let Err(e) = self.charge_cache() {
             // Over the budget: leave the session as it was before this call.
             if let Some(c) = &mut self.cache {
@@ -186,7 +186,7 @@ impl Session for TractSession {
             return Err(e);
         }
         let n_vocab = info.n_vocab;
-        let logits = &outputs[self.model.decoder.logits.min(outputs.len() - 1)];
+        let logits = outputs.get(logits_at).ok_or_else(|| Error::engine("the decoder returned no logits"))?;
         let data = logits.try_as_plain_ram().and_then(|v| v.as_slice::<f32>()).map_err(Error::engine)?;
         let positions = data.len() / n_vocab;
         if positions < n_rows || data.len() % n_vocab != 0 {
