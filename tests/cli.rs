@@ -142,7 +142,7 @@ fn an_unknown_kv_type_names_the_allowed_ones() {
 fn an_unknown_spec_mode_names_the_allowed_ones() {
     let o = pocket(&["run", "--spec", "eagle", "hi"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("off, auto, suffix, layerskip or draft"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("off, auto, suffix, inputcopy, layerskip or draft"), "{}", stderr(&o));
 }
 
 #[test]

@@ -30,7 +30,8 @@ pub struct RequestArgs {
     /// Stop when this text appears; may be repeated.
     #[arg(long)]
     stop: Vec<String>,
-    /// Speculation: off, auto, suffix, layerskip or draft (default: the daemon's).
+    /// Speculation: off, auto, suffix, inputcopy (encoder-decoder models), layerskip or draft
+    /// (default: the daemon's).
     #[arg(long)]
     spec: Option<String>,
     /// The draft model for `--spec draft`.

@@ -71,7 +71,8 @@ pub struct Args {
 #[derive(Debug, Clone, clap::Args)]
 pub struct SpecArgs {
     /// Speculative decoding: off, auto (choose per step from measured acceptance and this
-    /// device's cost curve), suffix, layerskip or draft (with --draft-model).
+    /// device's cost curve), suffix, inputcopy (encoder-decoder models), layerskip or draft
+    /// (with --draft-model).
     #[arg(long, default_value = "off")]
     pub spec: SpecMode,
     /// The draft model for `--spec draft` (and for `auto` to consider): a manifest name, a
