@@ -11,19 +11,7 @@ use std::process::ExitCode;
 use pocketd::bench::{self, BenchConfig, Mode, Progress, workload};
 
 fn main() -> ExitCode {
-    // `cargo bench -- --bench` passes flags meant for libtest harnesses; there are none to
-    // honour here, but `--list` must not start a benchmark.
-    if std::env::args().any(|a| a == "--list") {
-        println!("decode: bench");
-        return ExitCode::SUCCESS;
-    }
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    pocketd::bench::cargo_bench_main("decode", run)
 }
 
 fn run() -> anyhow::Result<()> {

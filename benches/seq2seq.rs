@@ -23,17 +23,7 @@ use pocketd::bench::workload::{self, PromptInput};
 const MODES: [SpecMode; 4] = [SpecMode::Off, SpecMode::InputCopy, SpecMode::Suffix, SpecMode::Auto];
 
 fn main() -> ExitCode {
-    if std::env::args().any(|a| a == "--list") {
-        println!("seq2seq: bench");
-        return ExitCode::SUCCESS;
-    }
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    pocketd::bench::cargo_bench_main("seq2seq", run)
 }
 
 #[derive(Default, Clone, Copy)]

@@ -23,17 +23,7 @@ use pocketd::cli::client::Client;
 const PROMPT: &str = "In one sentence, what is a Raspberry Pi?";
 
 fn main() -> ExitCode {
-    if std::env::args().any(|a| a == "--list") {
-        println!("ttft: bench");
-        return ExitCode::SUCCESS;
-    }
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    pocketd::bench::cargo_bench_main("ttft", run)
 }
 
 fn median(v: &mut [f64]) -> f64 {

@@ -93,3 +93,20 @@ pub enum Error {
     #[error("cannot encode the results: {0}")]
     Json(#[from] serde_json::Error),
 }
+
+/// The `main` of a `cargo bench` target built without libtest's harness: `--list` (which
+/// `cargo bench` passes to harnesses) names the bench `name` without running it; otherwise
+/// `run` runs, and an error is printed with its causes.
+pub fn cargo_bench_main(name: &str, run: impl FnOnce() -> anyhow::Result<()>) -> std::process::ExitCode {
+    if std::env::args().any(|a| a == "--list") {
+        println!("{name}: bench");
+        return std::process::ExitCode::SUCCESS;
+    }
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
