@@ -13,7 +13,7 @@ use crate::{Error, Result};
 /// Which device to run on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum DeviceChoice {
-    /// The first GPU in the registry if there is one, else the CPU.
+    /// The first GPU in the registry (discrete or integrated) if there is one, else the CPU.
     #[default]
     Auto,
     /// The CPU.
@@ -77,11 +77,15 @@ impl Device {
         }
         let dev = match choice {
             DeviceChoice::Cpu => cpu,
+            // Integrated GPUs count: they are the GPUs of Jetsons and Raspberry Pis.
             DeviceChoice::Auto => devices
                 .iter()
                 .copied()
-                // SAFETY: registry devices.
-                .find(|&d| unsafe { sys::ggml_backend_dev_type(d) } == sys::GGML_BACKEND_DEVICE_TYPE_GPU)
+                .find(|&d| {
+                    // SAFETY: registry devices.
+                    let kind = unsafe { sys::ggml_backend_dev_type(d) };
+                    kind == sys::GGML_BACKEND_DEVICE_TYPE_GPU || kind == sys::GGML_BACKEND_DEVICE_TYPE_IGPU
+                })
                 .unwrap_or(cpu),
             DeviceChoice::Named(name) => {
                 devices.iter().copied().find(|&d| dev_name(d).eq_ignore_ascii_case(name)).ok_or_else(

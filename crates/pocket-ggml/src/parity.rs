@@ -15,7 +15,7 @@ use std::path::Path;
 use pocket_core::sampling::argmax;
 use pocket_core::{KvType, LayerPlan, Model, Rows, Session, SessionConfig, Token};
 
-use crate::{AttentionKernel, GgmlModel, LlamaCpp, LoadOptions, Result};
+use crate::{AttentionKernel, DeviceChoice, GgmlModel, LlamaCpp, LoadOptions, Result};
 
 /// What to compare.
 #[derive(Debug, Clone)]
@@ -29,6 +29,8 @@ pub struct ParityOptions {
     /// KV types to run our engine with; the first is compared with llama.cpp, the rest also
     /// with the first (top-1 agreement).
     pub kv_types: Vec<KvType>,
+    /// The device our graph runs on (llama.cpp runs on the CPU, the reference).
+    pub device: DeviceChoice,
 }
 
 /// One compared position.
@@ -72,6 +74,8 @@ pub struct AttentionAgreement {
 /// The result of a parity run.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ParityReport {
+    /// The ggml device our graph ran on (`CPU`, `Vulkan0`, ...); llama.cpp runs on the CPU.
+    pub device: String,
     /// Prompt tokens.
     pub prompt_tokens: usize,
     /// Positions compared.
@@ -153,8 +157,11 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Compare our engine with llama.cpp on the model at `path`.
 pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
-    let model =
-        GgmlModel::load(path, &LoadOptions { attention: AttentionKernel::Ggml, ..Default::default() })?;
+    let device = options.device.clone();
+    let model = GgmlModel::load(
+        path,
+        &LoadOptions { attention: AttentionKernel::Ggml, device: device.clone(), ..Default::default() },
+    )?;
     let n_vocab = model.info().n_vocab;
     let prompt = model.tokenizer().encode(&options.prompt, true)?;
     if prompt.is_empty() {
@@ -163,6 +170,7 @@ pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
     let kv_types = if options.kv_types.is_empty() { vec![KvType::F16] } else { options.kv_types.clone() };
     let n = options.n_tokens;
     let mut report = ParityReport {
+        device: model.device_name().to_owned(),
         prompt_tokens: prompt.len(),
         n,
         positions: Vec::new(),
@@ -204,7 +212,7 @@ pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
         report.kv.push(agree);
     }
     if !first_reference.is_empty() && model.attention_kernel().is_some() {
-        let own = GgmlModel::load(path, &LoadOptions::default())?;
+        let own = GgmlModel::load(path, &LoadOptions { device, ..LoadOptions::default() })?;
         let ours = teacher_forced(&own, &prompt, &forced, options.threads, kv_types[0])?;
         let mut agree =
             AttentionAgreement { top1_vs_llama_cpp: 0, max_abs_diff: 0.0, flip_margins: Vec::new() };

@@ -1,4 +1,5 @@
-//! The results as an SVG chart: decode tok/s per mode and prompt kind, and the cost curve.
+//! The results as an SVG chart: decode tok/s per mode and prompt kind, and the cost curve;
+//! or two results side by side (`--compare`).
 
 use std::path::Path;
 
@@ -6,7 +7,8 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::Error;
-use super::results::BenchResults;
+use super::compare::Comparison;
+use super::results::{BenchResults, CostPoint};
 
 /// Mode colours, in run order (llama.cpp first by convention, then ours).
 const COLORS: [RGBColor; 6] = [
@@ -25,7 +27,16 @@ const SIZE: (u32, u32) = (1150, 480);
 
 /// Draw `results` into the SVG file `path`.
 pub fn write_svg(results: &BenchResults, path: &Path) -> Result<(), Error> {
-    let svg = render_svg(results).map_err(|message| Error::Chart { path: path.to_owned(), message })?;
+    write_file(render_svg(results), path)
+}
+
+/// Draw a comparison into the SVG file `path`.
+pub fn write_compare_svg(comparison: &Comparison, path: &Path) -> Result<(), Error> {
+    write_file(render_compare_svg(comparison), path)
+}
+
+fn write_file(svg: Result<String, String>, path: &Path) -> Result<(), Error> {
+    let svg = svg.map_err(|message| Error::Chart { path: path.to_owned(), message })?;
     std::fs::write(path, svg).map_err(|error| Error::Io {
         action: "write the chart",
         path: path.to_owned(),
@@ -36,14 +47,80 @@ pub fn write_svg(results: &BenchResults, path: &Path) -> Result<(), Error> {
 /// The chart as an SVG document: on the left, grouped bars of median decode tok/s (all
 /// prompts, then per kind) with one bar per mode; on the right, the cost curve t(n)/t(1)
 /// against linear cost.
-pub fn render_svg(results: &BenchResults) -> Result<String, String> {
+pub fn render_svg(r: &BenchResults) -> Result<String, String> {
+    let (groups, modes, values) = bar_values(r);
+    let bars = Bars {
+        caption: format!(
+            "decode tok/s (median) — {}, {} threads, {}",
+            r.model.name, r.machine.threads, r.machine.backend
+        ),
+        groups,
+        series: modes,
+        values,
+    };
+    let curves = [Curve {
+        label: format!("measured (our engine), t(1) = {:.1} ms", t1_ms(&r.cost_curve)),
+        points: &r.cost_curve,
+        color: COLORS[1],
+    }];
+    render(&bars, &curves, r.settings.cost_curve_context)
+}
+
+/// A comparison as an SVG document: on the left, median decode tok/s per mode with a bar
+/// for each side; on the right, both cost curves.
+pub fn render_compare_svg(c: &Comparison) -> Result<String, String> {
+    let [a, b] = &c.sides;
+    let bars = Bars {
+        caption: format!(
+            "decode tok/s (median) — A: {} ({}), B: {} ({})",
+            a.label, a.results.machine.backend, b.label, b.results.machine.backend
+        ),
+        groups: c.rows.iter().map(|r| r.mode.clone()).collect(),
+        series: vec![format!("A: {}", a.label), format!("B: {}", b.label)],
+        values: (0..2).map(|s| c.rows.iter().map(|r| r.decode[s]).collect()).collect(),
+    };
+    let curves: Vec<Curve<'_>> = c
+        .sides
+        .iter()
+        .zip(["A", "B"])
+        .zip([COLORS[1], COLORS[2]])
+        .map(|((side, tag), color)| Curve {
+            label: format!("{tag}: {}, t(1) = {:.1} ms", side.label, t1_ms(&side.results.cost_curve)),
+            points: &side.results.cost_curve,
+            color,
+        })
+        .collect();
+    render(&bars, &curves, a.results.settings.cost_curve_context)
+}
+
+/// Milliseconds of one single-token call.
+fn t1_ms(curve: &[CostPoint]) -> f64 {
+    curve.iter().min_by_key(|p| p.n).map_or(0.0, |p| p.seconds * 1e3)
+}
+
+/// Grouped bars: `values[series][group]`, one bar per series in each group.
+struct Bars {
+    caption: String,
+    groups: Vec<String>,
+    series: Vec<String>,
+    values: Vec<Vec<Option<f64>>>,
+}
+
+/// A cost curve and its legend entry.
+struct Curve<'a> {
+    label: String,
+    points: &'a [CostPoint],
+    color: RGBColor,
+}
+
+fn render(bars: &Bars, curves: &[Curve<'_>], context: usize) -> Result<String, String> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
         let (left, right) = root.split_horizontally(SIZE.0 * 62 / 100);
-        draw_bars(&left, results).map_err(|e| e.to_string())?;
-        draw_cost_curve(&right, results).map_err(|e| e.to_string())?;
+        draw_bars(&left, bars).map_err(|e| e.to_string())?;
+        draw_cost_curves(&right, curves, context).map_err(|e| e.to_string())?;
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(svg)
@@ -81,15 +158,11 @@ fn bar_values(r: &BenchResults) -> (Vec<String>, Vec<String>, Vec<Vec<Option<f64
     (groups, modes, values)
 }
 
-fn draw_bars(area: &Area<'_>, r: &BenchResults) -> DrawResult {
-    let (groups, modes, values) = bar_values(r);
+fn draw_bars(area: &Area<'_>, bars: &Bars) -> DrawResult {
+    let Bars { caption, groups, series: modes, values } = bars;
     let top = values.iter().flatten().flatten().copied().fold(0.0, f64::max);
     // Headroom for the value labels and the legend.
     let top = if top > 0.0 { top * 1.35 } else { 1.0 };
-    let caption = format!(
-        "decode tok/s (median) — {}, {} threads, {}",
-        r.model.name, r.machine.threads, r.machine.backend
-    );
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 18))
         .margin(14)
@@ -144,17 +217,16 @@ fn draw_bars(area: &Area<'_>, r: &BenchResults) -> DrawResult {
     Ok(())
 }
 
-fn draw_cost_curve(area: &Area<'_>, r: &BenchResults) -> DrawResult {
-    let curve = &r.cost_curve;
-    if curve.is_empty() {
+fn draw_cost_curves(area: &Area<'_>, curves: &[Curve<'_>], context: usize) -> DrawResult {
+    let all = || curves.iter().flat_map(|c| c.points.iter());
+    if all().next().is_none() {
         area.draw(&Text::new("cost curve not measured", (40, 40), ("sans-serif", 16)))?;
         return Ok(());
     }
-    let n_max = curve.iter().map(|p| p.n).max().unwrap_or(1) as f64;
-    let rel_max = curve.iter().map(|p| p.relative).fold(1.0, f64::max);
+    let n_max = all().map(|p| p.n).max().unwrap_or(1) as f64;
+    let rel_max = all().map(|p| p.relative).fold(1.0, f64::max);
     let top = (rel_max * 1.25).max(2.0);
-    let t1 = curve.iter().min_by_key(|p| p.n).map_or(0.0, |p| p.seconds);
-    let caption = format!("verification cost t(n)/t(1) at {} ctx", r.settings.cost_curve_context);
+    let caption = format!("verification cost t(n)/t(1) at {context} ctx");
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 18))
         .margin(14)
@@ -163,7 +235,7 @@ fn draw_cost_curve(area: &Area<'_>, r: &BenchResults) -> DrawResult {
         .build_cartesian_2d(0f64..n_max + 1.0, 0f64..top)?;
     chart
         .configure_mesh()
-        .x_desc(format!("tokens per decode call (t(1) = {:.1} ms)", t1 * 1e3))
+        .x_desc("tokens per decode call")
         .y_desc("relative time")
         .light_line_style(LIGHT)
         .x_label_formatter(&|x| format!("{x:.0}"))
@@ -179,19 +251,22 @@ fn draw_cost_curve(area: &Area<'_>, r: &BenchResults) -> DrawResult {
         ))?
         .label("linear: t(n) = n·t(1)")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], RGBColor(150, 150, 150)));
-    let color = COLORS[1];
-    let points: Vec<(f64, f64)> = curve.iter().map(|p| (p.n as f64, p.relative)).collect();
-    chart
-        .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-        .label("measured (our engine)")
-        .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
-    chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
-    let style = TextStyle::from(("sans-serif", 12).into_font()).pos(Pos::new(HPos::Right, VPos::Bottom));
-    chart.draw_series(
-        points
-            .iter()
-            .map(|&(n, rel)| Text::new(format!("{rel:.2}x"), (n - 0.2, rel + top * 0.02), style.clone())),
-    )?;
+    for curve in curves.iter().filter(|c| !c.points.is_empty()) {
+        let color = curve.color;
+        let points: Vec<(f64, f64)> = curve.points.iter().map(|p| (p.n as f64, p.relative)).collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(curve.label.as_str())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+        let style = TextStyle::from(("sans-serif", 12).into_font().color(&color))
+            .pos(Pos::new(HPos::Right, VPos::Bottom));
+        chart.draw_series(
+            points
+                .iter()
+                .map(|&(n, rel)| Text::new(format!("{rel:.2}x"), (n - 0.2, rel + top * 0.02), style.clone())),
+        )?;
+    }
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
@@ -219,5 +294,20 @@ mod tests {
         empty.runs.clear();
         empty.summary.clear();
         assert!(render_svg(&empty).unwrap().contains("cost curve not measured"));
+    }
+
+    #[test]
+    fn a_comparison_draws_both_sides_bars_and_curves() {
+        use crate::bench::compare::{Side, compare};
+        let mut b = sample();
+        b.machine.backend = "Vulkan0".into();
+        let c = compare(
+            Side { label: "cpu".into(), results: sample() },
+            Side { label: "lavapipe".into(), results: b },
+        );
+        let svg = render_compare_svg(&c).unwrap();
+        for text in ["A: cpu", "B: lavapipe", "Vulkan0", "llama.cpp", "vanilla", "t(1) = 7.1 ms"] {
+            assert!(svg.contains(text), "{text} missing");
+        }
     }
 }

@@ -23,6 +23,7 @@
 use std::path::PathBuf;
 
 pub mod chart;
+pub mod compare;
 mod machine;
 pub mod modes;
 pub mod report;

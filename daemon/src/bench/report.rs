@@ -162,7 +162,7 @@ fn contention_warning(r: &BenchResults) -> Option<String> {
 }
 
 /// Columns padded to their widest cell: the first left-aligned, the rest right-aligned.
-fn write_rows(out: &mut String, rows: &[Vec<String>]) {
+pub(super) fn write_rows(out: &mut String, rows: &[Vec<String>]) {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
@@ -180,15 +180,15 @@ fn write_rows(out: &mut String, rows: &[Vec<String>]) {
     }
 }
 
-fn num(v: Option<f64>, decimals: usize) -> String {
+pub(super) fn num(v: Option<f64>, decimals: usize) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
 }
 
-fn ratio(v: Option<f64>) -> String {
+pub(super) fn ratio(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.2}x"))
 }
 
-fn mib(bytes: u64) -> String {
+pub(super) fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 

@@ -13,6 +13,11 @@ use crate::bench::{self, BenchConfig, Progress, RunMode, workload};
 /// Flags of `pocket bench`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    /// Instead of running, print two results files (`--json`) side by side, e.g. one from a
+    /// board and one from a workstation, and plot them (`--chart`, default: beside B as
+    /// A-vs-B.svg).
+    #[arg(long, num_args = 2, value_names = ["A", "B"])]
+    compare: Option<Vec<PathBuf>>,
     #[command(flatten)]
     model: ModelArgs,
     /// The workload, JSON Lines (default: the built-in `benches/workload.jsonl`).
@@ -65,6 +70,9 @@ pub struct Args {
 
 /// Run `pocket bench`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(files) = &args.compare {
+        return compare(&files[0], &files[1], args.chart.as_deref());
+    }
     // A benchmark compares formats explicitly (`suffix@q8_0`): `auto` is the stored format here.
     let modes = RunMode::parse_list_with(&args.modes, args.model.weights.initial())?;
     let (mut prompts, workload_name) = match &args.prompts {
@@ -133,6 +141,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bench::chart::write_svg(&results, path)?;
         eprintln!("chart: {}", path.display());
     }
+    Ok(())
+}
+
+/// `pocket bench --compare A B`.
+fn compare(a: &Path, b: &Path, chart: Option<&Path>) -> anyhow::Result<()> {
+    let comparison = bench::compare::compare(bench::compare::Side::load(a)?, bench::compare::Side::load(b)?);
+    print!("{}", bench::compare::table(&comparison));
+    let chart = match chart {
+        Some(path) => path.to_path_buf(),
+        None => {
+            let [side_a, side_b] = &comparison.sides;
+            b.with_file_name(format!("{}-vs-{}.svg", side_a.label, side_b.label))
+        }
+    };
+    bench::chart::write_compare_svg(&comparison, &chart)?;
+    eprintln!("chart: {}", chart.display());
     Ok(())
 }
 

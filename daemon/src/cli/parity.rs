@@ -38,15 +38,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !args.only {
         kv_types.extend([KvType::Q8_0, KvType::Q4_0].into_iter().filter(|&k| k != args.kv));
     }
-    let options =
-        ParityOptions { prompt: args.prompt, n_tokens: args.n_tokens, threads: args.threads, kv_types };
+    let options = ParityOptions {
+        prompt: args.prompt,
+        n_tokens: args.n_tokens,
+        threads: args.threads,
+        kv_types,
+        device: args.model.device.clone(),
+    };
     let report = parity(&path, &options)?;
     println!(
-        "{}: {} prompt tokens, {} positions, KV {}",
+        "{}: {} prompt tokens, {} positions, KV {}, our graph on {} (llama.cpp on the CPU)",
         path.display(),
         report.prompt_tokens,
         report.n,
-        args.kv
+        args.kv,
+        report.device
     );
     println!("{:>5} {:>9} {:>9} {:>12}", "pos", "llama.cpp", "pocketd", "max|Δlogit|");
     for p in &report.positions {
