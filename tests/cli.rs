@@ -94,6 +94,47 @@ fn bench_alternates_modes_and_writes_json_and_chart() {
     );
     assert!(dir.path().join("r.svg").exists());
     assert!(stdout(&o).contains("vanilla"));
+
+    // A second results file, with another KV type, side by side with the first.
+    let other = dir.path().join("q8.json");
+    let o = pocket(&[
+        "bench",
+        "--modes",
+        "vanilla",
+        "--kv",
+        "q8_0",
+        "--max-prompts",
+        "2",
+        "--max-tokens-cap",
+        "16",
+        "--threads",
+        "1",
+        "--no-cost-curve",
+        "--json",
+        other.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = pocket(&["bench", "--compare", json.to_str().unwrap(), other.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = stdout(&o);
+    assert!(table.contains("A = r: smollm2-135m on CPU"), "{table}");
+    assert!(table.contains("B = q8: smollm2-135m on CPU"), "{table}");
+    assert!(table.contains("differs besides the machine (A / B): kv: f16 / q8_0"), "{table}");
+    let vanilla = table.lines().find(|l| l.starts_with("vanilla ")).expect("a vanilla row");
+    assert!(vanilla.contains("/2 "), "both prompts paired: {vanilla}");
+    assert!(table.lines().any(|l| l.starts_with("llama.cpp ")), "a mode only A ran has a row: {table}");
+    let svg = std::fs::read_to_string(dir.path().join("r-vs-q8.svg")).expect("the chart beside B");
+    assert!(svg.contains("A: r") && svg.contains("B: q8"));
+
+    let prompts = dir.path().join("prompts.json");
+    std::fs::write(&prompts, r#"{"id": "p", "prompt": "hi"}"#).unwrap();
+    let o = pocket(&["bench", "--compare", json.to_str().unwrap(), prompts.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("prompts.json: not a results document of `pocket bench --json`"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

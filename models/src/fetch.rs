@@ -709,7 +709,15 @@ fn normalise(package: &str) -> String {
 fn check_pip(python: &Path) -> std::result::Result<(), String> {
     match Command::new(python).args(["-m", "pip", "--version"]).stdin(Stdio::null()).output() {
         Ok(out) if out.status.success() => Ok(()),
-        Ok(out) => Err(tail(&String::from_utf8_lossy(&out.stderr), 1)),
+        Ok(out) => match tail(&String::from_utf8_lossy(&out.stderr), 1) {
+            // 127 without a word: the program was not found after all (a shell wrapper
+            // saying nothing, or an exec that failed after the spawn, as under qemu-user).
+            said if said.is_empty() && out.status.code() == Some(127) => {
+                Err(format!("{} is not installed or not on PATH", python.display()))
+            }
+            said if said.is_empty() => Err(format!("it exited with {} and said nothing", out.status)),
+            said => Err(said),
+        },
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             Err(format!("{} is not installed or not on PATH", python.display()))
         }

@@ -48,8 +48,10 @@ const F16_NEG_INF: u16 = 0xFC00;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kernel {
     /// AVX-512F with FMA.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx512,
     /// AVX2 with FMA.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx2,
     /// The target's baseline (NEON on aarch64, where FMA is part of it).
     #[cfg_attr(target_arch = "x86_64", allow(dead_code))]

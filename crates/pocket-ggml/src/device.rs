@@ -40,7 +40,7 @@ pub(crate) struct Device {
     pub(crate) cpu: sys::ggml_backend_dev_t,
     pub(crate) name: String,
     /// Buffer types for weights in order of preference: for the CPU the extra (repacking)
-    /// types first, then plain host memory; for a GPU its own memory.
+    /// types first, then plain host memory; for a GPU its own memory, then host memory.
     pub(crate) weight_bufts: Vec<sys::ggml_backend_buffer_type_t>,
 }
 
@@ -99,6 +99,13 @@ impl Device {
         }
         // SAFETY: registry device.
         weight_bufts.push(unsafe { sys::ggml_backend_dev_buffer_type(dev) });
+        if dev != cpu {
+            // A weight the GPU cannot use stays in host memory and its op runs on the CPU, as
+            // in llama.cpp: Qwen2.5's output matrix (145 MB) is larger than the biggest storage
+            // buffer a Vulkan shader may bind on some drivers (128 MiB on lavapipe).
+            // SAFETY: registry device.
+            weight_bufts.push(unsafe { sys::ggml_backend_dev_buffer_type(cpu) });
+        }
         Ok(Device { dev, cpu, name: dev_name(dev), weight_bufts })
     }
 
@@ -118,8 +125,8 @@ impl Device {
                 return buft;
             }
         }
-        // Plain device memory always works for the ops our graph uses.
-        *self.weight_bufts.last().expect("the device's own buffer type is always listed")
+        // Plain host memory (the last on every device) runs every op our graph uses.
+        *self.weight_bufts.last().expect("a plain buffer type is always listed")
     }
 }
 
@@ -194,7 +201,10 @@ fn supports(
         };
         let buf = sys::ggml_backend_buft_alloc_buffer(buft, 0);
         (*wt).buffer = buf;
-        let ok = !buf.is_null() && sys::ggml_backend_dev_supports_op(dev, op_tensor);
+        // Asked of the device that owns the buffer type: that is where the op will run.
+        let owner = sys::ggml_backend_buft_get_device(buft);
+        let owner = if owner.is_null() { dev } else { owner };
+        let ok = !buf.is_null() && sys::ggml_backend_dev_supports_op(owner, op_tensor);
         (*wt).buffer = std::ptr::null_mut();
         if !buf.is_null() {
             sys::ggml_backend_buffer_free(buf);

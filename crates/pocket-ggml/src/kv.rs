@@ -161,6 +161,11 @@ impl KvCache {
             let buf = NonNull::new(buf).ok_or_else(|| {
                 Error::Ggml(format!("cannot allocate a {n_ctx}-token KV cache on {}", device.name))
             })?;
+            // Device memory comes uninitialised, unlike fresh anonymous pages. Attention reads
+            // padded lengths past the written positions and masks them, but a masked weight of
+            // 0 times a NaN left in the memory is still NaN: zero the cache, as llama.cpp does.
+            // SAFETY: a live buffer this cache owns.
+            unsafe { sys::ggml_backend_buffer_clear(buf.as_ptr(), 0) };
             (buf, Storage::Device)
         };
         let committed = if matches!(storage, Storage::Device) { n_ctx } else { 0 };

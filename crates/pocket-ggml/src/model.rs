@@ -174,6 +174,11 @@ impl GgmlModel {
         &self.inner.device.name
     }
 
+    /// Whether the model runs on a GPU (weights and KV cache in its memory).
+    pub fn on_gpu(&self) -> bool {
+        !self.inner.device.is_cpu()
+    }
+
     /// The kernels of our own that the graph uses beside ggml's, as a short name
     /// (`q4_1-avx512+attn-avx512`, `q4_1-avx2`, `attn`, ... or `ggml` for none):
     /// measurements of speed, such as cached cost curves, hold only for the kernels they

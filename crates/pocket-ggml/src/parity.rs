@@ -29,7 +29,8 @@ pub struct ParityOptions {
     /// KV types to run our engine with; the first is compared with llama.cpp, the rest also
     /// with the first (top-1 agreement).
     pub kv_types: Vec<KvType>,
-    /// The device our graph runs on (llama.cpp runs on the CPU, the reference).
+    /// The device our graph runs on; llama.cpp offloads every layer when it is a GPU, so
+    /// that both run the same backend's kernels.
     pub device: DeviceChoice,
 }
 
@@ -74,7 +75,8 @@ pub struct AttentionAgreement {
 /// The result of a parity run.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ParityReport {
-    /// The ggml device our graph ran on (`CPU`, `Vulkan0`, ...); llama.cpp runs on the CPU.
+    /// The ggml device our graph ran on (`CPU`, `Vulkan0`, ...). llama.cpp runs on the same
+    /// kind: the CPU, or with every layer offloaded to the GPUs ggml finds.
     pub device: String,
     /// Prompt tokens.
     pub prompt_tokens: usize,
@@ -110,8 +112,9 @@ fn reference_run(
     n: usize,
     threads: usize,
     kv: KvType,
+    gpu: bool,
 ) -> Result<(Vec<Token>, Vec<f32>)> {
-    let mut llama = LlamaCpp::load(path, threads, prompt.len() + n + 8, 512, kv, false, false)?;
+    let mut llama = LlamaCpp::load(path, threads, prompt.len() + n + 8, 512, kv, gpu, false)?;
     let n_vocab = llama.n_vocab();
     let mut rows = Vec::with_capacity(n * n_vocab);
     let mut tokens = Vec::with_capacity(n);
@@ -183,8 +186,9 @@ pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
     // fed those same tokens, so agreement between KV types compares like with like.
     let mut forced: Vec<Token> = Vec::new();
     for (k, &kv) in kv_types.iter().enumerate() {
+        let forced_tokens = (k > 0).then_some(&forced[..]);
         let (tokens, reference) =
-            reference_run(path, &prompt, (k > 0).then_some(&forced[..]), n, options.threads, kv)?;
+            reference_run(path, &prompt, forced_tokens, n, options.threads, kv, model.on_gpu())?;
         if k == 0 {
             forced = tokens;
         }

@@ -58,6 +58,8 @@ pub(crate) struct BlockQ8_1 {
 
 /// The integer dot-product instructions a kernel uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Only x86-64 has these kernels; elsewhere `kernel()` is always `None`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) enum Kernel {
     /// AVX-512 with VNNI on 512-bit registers: two activation rows per register, each half
     /// doing what the 256-bit kernels do for one.
@@ -377,9 +379,11 @@ unsafe fn hsum(x: __m256) -> f32 {
 
 /// Lanes of the per-tile scale vectors: one per activation row of a tile, padded to a
 /// 256-bit register.
+#[cfg(target_arch = "x86_64")]
 const COLS: usize = 8;
 
 /// Activation rows per tile: one accumulator register per (weight row, activation row).
+#[cfg(target_arch = "x86_64")]
 const TILE_COLS: usize = 4;
 
 #[cfg(target_arch = "x86_64")]
@@ -509,10 +513,12 @@ unsafe fn tile_rows<D: Dot, const RM: usize, const N: usize>(
 }
 
 /// Activation rows per tile of the 512-bit kernel: two per register.
+#[cfg(target_arch = "x86_64")]
 const TILE_COLS_512: usize = 8;
 
 /// Floats of scales per block in the 512-bit kernel: per pair of activation rows, 8 copies
 /// of each row's `d`; then the tile's `s` in 16 lanes.
+#[cfg(target_arch = "x86_64")]
 const STRIDE_512: usize = TILE_COLS_512 * 8 + 16;
 
 #[cfg(target_arch = "x86_64")]

@@ -25,7 +25,7 @@ fn run(name: &str, prompt: &str, kv_types: Vec<KvType>) -> ParityReport {
         device: pocket_ggml::DeviceChoice::Auto,
     };
     let report = parity(&model_path(name), &options).unwrap_or_else(|e| panic!("parity on {name}: {e}"));
-    eprintln!("{name}: our graph on {}, llama.cpp on the CPU", report.device);
+    eprintln!("{name}: our graph on {}, and llama.cpp on the same backend", report.device);
     // Built with a GPU backend, the comparison is of our graph on the GPU (`scripts/test-vulkan`
     // makes lavapipe one); falling back to the CPU would test nothing new.
     #[cfg(any(feature = "vulkan", feature = "cuda"))]

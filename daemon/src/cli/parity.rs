@@ -47,7 +47,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let report = parity(&path, &options)?;
     println!(
-        "{}: {} prompt tokens, {} positions, KV {}, our graph on {} (llama.cpp on the CPU)",
+        "{}: {} prompt tokens, {} positions, KV {}, on {} (both engines)",
         path.display(),
         report.prompt_tokens,
         report.n,
