@@ -94,7 +94,11 @@ fn qwen2_5_coder_agrees_with_llama_cpp_at_every_position() {
 /// only at near ties (llama.cpp's own margin for its token under one logit).
 #[track_caller]
 fn own_attention_agrees(report: &ParityReport) {
-    let own = report.own_attention.as_ref().expect("our attention kernel runs on this CPU");
+    let Some(own) = report.own_attention.as_ref() else {
+        // On a GPU the graph attends with the backend's own flash attention.
+        assert_ne!(report.device, "CPU", "our attention kernel runs on every CPU");
+        return;
+    };
     eprintln!(
         "own attention: top-1 {}/{} with llama.cpp, max |Δlogit| {}, margins where it differs {:?}",
         own.top1_vs_llama_cpp, report.n, own.max_abs_diff, own.flip_margins

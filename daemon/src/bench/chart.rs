@@ -259,8 +259,7 @@ fn draw_cost_curves(area: &Area<'_>, curves: &[Curve<'_>], context: usize) -> Dr
             .label(curve.label.as_str())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
         chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
-        let style = TextStyle::from(("sans-serif", 12).into_font().color(&color))
-            .pos(Pos::new(HPos::Right, VPos::Bottom));
+        let style = ("sans-serif", 12).into_font().color(&color).pos(Pos::new(HPos::Right, VPos::Bottom));
         chart.draw_series(
             points
                 .iter()

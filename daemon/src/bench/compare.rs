@@ -171,11 +171,12 @@ pub fn table(c: &Comparison) -> String {
         let r = &side.results;
         let _ = writeln!(
             out,
-            "{tag} = {}: {} on {} ({}, {} threads, kernels {}), kv {}, {} runs",
+            "{tag} = {}: {} on {} ({}{}, {} threads, kernels {}), kv {}, {} runs",
             side.label,
             r.model.name,
             r.machine.backend,
             r.machine.cpu,
+            r.machine.arch.as_deref().map(|a| format!(" {a}")).unwrap_or_default(),
             r.machine.threads,
             r.machine.kernels.as_deref().unwrap_or("ggml"),
             r.settings.kv,
@@ -265,6 +266,7 @@ mod tests {
         let a = Side { label: "workstation".into(), results: sample() };
         let mut b = sample();
         b.machine.cpu = "Cortex-A76".into();
+        b.machine.arch = Some("aarch64".into());
         for run in &mut b.runs {
             run.decode_tok_per_s = run.decode_tok_per_s.map(|d| d / 4.0);
             run.prefill_tok_per_s /= 2.0;
@@ -289,8 +291,8 @@ mod tests {
         assert_eq!(c.rows[0].same_output, (2, 2));
 
         let text = table(&c);
-        assert!(text.contains("A = workstation: smollm2-135m on CPU (AMD EPYC"), "{text}");
-        assert!(text.contains("B = pi5: smollm2-135m on CPU (Cortex-A76"), "{text}");
+        assert!(text.contains("A = workstation: smollm2-135m on CPU (AMD EPYC x86_64, 2 threads"), "{text}");
+        assert!(text.contains("B = pi5: smollm2-135m on CPU (Cortex-A76 aarch64"), "{text}");
         assert!(text.contains("the difference is the machine"), "{text}");
         assert!(text.contains("0.25x"), "{text}");
         assert!(text.contains("1/2"), "{text}");

@@ -12,13 +12,14 @@ pub fn table(r: &BenchResults) -> String {
     let sha = r.model.file_sha256.get(..12).unwrap_or(&r.model.file_sha256);
     let _ = writeln!(
         out,
-        "model {} (sha256 {sha}…, {}), kv {}, {} threads on {} ({}), kernels {}",
+        "model {} (sha256 {sha}…, {}), kv {}, {} threads on {} ({}{}), kernels {}",
         r.model.name,
         mib(r.model.weights_bytes),
         r.settings.kv,
         r.machine.threads,
         r.machine.backend,
         r.machine.cpu,
+        r.machine.arch.as_deref().map(|a| format!(" {a}")).unwrap_or_default(),
         r.machine.kernels.as_deref().unwrap_or("ggml"),
     );
     let curve = |points: &[super::results::CostPoint]| -> String {

@@ -34,8 +34,12 @@ pub struct BenchResults {
 /// The machine a benchmark ran on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Machine {
-    /// CPU model name (from `/proc/cpuinfo`).
+    /// CPU model name (from `/proc/cpuinfo`; under qemu-user, the host's).
     pub cpu: String,
+    /// The architecture the binary was built for (`x86_64`, `aarch64`); results written
+    /// before there was the field lack it.
+    #[serde(default)]
+    pub arch: Option<String>,
     /// Threads the engines were given.
     pub threads: usize,
     /// The ggml device the models ran on (`CPU`, `CUDA0`, ...).
@@ -247,6 +251,7 @@ pub(crate) mod tests {
             pocket_version: "0.1.0".into(),
             machine: Machine {
                 cpu: "AMD EPYC".into(),
+                arch: Some("x86_64".into()),
                 threads: 2,
                 backend: "CPU".into(),
                 kernels: Some("ggml".into()),

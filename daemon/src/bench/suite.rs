@@ -316,6 +316,7 @@ pub fn run(
         pocket_version: env!("CARGO_PKG_VERSION").to_owned(),
         machine: Machine {
             cpu: cpu_name(),
+            arch: Some(std::env::consts::ARCH.to_owned()),
             threads: config.threads,
             backend: main.device_name().to_owned(),
             kernels: Some(main.kernels().to_owned()),
