@@ -86,13 +86,15 @@ else
 fi
 
 # The user, group and directories: systemd-sysusers and systemd-tmpfiles work on files, so
-# they run in a chroot and on a staged root too.
-root_opt=
-[ -n "$root" ] && root_opt=--root=$root
-# shellcheck disable=SC2086 # root_opt is empty or one word
-systemd-sysusers $root_opt /usr/lib/sysusers.d/pocketd.conf
-# shellcheck disable=SC2086
-systemd-tmpfiles $root_opt --create /usr/lib/tmpfiles.d/pocketd.conf
+# they run in a chroot and on a staged root too (where a file named on the command line is
+# a path of this system, hence "$root" in front).
+if [ -n "$root" ]; then
+    systemd-sysusers --root="$root" "$root/usr/lib/sysusers.d/pocketd.conf"
+    systemd-tmpfiles --root="$root" --create "$root/usr/lib/tmpfiles.d/pocketd.conf"
+else
+    systemd-sysusers /usr/lib/sysusers.d/pocketd.conf
+    systemd-tmpfiles --create /usr/lib/tmpfiles.d/pocketd.conf
+fi
 
 if systemd_running; then
     systemctl daemon-reload
