@@ -61,23 +61,22 @@ fn parity_ends_with_the_summary_line_and_agrees_with_llama_cpp() {
     assert_eq!(last, "parity: top1 16/16 max_abs_diff 0", "{out}");
 }
 
+/// `pocket bench` on the first 2 prompts, 16 tokens each, one thread, no cost curve, with
+/// `extra` flags; the results go to `json`.
+fn small_bench(json: &std::path::Path, extra: &[&str]) -> Output {
+    let mut args =
+        vec!["bench", "--max-prompts", "2", "--max-tokens-cap", "16", "--threads", "1", "--no-cost-curve"];
+    args.extend_from_slice(extra);
+    args.extend(["--json", json.to_str().unwrap()]);
+    pocket(&args)
+}
+
 #[test]
 fn bench_alternates_modes_and_writes_json_and_chart() {
     require_default_model();
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");
-    let o = pocket(&[
-        "bench",
-        "--max-prompts",
-        "2",
-        "--max-tokens-cap",
-        "16",
-        "--threads",
-        "1",
-        "--no-cost-curve",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    let o = small_bench(&json, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let runs = r["runs"].as_array().unwrap();
@@ -97,22 +96,7 @@ fn bench_alternates_modes_and_writes_json_and_chart() {
 
     // A second results file, with another KV type, side by side with the first.
     let other = dir.path().join("q8.json");
-    let o = pocket(&[
-        "bench",
-        "--modes",
-        "vanilla",
-        "--kv",
-        "q8_0",
-        "--max-prompts",
-        "2",
-        "--max-tokens-cap",
-        "16",
-        "--threads",
-        "1",
-        "--no-cost-curve",
-        "--json",
-        other.to_str().unwrap(),
-    ]);
+    let o = small_bench(&other, &["--modes", "vanilla", "--kv", "q8_0"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let o = pocket(&["bench", "--compare", json.to_str().unwrap(), other.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));

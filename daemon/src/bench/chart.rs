@@ -131,12 +131,7 @@ type DrawResult = Result<(), Box<dyn std::error::Error + 'static>>;
 
 /// Median decode tok/s per (group, mode): group 0 is all prompts, then one per kind.
 fn bar_values(r: &BenchResults) -> (Vec<String>, Vec<String>, Vec<Vec<Option<f64>>>) {
-    let mut modes: Vec<String> = Vec::new();
-    for run in &r.runs {
-        if !modes.contains(&run.mode) {
-            modes.push(run.mode.clone());
-        }
-    }
+    let modes: Vec<String> = r.modes().into_iter().map(String::from).collect();
     let mut kinds: Vec<_> = r.runs.iter().map(|run| run.kind).collect();
     kinds.sort();
     kinds.dedup();

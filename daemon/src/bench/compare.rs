@@ -11,7 +11,7 @@ use std::fmt::Write;
 use std::path::Path;
 
 use super::Error;
-use super::report::{mib, num, ratio, write_rows};
+use super::report::{mib, num, ratio, short_sha, write_rows};
 use super::results::{BenchResults, CostPoint, RunRecord};
 use super::summary::median;
 
@@ -82,8 +82,8 @@ pub struct Comparison {
 /// Compare `a` with `b`.
 pub fn compare(a: Side, b: Side) -> Comparison {
     let (ra, rb) = (&a.results, &b.results);
-    let mut modes = run_modes(ra);
-    for m in run_modes(rb) {
+    let mut modes = ra.modes();
+    for m in rb.modes() {
         if !modes.contains(&m) {
             modes.push(m);
         }
@@ -96,7 +96,7 @@ pub fn compare(a: Side, b: Side) -> Comparison {
         }
     };
     differ("model", ra.model.name.clone(), rb.model.name.clone());
-    differ("model sha256", short(&ra.model.file_sha256), short(&rb.model.file_sha256));
+    differ("model sha256", short_sha(&ra.model.file_sha256).into(), short_sha(&rb.model.file_sha256).into());
     differ("workload", ra.settings.workload.clone(), rb.settings.workload.clone());
     differ("kv", ra.settings.kv.clone(), rb.settings.kv.clone());
     differ("n_ctx", ra.settings.n_ctx.to_string(), rb.settings.n_ctx.to_string());
@@ -112,16 +112,6 @@ pub fn compare(a: Side, b: Side) -> Comparison {
     );
     differ("pocket version", ra.pocket_version.clone(), rb.pocket_version.clone());
     Comparison { sides: [a, b], rows, differences }
-}
-
-fn run_modes(r: &BenchResults) -> Vec<String> {
-    let mut modes: Vec<String> = Vec::new();
-    for run in &r.runs {
-        if !modes.contains(&run.mode) {
-            modes.push(run.mode.clone());
-        }
-    }
-    modes
 }
 
 fn mode_row(mode: &str, a: &BenchResults, b: &BenchResults) -> ModeRow {
@@ -157,10 +147,6 @@ fn mode_row(mode: &str, a: &BenchResults, b: &BenchResults) -> ModeRow {
         peak_rss: [sa.map(|s| s.peak_rss_bytes_max), sb.map(|s| s.peak_rss_bytes_max)],
         same_output: (same, pairs.len()),
     }
-}
-
-fn short(sha: &str) -> String {
-    sha.get(..12).unwrap_or(sha).to_owned()
 }
 
 /// The comparison as text: who A and B are, what differs besides the device, one row per

@@ -9,7 +9,7 @@ use super::results::BenchResults;
 /// tok/s per prompt kind.
 pub fn table(r: &BenchResults) -> String {
     let mut out = String::new();
-    let sha = r.model.file_sha256.get(..12).unwrap_or(&r.model.file_sha256);
+    let sha = short_sha(&r.model.file_sha256);
     let _ = writeln!(
         out,
         "model {} (sha256 {sha}…, {}), kv {}, {} threads on {} ({}{}), kernels {}",
@@ -61,13 +61,7 @@ pub fn table(r: &BenchResults) -> String {
         "peak RSS",
     ];
     let mut rows = vec![header.map(String::from).to_vec()];
-    // Modes in the order they ran, not the summary's alphabetical order.
-    let mut modes: Vec<&str> = Vec::new();
-    for run in &r.runs {
-        if !modes.contains(&run.mode.as_str()) {
-            modes.push(&run.mode);
-        }
-    }
+    let modes = r.modes();
     for mode in &modes {
         let Some(s) = r.summary.get(*mode) else {
             continue;
@@ -179,6 +173,11 @@ pub(super) fn write_rows(out: &mut String, rows: &[Vec<String>]) {
         }
         let _ = writeln!(out, "{}", line.trim_end());
     }
+}
+
+/// The first 12 hex digits of a sha256, enough to tell files apart.
+pub(super) fn short_sha(sha: &str) -> &str {
+    sha.get(..12).unwrap_or(sha)
 }
 
 pub(super) fn num(v: Option<f64>, decimals: usize) -> String {

@@ -31,6 +31,19 @@ pub struct BenchResults {
     pub summary: BTreeMap<String, ModeSummary>,
 }
 
+impl BenchResults {
+    /// The modes in the order they first ran (the summary's order is alphabetical).
+    pub fn modes(&self) -> Vec<&str> {
+        let mut modes: Vec<&str> = Vec::new();
+        for run in &self.runs {
+            if !modes.contains(&run.mode.as_str()) {
+                modes.push(&run.mode);
+            }
+        }
+        modes
+    }
+}
+
 /// The machine a benchmark ran on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Machine {
