@@ -1,6 +1,6 @@
 //! `cargo bench`: the default workload on the default model, llama.cpp against our engine.
 //!
-//! Runs the same library code as `pocket bench` (`pocketd::bench`), prints the table, and
+//! Runs the same library code as `pocket bench` (`pocket_bench`), prints the table, and
 //! writes `target/bench/decode.json` and `target/bench/decode.svg`. The model comes from the
 //! models directory (`POCKET_MODELS_DIR`, or `models/store` in this tree); threads from
 //! `POCKET_BENCH_THREADS` (default: every core).
@@ -8,10 +8,10 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use pocketd::bench::{self, BenchConfig, Mode, Progress, workload};
+use pocket_bench::{self as bench, BenchConfig, Mode, Progress, workload};
 
 fn main() -> ExitCode {
-    pocketd::bench::cargo_bench_main("decode", run)
+    bench::cargo_bench_main("decode", run)
 }
 
 fn run() -> anyhow::Result<()> {

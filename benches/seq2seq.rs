@@ -1,123 +1,57 @@
 //! `cargo bench --bench seq2seq`: flan-t5-small on the seq2seq workload, plain decoding
-//! against input copying, suffix drafting and auto, side by side; then the KV cache's
-//! bytes per token and agreement for f32, 8-bit and 4-bit (KIVI) on t5-tiny, the fixture
-//! with a with-past decoder (flan-t5-small's export has none).
+//! against input copying, suffix drafting and auto, side by side — the same benchmark as
+//! `pocket bench -m flan-t5-small` (`pocket_bench`, through the one request pipeline); then the
+//! KV cache's bytes per token and agreement for f32, 8-bit and 4-bit (KIVI) on t5-tiny, the
+//! fixture with a with-past decoder (flan-t5-small's export has none).
 //!
-//! Every mode runs each prompt once, in turn (vanilla, inputcopy, suffix, auto, then the
-//! next prompt), after one untimed warm-up prompt; greedy output must be identical across
-//! modes. The model comes from the models directory (`pocket pull flan-t5-small`); threads
-//! from `POCKET_BENCH_THREADS` (default: every core); `POCKET_BENCH_WORKLOAD` replaces
-//! `benches/seq2seq.jsonl`.
+//! Modes alternate per prompt; greedy output must be identical across modes (the report's
+//! `identical` column). The model comes from the models directory (`pocket pull
+//! flan-t5-small`); threads from `POCKET_BENCH_THREADS` (default: every core);
+//! `POCKET_BENCH_WORKLOAD` replaces `benches/seq2seq.jsonl`. Writes `target/bench/seq2seq.json`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use pocket_bench::{self as bench, BenchConfig, RunMode, workload};
 use pocket_core::memory::Ledger;
-use pocket_core::spec::SpecMode;
-use pocket_core::{
-    KvType, LayerPlan, Model, Rows, SamplingConfig, Session, SessionConfig, StopConfig, argmax,
-};
+use pocket_core::{KvType, LayerPlan, Model, Rows, Session, SessionConfig, argmax};
 use pocket_tract::TractModel;
-use pocketd::bench::workload::{self, PromptInput};
-
-const MODES: [SpecMode; 4] = [SpecMode::Off, SpecMode::InputCopy, SpecMode::Suffix, SpecMode::Auto];
 
 fn main() -> ExitCode {
-    pocketd::bench::cargo_bench_main("seq2seq", run)
-}
-
-#[derive(Default, Clone, Copy)]
-struct Totals {
-    tokens: usize,
-    seconds: f64,
-    drafted: usize,
-    accepted: usize,
+    bench::cargo_bench_main("seq2seq", run)
 }
 
 fn run() -> anyhow::Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let threads = std::env::var("POCKET_BENCH_THREADS")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(pocket_core::default_threads);
     let dir = pocket_models::models_dir(None);
     let found = pocket_models::resolve("flan-t5-small", &dir).map_err(|e| {
         anyhow::anyhow!("flan-t5-small is not available ({e}); run `pocket pull flan-t5-small` first")
     })?;
-    let model = pocketd::seq2seq::load(&found.path, &Ledger::unlimited())?;
     let workload_path = std::env::var_os("POCKET_BENCH_WORKLOAD")
-        .map_or_else(|| root.join("benches/seq2seq.jsonl"), Into::into);
-    let prompts = workload::parse(&std::fs::read_to_string(&workload_path)?)?;
-    println!(
-        "flan-t5-small ({}), {threads} threads, {} prompts from {}",
-        if model.has_kv_cache() { "with a KV cache" } else { "no KV cache: each step recomputes the prefix" },
-        prompts.len(),
-        workload_path.display()
-    );
-
-    let config = SessionConfig { kv: KvType::F32, n_ctx: 512, threads, ..SessionConfig::default() };
-    let ledger = Ledger::unlimited();
-    let mut totals = [Totals::default(); MODES.len()];
-    let mut costs = None;
-    for (i, prompt) in prompts.iter().enumerate() {
-        let PromptInput::Text(text) = &prompt.input else {
-            anyhow::bail!("{}: not a seq2seq prompt", prompt.id)
-        };
-        let source = model.tokenizer().encode(text, true)?;
-        let cost = match &costs {
-            Some(c) => c,
-            None => costs.insert(pocketd::seq2seq::measure_cost(&model, &config, &source, &ledger)?),
-        }
-        .clone();
-        let mut plain_text = None;
-        for warm in if i == 0 { [true, false].as_slice() } else { [false].as_slice() } {
-            for (m, mode) in MODES.iter().enumerate() {
-                let mut drafter = pocketd::seq2seq::drafter(*mode, &source, cost.clone(), 8)?;
-                let mut session = model.new_session(&config, &ledger)?;
-                let g = pocketd::seq2seq::generate(
-                    &model,
-                    &mut session,
-                    &source,
-                    SamplingConfig::default(),
-                    StopConfig { max_tokens: prompt.max_tokens, stop: Vec::new() },
-                    drafter.as_mut(),
-                    &mut |_| std::ops::ControlFlow::Continue(()),
-                )?;
-                if *warm {
-                    continue;
-                }
-                match &plain_text {
-                    None => plain_text = Some(g.text.clone()),
-                    Some(t) => {
-                        anyhow::ensure!(*t == g.text, "{}: {mode} changed the greedy output", prompt.id)
-                    }
-                }
-                let t = &mut totals[m];
-                t.tokens += g.tokens.len().saturating_sub(1);
-                t.seconds += g.decode_seconds;
-                t.drafted += g.spec.drafted;
-                t.accepted += g.spec.accepted;
-                println!(
-                    "  {:<18} {:<9} {:>3} tokens {:>7.1} tok/s  drafted {:>3} accepted {:>3}",
-                    prompt.id,
-                    mode.name(),
-                    g.tokens.len(),
-                    g.decode_tok_per_s(),
-                    g.spec.drafted,
-                    g.spec.accepted
-                );
-            }
-        }
-        println!("  {:<18} -> {:?}", prompt.id, plain_text.unwrap_or_default());
+        .map_or_else(|| root.join("benches/seq2seq.jsonl"), PathBuf::from);
+    let prompts = workload::load(&workload_path)?;
+    let mut config = BenchConfig::new(found.path.clone(), "flan-t5-small".into());
+    config.workload = workload_path.display().to_string();
+    config.modes = RunMode::parse_list("vanilla,inputcopy,suffix,auto")?;
+    config.kv = KvType::F32;
+    if let Some(t) = std::env::var("POCKET_BENCH_THREADS").ok().filter(|t| !t.is_empty()) {
+        config.threads =
+            t.parse().map_err(|_| anyhow::anyhow!("POCKET_BENCH_THREADS={t:?} is not a number"))?;
     }
-    println!("\nmode        decode tok/s   speed-up   acceptance");
-    let base = totals[0].tokens as f64 / totals[0].seconds.max(1e-9);
-    for (mode, t) in MODES.iter().zip(totals) {
-        let rate = t.tokens as f64 / t.seconds.max(1e-9);
-        let acceptance =
-            if t.drafted > 0 { format!("{:.2}", t.accepted as f64 / t.drafted as f64) } else { "-".into() };
-        println!("{:<11} {rate:>12.1} {:>9.2}x {acceptance:>12}", mode.name(), rate / base);
-    }
+    eprintln!("bench: {} prompts on {} ({} threads)", prompts.len(), found.path.display(), config.threads);
+    let results = bench::suite::run(&config, &prompts, &mut |p| {
+        if let bench::Progress::Run { index, of, record } = p {
+            eprintln!("[{index}/{of}] {} {}", record.mode, record.prompt_id);
+        }
+    })?;
+    print!("{}", bench::report::table(&results));
+    let out = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), |t| root.join(t))
+        .join("bench");
+    std::fs::create_dir_all(&out)?;
+    let json = out.join("seq2seq.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&results)? + "\n")?;
+    eprintln!("results: {}", json.display());
     kv_report(root)
 }
 

@@ -14,16 +14,16 @@ use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use pocket_core::{
-    ChatMessage, GenerateRequest, Model, SessionConfig, StopConfig, default_threads, generate,
-};
-use pocket_ggml::{GgmlModel, LoadOptions};
-use pocketd::cli::client::Client;
+use pocket_api::client::Client;
+use pocket_core::memory::Ledger;
+use pocket_core::{ChatMessage, SessionConfig, default_threads};
+use pocket_runtime::pipeline::{self, Input, OnEvent, Request};
+use pocket_runtime::{LoadedModel, OpenOptions};
 
 const PROMPT: &str = "In one sentence, what is a Raspberry Pi?";
 
 fn main() -> ExitCode {
-    pocketd::bench::cargo_bench_main("ttft", run)
+    pocket_bench::cargo_bench_main("ttft", run)
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -32,27 +32,30 @@ fn median(v: &mut [f64]) -> f64 {
     if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
 }
 
-fn in_process(model: &GgmlModel, threads: usize) -> anyhow::Result<f64> {
+/// What `pocket run` does once its model is loaded, through the same pipeline as the daemon:
+/// render, tokenize, prepare, make the session, prefill, sample, until the first text.
+fn in_process(model: &LoadedModel, threads: usize) -> anyhow::Result<f64> {
     let start = Instant::now();
-    let tokenizer = model.tokenizer();
-    let messages = [ChatMessage { role: "user".into(), content: PROMPT.into() }];
-    let text = tokenizer.apply_chat_template(&messages, true)?;
-    let prompt = tokenizer.encode(&text, true)?;
-    let config = SessionConfig { threads, ..SessionConfig::default() };
-    let mut session = model.new_session(&config)?;
-    let request = GenerateRequest {
-        prompt,
-        stop: StopConfig { max_tokens: 8, stop: Vec::new() },
-        ..Default::default()
-    };
+    let mut request =
+        Request::new(Input::Chat(vec![ChatMessage { role: "user".into(), content: PROMPT.into() }]));
+    request.stop.max_tokens = 8;
+    request.session = SessionConfig { threads, ..SessionConfig::default() };
+    let ledger = Ledger::unlimited();
+    let prepared = pipeline::prepare(model, None, &request, &ledger)?;
     let mut first = None;
-    generate(model.info(), &mut session, tokenizer, &request, &mut |event| {
-        if !event.text.is_empty() && first.is_none() {
-            first = Some(start.elapsed().as_secs_f64() * 1e3);
-            return ControlFlow::Break(());
-        }
-        ControlFlow::Continue(())
-    })?;
+    pipeline::run(
+        model,
+        None,
+        &prepared,
+        &ledger,
+        &mut OnEvent::new(|event: pocket_core::Event<'_>| {
+            if !event.text.is_empty() && first.is_none() {
+                first = Some(start.elapsed().as_secs_f64() * 1e3);
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(())
+        }),
+    )?;
     first.ok_or_else(|| anyhow::anyhow!("no text generated"))
 }
 
@@ -95,7 +98,7 @@ fn run() -> anyhow::Result<()> {
         &config,
         format!(
             "socket = {socket:?}\nmodels_dir = {dir:?}\ndefault_model = {name:?}\nbus = \"none\"\nthreads = {threads}\n\
-             spec = \"off\"\n"
+             spec = \"off\"\ntune_when_idle = false\n"
         ),
     )?;
     let mut daemon = Command::new(env!("CARGO_BIN_EXE_pocketd"))
@@ -109,7 +112,7 @@ fn run() -> anyhow::Result<()> {
             anyhow::ensure!(started.elapsed() < Duration::from_secs(30), "pocketd did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let model = GgmlModel::load(&path, &LoadOptions::default())?;
+        let model = LoadedModel::open(&path, &OpenOptions::default())?;
         let client = Client::new(&socket);
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         // Warm both: the daemon loads its model on the first request.

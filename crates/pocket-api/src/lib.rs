@@ -7,6 +7,8 @@
 
 #![deny(missing_docs)]
 
+#[cfg(feature = "client")]
+pub mod client;
 mod openai;
 mod status;
 

@@ -72,6 +72,10 @@ pub struct GenerationOptions {
     /// pocketd: KV cache type (`f16`, `q8_0`, `q4_0`); the planner may lower it to fit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv: Option<String>,
+    /// pocketd: also return the generated token ids (`tokens`, in the answer or the stream's
+    /// last chunk), as llama.cpp's server does; for comparing outputs exactly.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub return_tokens: bool,
 }
 
 /// `POST /v1/chat/completions`.
@@ -98,6 +102,35 @@ pub struct CompletionRequest {
     /// Sampling, limits, streaming and pocketd's extensions.
     #[serde(flatten)]
     pub options: GenerationOptions,
+}
+
+/// Why a completion ended, as OpenAI names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end token or a stop string.
+    Stop,
+    /// `max_tokens`, or the context is full.
+    Length,
+    /// The request was cancelled (by its client, or by the daemon stopping): pocketd's own.
+    Cancelled,
+}
+
+impl FinishReason {
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl std::fmt::Display for FinishReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Token counts of a completion.
@@ -129,6 +162,9 @@ pub struct Timings {
     pub drafter: Option<String>,
     /// Milliseconds the request waited in the queue before it started.
     pub queued_ms: f64,
+    /// The most bytes the request's session (and drafter) held in the memory budget.
+    #[serde(default)]
+    pub peak_bytes: u64,
 }
 
 /// One answer of a chat completion.
@@ -139,7 +175,7 @@ pub struct ChatChoice {
     /// The answer.
     pub message: ChatMessage,
     /// `stop` (an end token or a stop string) or `length` (`max_tokens` or the context).
-    pub finish_reason: String,
+    pub finish_reason: FinishReason,
 }
 
 /// The response of `POST /v1/chat/completions` without streaming.
@@ -160,6 +196,10 @@ pub struct ChatCompletion {
     /// pocketd's statistics.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timings: Option<Timings>,
+    /// pocketd: the generated token ids, when the request set `return_tokens` (in a stream,
+    /// on the last chunk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Vec<u32>>,
 }
 
 /// The new part of a streamed chat answer.
@@ -181,7 +221,7 @@ pub struct ChatChunkChoice {
     /// What is new.
     pub delta: ChatDelta,
     /// Set in the last chunk.
-    pub finish_reason: Option<String>,
+    pub finish_reason: Option<FinishReason>,
 }
 
 /// One server-sent event of a streamed chat completion (`data: {…}`), ending with
@@ -204,6 +244,10 @@ pub struct ChatCompletionChunk {
     /// pocketd's statistics, in the last chunk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timings: Option<Timings>,
+    /// pocketd: the generated token ids, when the request set `return_tokens` (in a stream,
+    /// on the last chunk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Vec<u32>>,
 }
 
 /// One answer of a text completion (also the shape of a stream chunk's choice).
@@ -214,7 +258,7 @@ pub struct CompletionChoice {
     /// The text (in a stream chunk, what is new).
     pub text: String,
     /// `stop` or `length`; `null` in stream chunks before the last.
-    pub finish_reason: Option<String>,
+    pub finish_reason: Option<FinishReason>,
 }
 
 /// The response of `POST /v1/completions`, and each chunk of its stream.
@@ -236,6 +280,10 @@ pub struct Completion {
     /// pocketd's statistics (in a stream, the last chunk only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timings: Option<Timings>,
+    /// pocketd: the generated token ids, when the request set `return_tokens` (in a stream,
+    /// on the last chunk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Vec<u32>>,
 }
 
 /// One entry of `GET /v1/models`.

@@ -20,6 +20,13 @@ pub struct Status {
     pub queued: usize,
     /// Most requests that may wait.
     pub queue_capacity: usize,
+    /// CPU threads each generation runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
+    /// What the daemon is learning about a model while it is idle (`smollm2 (f16 KV): cost
+    /// curve`), if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learning: Option<String>,
 }
 
 /// The budget and its use, in bytes.

@@ -60,6 +60,9 @@ pub struct CostPoint {
 /// the session is truncated back, and at the end it holds what it held before. Sizes are
 /// interleaved within each repetition so that a drifting machine affects all of them alike.
 ///
+/// `cancelled` is asked before every pass: measuring runs while the machine is otherwise
+/// idle, and gives way the moment it is not ([`Error::Cancelled`], the session restored).
+///
 /// Errors: an empty `filler` or `sizes`, a size of 0, zero repetitions, or a context that
 /// cannot hold the largest pass are [`Error::InvalidArgument`]; engine errors pass through.
 pub fn measure_cost_curve(
@@ -67,6 +70,7 @@ pub fn measure_cost_curve(
     n_layers: usize,
     filler: &[Token],
     config: &CostCurveConfig,
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<Vec<CostPoint>> {
     if filler.is_empty() {
         return Err(Error::invalid("the cost curve needs at least one filler token"));
@@ -95,7 +99,7 @@ pub fn measure_cost_curve(
         session.decode(&cycle(held, base - held), &plan, Rows::None)?;
     }
 
-    let result = time_sizes(session, &plan, base, config, &cycle);
+    let result = time_sizes(session, &plan, base, config, &cycle, cancelled);
     // Leave the session as it was, whatever happened.
     let restored = session.truncate(held);
     let samples = result?;
@@ -189,11 +193,15 @@ fn time_sizes(
     base: usize,
     config: &CostCurveConfig,
     cycle: &dyn Fn(usize, usize) -> Vec<Token>,
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<Vec<Vec<f64>>> {
     let batches: Vec<Vec<Token>> = config.sizes.iter().map(|&n| cycle(base, n)).collect();
     let mut samples = vec![Vec::with_capacity(config.repetitions); config.sizes.len()];
     for round in 0..config.warmup + config.repetitions {
         for (i, batch) in batches.iter().enumerate() {
+            if cancelled() {
+                return Err(Error::Cancelled);
+            }
             let start = Instant::now();
             session.decode(batch, plan, Rows::Tail(batch.len()))?;
             let seconds = start.elapsed().as_secs_f64();
@@ -244,7 +252,7 @@ mod tests {
         let mut s = FakeSession::new(64);
         s.tokens = vec![3, 3];
         let config = CostCurveConfig { sizes: vec![1, 2, 4], context: 10, repetitions: 3, warmup: 1 };
-        let curve = measure_cost_curve(&mut s, 2, &[0, 1, 2], &config).unwrap();
+        let curve = measure_cost_curve(&mut s, 2, &[0, 1, 2], &config, &|| false).unwrap();
         assert_eq!(curve.iter().map(|p| p.n).collect::<Vec<_>>(), vec![1, 2, 4]);
         assert_eq!(curve[0].relative, 1.0);
         assert!(curve.iter().all(|p| p.seconds >= 0.0));
@@ -266,16 +274,36 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_errors() {
+        let never = || false;
         let mut s = FakeSession::new(32);
         let ok = CostCurveConfig::default();
-        assert!(measure_cost_curve(&mut s, 2, &[], &ok).is_err());
+        assert!(measure_cost_curve(&mut s, 2, &[], &ok, &never).is_err());
         // 128 + 16 tokens do not fit a context of 32.
-        assert!(matches!(measure_cost_curve(&mut s, 2, &[1], &ok), Err(Error::ContextOverflow { .. })));
+        assert!(matches!(
+            measure_cost_curve(&mut s, 2, &[1], &ok, &never),
+            Err(Error::ContextOverflow { .. })
+        ));
         let zero = CostCurveConfig { sizes: vec![1, 0], context: 4, ..ok.clone() };
-        assert!(measure_cost_curve(&mut s, 2, &[1], &zero).is_err());
+        assert!(measure_cost_curve(&mut s, 2, &[1], &zero, &never).is_err());
         let none = CostCurveConfig { repetitions: 0, context: 4, ..ok };
-        assert!(measure_cost_curve(&mut s, 2, &[1], &none).is_err());
+        assert!(measure_cost_curve(&mut s, 2, &[1], &none, &never).is_err());
         assert!(s.calls.is_empty());
+    }
+
+    #[test]
+    fn a_cancelled_measurement_stops_before_its_next_pass_and_restores_the_session() {
+        let mut s = FakeSession::new(64);
+        s.tokens = vec![3];
+        let config = CostCurveConfig { sizes: vec![1, 2], context: 8, repetitions: 3, warmup: 0 };
+        let passes = std::cell::Cell::new(0);
+        let result = measure_cost_curve(&mut s, 2, &[0, 1], &config, &|| {
+            passes.set(passes.get() + 1);
+            passes.get() > 3
+        });
+        assert_eq!(result, Err(Error::Cancelled));
+        // The fill, then three timed passes before the fourth was refused.
+        assert_eq!(s.calls.len(), 1 + 3);
+        assert_eq!(s.tokens, vec![3]);
     }
 
     #[test]

@@ -18,6 +18,7 @@
 
 pub mod cost;
 mod error;
+mod fingerprint;
 pub mod generate;
 pub mod memory;
 mod model;
@@ -30,10 +31,11 @@ mod testing;
 mod tokenizer;
 
 pub use error::{Error, Result};
+pub use fingerprint::fingerprint;
 pub use generate::{Event, GenerateRequest, Generation, generate, generate_speculative};
 pub use model::{
-    DEFAULT_MAX_ROWS, Footprint, KvType, Logits, Model, ModelInfo, ModelKind, Rows, Session, SessionConfig,
-    default_threads,
+    CacheKey, DEFAULT_MAX_ROWS, Footprint, KvType, Logits, Model, ModelInfo, ModelKind, Rows, Session,
+    SessionConfig, default_threads,
 };
 pub use plan::{LayerPlan, MAX_LAYERS};
 pub use sampling::{Distribution, Sampler, SamplingConfig, argmax};

@@ -5,7 +5,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cost::CostCurveConfig;
 use crate::memory::Ledger;
+use crate::spec::SpecMode;
 use crate::{Error, LayerPlan, Result, Token, Tokenizer};
 
 /// Decoder-only or encoder-decoder.
@@ -228,10 +230,47 @@ impl<'a> Logits<'a> {
     }
 }
 
+/// What measurements of a model's speed on a device hold for: the same file, on the same
+/// device, with the same kernels and weight format. Cost curves and skip sets are remembered
+/// under it (with the threads and KV type for cost curves).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CacheKey {
+    /// The model's file(s), as [`crate::fingerprint`] hashes them.
+    pub fingerprint: String,
+    /// The device the model runs on (`CPU`, `Vulkan0`, ...).
+    pub device: String,
+    /// The kernels of the engine's own that its passes use (`q4_1-avx512+attn-avx512`,
+    /// `ggml`, `tract`, ...).
+    pub kernels: String,
+    /// The format its weight matrices are held in (`stored`, `q8_0`).
+    pub weights: String,
+}
+
 /// Loaded weights, shared and read-only; sessions are made from it.
 pub trait Model: Send + Sync {
     /// What the model is.
     fn info(&self) -> &ModelInfo;
+
+    /// The speculation modes its sessions support: [`SpecMode::Off`], and the drafters whose
+    /// needs the engine meets (partial layer plans for `layerskip`, an encoder's source for
+    /// `inputcopy`, ...).
+    fn drafters(&self) -> &'static [SpecMode];
+
+    /// What measurements of this model on its device are remembered under; `None` when they
+    /// cannot be remembered (a model with no file).
+    fn cache_key(&self) -> Option<&CacheKey> {
+        None
+    }
+
+    /// How to measure its verification cost curve ([`crate::cost::measure_cost_curve`]).
+    fn cost_curve_config(&self) -> CostCurveConfig {
+        CostCurveConfig::default()
+    }
+
+    /// The token an encoder-decoder model's decoder starts from; `None` for decoders.
+    fn decoder_start(&self) -> Option<Token> {
+        None
+    }
 
     /// The model's tokenizer and chat template.
     fn tokenizer(&self) -> &dyn Tokenizer;
@@ -286,4 +325,7 @@ pub trait Session: Send {
 
     /// Bytes this session holds now (KV cache, compute and logits buffers).
     fn memory(&self) -> u64;
+
+    /// Bytes of KV cache this session holds now (part of [`Session::memory`]).
+    fn kv_bytes(&self) -> u64;
 }

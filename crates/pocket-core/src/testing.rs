@@ -68,4 +68,8 @@ impl Session for FakeSession {
     fn memory(&self) -> u64 {
         0
     }
+
+    fn kv_bytes(&self) -> u64 {
+        0
+    }
 }

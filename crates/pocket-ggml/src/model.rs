@@ -4,7 +4,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use pocket_core::memory::{Ledger, Reservation};
-use pocket_core::{Footprint, KvType, Model, ModelInfo, ModelKind, Session, SessionConfig, Tokenizer};
+use pocket_core::spec::SpecMode;
+use pocket_core::{
+    CacheKey, Footprint, KvType, Model, ModelInfo, ModelKind, Session, SessionConfig, Tokenizer,
+};
 
 use crate::Result;
 use crate::convert::WeightFormat;
@@ -63,6 +66,9 @@ pub(crate) struct Inner {
     pub(crate) format: WeightFormat,
     pub(crate) attention: AttentionKernel,
     pub(crate) file: GgufFile,
+    /// What measurements of this model are remembered under (none if the file could not be
+    /// fingerprinted).
+    pub(crate) cache_key: Option<CacheKey>,
     /// The weights' bytes in the memory ledger (dropped last).
     pub(crate) _reservation: Option<Reservation>,
 }
@@ -76,6 +82,12 @@ pub struct GgmlModel {
 }
 
 impl GgmlModel {
+    /// The speculation modes its sessions support ([`Model::drafters`]): every layer plan
+    /// runs (layer skipping), and a draft model can share the vocabulary; there is no encoder
+    /// source to copy from.
+    pub const DRAFTERS: &'static [SpecMode] =
+        &[SpecMode::Off, SpecMode::Auto, SpecMode::Suffix, SpecMode::LayerSkip, SpecMode::Draft];
+
     /// Load the model at `path`.
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Self> {
         Self::load_with_progress(path, options, &mut |_, _| {})
@@ -123,6 +135,21 @@ impl GgmlModel {
             "loaded model"
         );
         let (repack, format, attention) = (options.repack, options.weights, options.attention);
+        let cache_key = match pocket_core::fingerprint(&[path]) {
+            Ok(fingerprint) => Some(CacheKey {
+                fingerprint,
+                device: device.name.clone(),
+                kernels: kernels(&device, &hp, attention),
+                weights: format.name().to_owned(),
+            }),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot fingerprint {}; nothing measured on it is remembered: {e}",
+                    path.display()
+                );
+                None
+            }
+        };
         let inner = Inner {
             weights,
             vocab,
@@ -133,6 +160,7 @@ impl GgmlModel {
             repack,
             format,
             attention,
+            cache_key,
             _reservation: reservation,
         };
         Ok(GgmlModel { inner: Arc::new(inner) })
@@ -185,13 +213,7 @@ impl GgmlModel {
     /// were taken with. Attention is named where this model's f16 caches would use it
     /// (on the CPU); quantized caches keep ggml's.
     pub fn kernels(&self) -> String {
-        let matmul = crate::q4_1_gemm::kernel().map(crate::q4_1_gemm::Kernel::name);
-        let attention = self
-            .attention_kernel()
-            .filter(|_| self.inner.attention == AttentionKernel::Auto)
-            .map(crate::attention::Kernel::name);
-        let names: Vec<&str> = matmul.into_iter().chain(attention).collect();
-        if names.is_empty() { "ggml".to_owned() } else { names.join("+") }
+        kernels(&self.inner.device, &self.inner.hp, self.inner.attention)
     }
 
     /// The model file.
@@ -205,9 +227,27 @@ impl GgmlModel {
     }
 }
 
+/// [`GgmlModel::kernels`] for a model of `hp` on `device`.
+fn kernels(device: &Device, hp: &Hparams, attention: AttentionKernel) -> String {
+    let matmul = crate::q4_1_gemm::kernel().map(crate::q4_1_gemm::Kernel::name);
+    let attention = crate::attention::kernel_for(device.is_cpu(), hp.head_dim)
+        .filter(|_| attention == AttentionKernel::Auto)
+        .map(crate::attention::Kernel::name);
+    let names: Vec<&str> = matmul.into_iter().chain(attention).collect();
+    if names.is_empty() { "ggml".to_owned() } else { names.join("+") }
+}
+
 impl Model for GgmlModel {
     fn info(&self) -> &ModelInfo {
         &self.inner.info
+    }
+
+    fn drafters(&self) -> &'static [SpecMode] {
+        GgmlModel::DRAFTERS
+    }
+
+    fn cache_key(&self) -> Option<&CacheKey> {
+        self.inner.cache_key.as_ref()
     }
 
     fn tokenizer(&self) -> &dyn Tokenizer {

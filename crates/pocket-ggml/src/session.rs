@@ -476,4 +476,8 @@ impl Session for GgmlSession {
     fn memory(&self) -> u64 {
         (self.kv.bytes() + self.compute.compute_bytes + self.logits.capacity() * 4) as u64
     }
+
+    fn kv_bytes(&self) -> u64 {
+        self.kv.bytes() as u64
+    }
 }

@@ -4,8 +4,12 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use pocket_core::cost::CostCurveConfig;
 use pocket_core::memory::{Ledger, Reservation};
-use pocket_core::{Footprint, Model, ModelInfo, ModelKind, Session, SessionConfig, Token, Tokenizer};
+use pocket_core::spec::SpecMode;
+use pocket_core::{
+    CacheKey, Footprint, Model, ModelInfo, ModelKind, Session, SessionConfig, Token, Tokenizer,
+};
 use serde_json::Value;
 use tract_linalg::multithread::Executor;
 
@@ -32,6 +36,8 @@ pub(crate) struct Inner {
     pub(crate) head_dim: usize,
     /// One thread pool per thread count, shared by the sessions that ask for it.
     executors: Mutex<HashMap<usize, Executor>>,
+    /// What measurements of this model are remembered under.
+    cache_key: Option<CacheKey>,
 }
 
 /// An ONNX encoder-decoder model loaded into tract.
@@ -60,6 +66,12 @@ fn usize_key(config: &Value, keys: &[&str]) -> Option<usize> {
 }
 
 impl TractModel {
+    /// The speculation modes its sessions support ([`Model::drafters`]): drafts are verified
+    /// by decoding several tokens in one call, and the encoder's source is there to copy from;
+    /// there are no partial layer plans (layer skipping) or draft models.
+    pub const DRAFTERS: &'static [SpecMode] =
+        &[SpecMode::Off, SpecMode::Auto, SpecMode::Suffix, SpecMode::InputCopy];
+
     /// Load the model in directory `dir` (see [`Layout`] for what it must hold), with no
     /// memory budget.
     pub fn load(dir: &Path) -> Result<Self, Error> {
@@ -129,6 +141,22 @@ impl TractModel {
             n_layers,
             "loaded an encoder-decoder model"
         );
+        let graphs: Vec<&Path> = layout.graphs().collect();
+        let cache_key = match pocket_core::fingerprint(&graphs) {
+            Ok(fingerprint) => Some(CacheKey {
+                fingerprint,
+                device: "CPU".into(),
+                kernels: "tract".into(),
+                weights: "stored".into(),
+            }),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot fingerprint {}; nothing measured on it is remembered: {e}",
+                    dir.display()
+                );
+                None
+            }
+        };
         let inner = Inner {
             info,
             layout,
@@ -140,6 +168,7 @@ impl TractModel {
             heads,
             head_dim,
             executors: Mutex::new(HashMap::new()),
+            cache_key,
         };
         Ok(TractModel { inner: Arc::new(inner), _weights: weights })
     }
@@ -205,6 +234,24 @@ impl Inner {
 impl Model for TractModel {
     fn info(&self) -> &ModelInfo {
         &self.inner.info
+    }
+
+    fn drafters(&self) -> &'static [SpecMode] {
+        TractModel::DRAFTERS
+    }
+
+    fn cache_key(&self) -> Option<&CacheKey> {
+        self.inner.cache_key.as_ref()
+    }
+
+    fn cost_curve_config(&self) -> CostCurveConfig {
+        // A few sizes at a short context: a decoder without a cache recomputes its whole
+        // prefix at every call, so a long context would make measuring slow.
+        CostCurveConfig { sizes: vec![1, 2, 4, 8, 16], context: 16, repetitions: 3, warmup: 1 }
+    }
+
+    fn decoder_start(&self) -> Option<Token> {
+        Some(self.inner.decoder_start)
     }
 
     fn tokenizer(&self) -> &dyn Tokenizer {

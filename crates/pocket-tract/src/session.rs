@@ -219,4 +219,8 @@ impl Session for TractSession {
     fn memory(&self) -> u64 {
         self.compute.bytes() + self.kv.bytes() + self.logits_bytes.bytes()
     }
+
+    fn kv_bytes(&self) -> u64 {
+        self.kv.bytes()
+    }
 }

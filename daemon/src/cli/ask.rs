@@ -86,7 +86,7 @@ struct Stats {
     /// Milliseconds from sending the request to the first text.
     ttft_ms: Option<f64>,
     total_ms: f64,
-    finish_reason: Option<String>,
+    finish_reason: Option<pocket_api::FinishReason>,
     usage: Option<pocket_api::Usage>,
     timings: Option<pocket_api::Timings>,
 }
@@ -157,7 +157,7 @@ async fn exchange(
 struct Chunk {
     model: String,
     text: String,
-    finish_reason: Option<String>,
+    finish_reason: Option<pocket_api::FinishReason>,
     usage: Option<pocket_api::Usage>,
     timings: Option<pocket_api::Timings>,
 }
@@ -167,7 +167,7 @@ impl From<ChatCompletionChunk> for Chunk {
         let choice = c.choices.into_iter().next();
         Chunk {
             model: c.model,
-            finish_reason: choice.as_ref().and_then(|ch| ch.finish_reason.clone()),
+            finish_reason: choice.as_ref().and_then(|ch| ch.finish_reason),
             text: choice.and_then(|ch| ch.delta.content).unwrap_or_default(),
             usage: c.usage,
             timings: c.timings,
@@ -180,7 +180,7 @@ impl From<Completion> for Chunk {
         let choice = c.choices.into_iter().next();
         Chunk {
             model: c.model,
-            finish_reason: choice.as_ref().and_then(|ch| ch.finish_reason.clone()),
+            finish_reason: choice.as_ref().and_then(|ch| ch.finish_reason),
             text: choice.map(|ch| ch.text).unwrap_or_default(),
             usage: c.usage,
             timings: c.timings,

@@ -1,5 +1,6 @@
-//! `pocket bench`: our engine against llama.cpp on a workload; a table on stdout, results as
-//! JSON and a chart.
+//! `pocket bench`: our engine against llama.cpp, each drafter against plain decoding, in this
+//! process or through a running pocketd, on a workload; a table on stdout, results as JSON and
+//! a chart.
 
 use std::path::{Path, PathBuf};
 
@@ -7,8 +8,10 @@ use anyhow::Context;
 use pocket_core::KvType;
 use pocket_core::memory::BudgetSpec;
 
+use pocket_bench::{self as bench, BenchConfig, Progress, RunMode, Start, workload};
+use pocket_runtime::Engine;
+
 use super::common::ModelArgs;
-use crate::bench::{self, BenchConfig, Progress, RunMode, workload};
 
 /// Flags of `pocket bench`.
 #[derive(Debug, clap::Args)]
@@ -20,13 +23,27 @@ pub struct Args {
     compare: Option<Vec<PathBuf>>,
     #[command(flatten)]
     model: ModelArgs,
-    /// The workload, JSON Lines (default: the built-in `benches/workload.jsonl`).
+    /// The workload, JSON Lines (default: the built-in `benches/workload.jsonl`, or
+    /// `benches/seq2seq.jsonl` for an encoder-decoder model).
     #[arg(long)]
     prompts: Option<PathBuf>,
-    /// Modes to compare, comma-separated, run alternately per prompt. Our engine's modes may
-    /// name the weight format of the model (`suffix@q8_0`); those that do not use `--weights`.
-    #[arg(long, default_value = "llama.cpp,vanilla")]
-    modes: String,
+    /// Modes to compare, comma-separated, run alternately per prompt (default:
+    /// `llama.cpp,vanilla` for GGUF models, `vanilla,inputcopy,suffix,auto` for encoder-decoder
+    /// ones). Our engine's modes may name the weight format of the model (`suffix@q8_0`); those
+    /// that do not use `--weights`. `socket:MODE` runs a mode through pocketd (`--socket`).
+    #[arg(long)]
+    modes: Option<String>,
+    /// Run the modes through the pocketd listening here too: every one of our engine's modes
+    /// gets a `socket:` twin, and the report shows the gap between the two (the scheduler, the
+    /// plan and the transport). With `--modes` naming `socket:` modes, only those go through
+    /// pocketd.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Start warm: each mode generates once, unrecorded, before the measured runs. By default
+    /// the runs start cold, as a user's first request does (through pocketd, the model is
+    /// loaded again first).
+    #[arg(long)]
+    warm: bool,
     /// CPU threads for every mode (default: all cores this process may use).
     #[arg(short = 't', long)]
     threads: Option<usize>,
@@ -73,21 +90,47 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(files) = &args.compare {
         return compare(&files[0], &files[1], args.chart.as_deref());
     }
+    let dir = pocket_models::models_dir(args.model.models_dir.as_deref());
+    let resolved = pocket_models::resolve(&args.model.model, &dir)?;
+    let engine = Engine::for_path(&resolved.path);
+    let mode_list = args.modes.clone().unwrap_or_else(|| match engine {
+        Engine::Ggml => "llama.cpp,vanilla".to_owned(),
+        Engine::Tract => "vanilla,inputcopy,suffix,auto".to_owned(),
+    });
     // A benchmark compares formats explicitly (`suffix@q8_0`): `auto` is the stored format here.
-    let modes = RunMode::parse_list_with(&args.modes, args.model.weights.initial())?;
-    let (mut prompts, workload_name) = match &args.prompts {
-        Some(path) => (workload::load(path)?, path.display().to_string()),
-        None => (
+    let mut modes = RunMode::parse_list_with(&mode_list, args.model.weights.initial())?;
+    if args.socket.is_some() && !modes.iter().any(|m| m.socket) {
+        // Every mode of ours on the weights as stored, beside itself through pocketd.
+        let twins: Vec<RunMode> = modes
+            .iter()
+            .filter(|m| {
+                m.mode != bench::Mode::LlamaCpp
+                    && !m.naive
+                    && m.weights == pocket_ggml::WeightFormat::AsStored
+            })
+            .map(|m| RunMode { socket: true, ..m.clone() })
+            .collect();
+        anyhow::ensure!(
+            !twins.is_empty(),
+            "--socket: none of the modes {mode_list} is one of our engine's on the stored weights"
+        );
+        modes.extend(twins);
+    }
+    let (mut prompts, workload_name) = match (&args.prompts, engine) {
+        (Some(path), _) => (workload::load(path)?, path.display().to_string()),
+        (None, Engine::Ggml) => (
             workload::parse(workload::DEFAULT_WORKLOAD).context("the built-in workload is broken")?,
             workload::DEFAULT_WORKLOAD_NAME.to_owned(),
+        ),
+        (None, Engine::Tract) => (
+            workload::parse(workload::DEFAULT_SEQ2SEQ_WORKLOAD).context("the built-in workload is broken")?,
+            workload::DEFAULT_SEQ2SEQ_WORKLOAD_NAME.to_owned(),
         ),
     };
     if let Some(n) = args.max_prompts {
         anyhow::ensure!(n > 0, "--max-prompts must be at least 1");
         prompts.truncate(n);
     }
-    let dir = pocket_models::models_dir(args.model.models_dir.as_deref());
-    let resolved = pocket_models::resolve(&args.model.model, &dir)?;
     let name = match &resolved.manifest {
         Some(m) => m.name.clone(),
         None => resolved
@@ -114,19 +157,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::ensure!(t > 0, "--threads must be at least 1");
         config.threads = t;
     }
-    if args.no_cost_curve {
-        config.cost_curve = None;
-    }
+    config.cost_curve = !args.no_cost_curve;
     config.memory_budget = args.memory_budget;
     config.n_ctx = args.ctx_size;
+    config.start = if args.warm { Start::Warm } else { Start::Cold };
+    config.socket = args.socket.clone();
 
+    let names: Vec<String> = config.modes.iter().map(RunMode::name).collect();
     eprintln!(
-        "benchmarking {} ({}) on {} prompts, modes {}, {} threads",
+        "benchmarking {} ({}) on {} prompts, modes {}, {} threads, {} start",
         config.model_name,
         resolved.path.display(),
         prompts.len(),
-        args.modes,
-        config.threads
+        names.join(","),
+        config.threads,
+        config.start.name()
     );
     let results = bench::suite::run(&config, &prompts, &mut show_progress)
         .with_context(|| format!("benchmark of {}", resolved.path.display()))?;
@@ -164,7 +209,19 @@ fn show_progress(p: Progress<'_>) {
     match p {
         Progress::Loaded { device } => eprintln!("loaded on {device}"),
         Progress::CostCurve => eprintln!("cost curve measured"),
-        Progress::WarmedUp { runs } => eprintln!("warmed up; {runs} runs"),
+        Progress::Learned { weights, measured_curve, found_skip_set } => eprintln!(
+            "weights {weights}: {}{}",
+            if measured_curve {
+                "this device's cost curve measured and remembered"
+            } else {
+                "cost curve known"
+            },
+            if found_skip_set { "; a layer-skip set found and remembered" } else { "" }
+        ),
+        Progress::DaemonReloaded { seconds } => {
+            eprintln!("pocketd loaded the model again for a cold start ({seconds:.2} s)")
+        }
+        Progress::WarmedUp { runs } => eprintln!("{runs} runs"),
         Progress::Run { index, of, record: r } => eprintln!(
             "[{index}/{of}] {:<10} {:<28} {:>4} prompt tok {:>7.1} tok/s prefill, {:>4} generated {:>6} tok/s decode{}",
             r.mode,
@@ -178,6 +235,7 @@ fn show_progress(p: Progress<'_>) {
                 _ => String::new(),
             },
         ),
+        _ => {}
     }
 }
 

@@ -1,4 +1,4 @@
-//! Pieces several subcommands share: finding and loading a model.
+//! Pieces several subcommands share: finding and opening a model.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -6,13 +6,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pocket_core::memory::Ledger;
-use pocket_ggml::{GgmlModel, LoadOptions, WeightFormat};
+use pocket_ggml::WeightFormat;
+use pocket_runtime::{LoadedModel, OpenOptions};
 
 /// Flags that choose a model.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
     /// The model: a manifest name (`pocket pull --list`), a file in the models directory, or
-    /// a path to a GGUF file.
+    /// a path to a GGUF file or an ONNX model's directory.
     #[arg(short = 'm', long = "model", default_value = pocket_models::default_model())]
     pub model: String,
     /// Where pulled models live.
@@ -32,7 +33,7 @@ pub struct ModelArgs {
 /// `--weights`: a format, or `auto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightChoice {
-    /// Chosen from the device's measured cost curves ([`crate::spec::choose_weights`]).
+    /// Chosen from the device's measured cost curves ([`pocket_runtime::weights::choose_weights`]).
     Auto,
     /// This format.
     Format(WeightFormat),
@@ -66,33 +67,22 @@ impl ModelArgs {
         Ok(pocket_models::resolve(&self.model, &dir)?.path)
     }
 
-    /// Resolve and load the model, with a progress bar on stderr if loading takes over a second
-    /// (`--weights auto` loads it as stored; see [`crate::spec::resolve_auto_weights`]).
-    pub fn load(&self) -> anyhow::Result<GgmlModel> {
-        self.load_as(self.weights.initial())
-    }
-
-    /// Resolve and load the model with its matrices in `weights`.
-    pub fn load_as(&self, weights: WeightFormat) -> anyhow::Result<GgmlModel> {
-        self.load_in(weights, &Ledger::unlimited())
-    }
-
-    /// Resolve and load the model with its matrices in `weights`, its weights paid for in
-    /// `ledger`.
-    pub fn load_in(&self, weights: WeightFormat, ledger: &Ledger) -> anyhow::Result<GgmlModel> {
+    /// Resolve and open the model with its matrices in `weights`, its weights paid for in
+    /// `ledger`, with a progress bar on stderr if loading takes over a second.
+    pub fn open(&self, weights: WeightFormat, ledger: &Ledger) -> anyhow::Result<LoadedModel> {
         let path = self.resolve()?;
-        let options = LoadOptions {
+        let options = OpenOptions {
             device: self.device.clone(),
             weights,
             ledger: Some(ledger.clone()),
-            ..LoadOptions::default()
+            ..OpenOptions::default()
         };
-        load_model(&path, &options)
+        open_model(&path, &options)
     }
 }
 
-/// Load `path`; a progress bar appears on stderr when loading takes longer than a second.
-pub fn load_model(path: &Path, options: &LoadOptions) -> anyhow::Result<GgmlModel> {
+/// Open `path`; a progress bar appears on stderr when loading takes longer than a second.
+pub fn open_model(path: &Path, options: &OpenOptions) -> anyhow::Result<LoadedModel> {
     let start = Instant::now();
     let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
     bar.set_style(
@@ -101,7 +91,7 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> anyhow::Result<GgmlMode
     );
     bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
     let mut shown = false;
-    let model = GgmlModel::load_with_progress(path, options, &mut |done, total| {
+    let model = LoadedModel::open_with_progress(path, options, &mut |done, total| {
         if !shown && start.elapsed() > Duration::from_secs(1) {
             bar.set_draw_target(ProgressDrawTarget::stderr());
             shown = true;

@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod parity;
 pub mod pull;
 pub mod run;
+pub mod tune;
 
 /// `pocket`: run and benchmark models on this machine, and talk to pocketd.
 #[derive(Debug, Parser)]
@@ -30,8 +31,12 @@ pub enum Command {
     Run(run::Args),
     /// Compare our forward graph with llama.cpp's on the same model file.
     Parity(parity::Args),
-    /// Benchmark our engine against llama.cpp on a workload (tok/s, memory, cost curve).
+    /// Benchmark our engine against llama.cpp on a workload (tok/s, memory, cost curve), in this
+    /// process or through a running pocketd.
     Bench(bench::Args),
+    /// Learn what speculation needs about a model on this device (its cost curve, a skip set)
+    /// and remember it, so that `auto` uses it from the first request.
+    Tune(tune::Args),
     /// Ask the daemon (pocketd) and stream its answer.
     Ask(ask::AskArgs),
     /// Chat with the daemon interactively (one message per line).
@@ -50,6 +55,7 @@ impl Cli {
             Command::Run(args) => run::run(args),
             Command::Parity(args) => parity::run(args),
             Command::Bench(args) => bench::run(args),
+            Command::Tune(args) => tune::run(args),
             Command::Ask(args) => ask::ask(args),
             Command::Chat(args) => ask::chat(args),
             Command::Models(args) => daemon::models(args),

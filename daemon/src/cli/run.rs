@@ -1,26 +1,22 @@
-//! `pocket run`: generate in this process, without a daemon.
+//! `pocket run`: generate in this process, without a daemon, through the same pipeline the
+//! daemon's requests take.
 
 use std::io::Write;
 use std::ops::ControlFlow;
 
 use anyhow::Context;
-use pocket_core::cost::CostModel;
 use pocket_core::memory::{BudgetSpec, Plan};
 use pocket_core::spec::{SpecMode, SpecStats};
-use pocket_core::{
-    ChatMessage, GenerateRequest, KvType, Model, SamplingConfig, SessionConfig, StopConfig, default_threads,
-    generate_speculative,
-};
+use pocket_core::{ChatMessage, KvType, SamplingConfig, SessionConfig, StopConfig, Token, default_threads};
 use pocket_ggml::WeightFormat;
+use pocket_runtime::drafters::not_offered_by;
+use pocket_runtime::pipeline::{self, Input, OnEvent, Request};
+use pocket_runtime::process::{MemStats, PeakSampler, budget_ledger};
+use pocket_runtime::weights::{WeightsEstimate, auto_weights, candidates};
+use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine};
 use serde::Serialize;
 
 use super::common::{ModelArgs, WeightChoice};
-
-mod seq2seq;
-use crate::mem::{MemStats, PeakSampler, budget_ledger};
-use crate::spec::{
-    DEFAULT_MAX_DRAFT, SpecCache, SpecSetup, WeightsEstimate, plan_session, resolve_auto_weights,
-};
 
 /// Flags of `pocket run`.
 #[derive(Debug, clap::Args)]
@@ -124,6 +120,8 @@ impl SamplingArgs {
 #[derive(Debug, Serialize)]
 struct Report<'a> {
     model: &'a str,
+    /// `ggml` or `tract`.
+    engine: &'a str,
     device: &'a str,
     /// The format the weight matrices were held in.
     weights: &'a str,
@@ -133,13 +131,18 @@ struct Report<'a> {
     kv: KvType,
     threads: usize,
     text: &'a str,
+    /// The generated token ids.
+    tokens: &'a [Token],
     stop: &'a str,
     prompt_tokens: usize,
     generated_tokens: usize,
     prefill_tok_per_s: f64,
     decode_tok_per_s: f64,
-    kv_bytes: usize,
-    kv_bytes_per_token: usize,
+    /// KV cache bytes the session held at the end.
+    kv_bytes: u64,
+    kv_bytes_per_token: u64,
+    /// Bytes the session held at the end (KV, compute and logits buffers).
+    session_bytes: u64,
     peak_rss_bytes: u64,
     peak_anon_bytes: u64,
     peak_file_bytes: u64,
@@ -148,7 +151,7 @@ struct Report<'a> {
     memory_budget_bytes: Option<u64>,
     /// What the session was given under the budget.
     #[serde(skip_serializing_if = "Option::is_none")]
-    plan: Option<Plan>,
+    plan: Option<&'a Plan>,
     spec: SpecReport,
 }
 
@@ -165,12 +168,22 @@ struct SpecReport {
 
 /// Run `pocket run`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    // Bad flags are reported before the model is loaded.
+    // Bad flags are refused before the model is loaded.
     args.sampling.config().validate()?;
-    if args.spec.spec == SpecMode::Draft && args.spec.draft_model.is_none() {
+    let spec = args.spec.spec;
+    if spec == SpecMode::Draft && args.spec.draft_model.is_none() {
         anyhow::bail!("--spec draft needs a draft model: add --draft-model NAME");
     }
-    StopConfig { max_tokens: args.max_tokens, stop: args.stop.clone() }.validate()?;
+    let stop = StopConfig { max_tokens: args.max_tokens, stop: args.stop.clone() };
+    stop.validate()?;
+    let path = args.model.resolve()?;
+    let engine = Engine::for_path(&path);
+    if !engine.drafters().contains(&spec) {
+        anyhow::bail!("{}", not_offered_by(spec, engine));
+    }
+    if args.spec.draft_model.is_some() && !engine.drafters().contains(&SpecMode::Draft) {
+        anyhow::bail!("--draft-model: {}", not_offered_by(SpecMode::Draft, engine));
+    }
     let prompt = if args.prompt == "-" {
         std::io::read_to_string(std::io::stdin()).context("reading the prompt from stdin")?
     } else {
@@ -178,119 +191,78 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let (ledger, _process) = budget_ledger(args.memory_budget)?;
     let budgeted = args.memory_budget.is_some();
-    let path = args.model.resolve()?;
-    if crate::seq2seq::is_seq2seq(&path) {
-        return seq2seq::run(&args, &path, &prompt, &ledger);
-    }
-    if args.spec.spec == SpecMode::InputCopy {
-        anyhow::bail!(
-            "--spec inputcopy drafts from an encoder-decoder model's source text; for decoder-only models use \
-             suffix, which also matches the prompt"
-        );
-    }
+    let threads = args.threads.unwrap_or_else(default_threads);
+
     let weight_choice = match args.model.weights {
         // Trying another format would hold two copies of the weights at once.
         WeightChoice::Auto if budgeted => WeightChoice::Format(WeightFormat::AsStored),
         w => w,
     };
-    let model = args.model.load_in(weight_choice.initial(), &ledger)?;
-    let tokenizer = model.tokenizer();
-    let text = if args.chat {
+    let mut model = args.model.open(weight_choice.initial(), &ledger)?;
+    let mut weight_estimates = Vec::new();
+    if weight_choice == WeightChoice::Auto {
+        let (chosen, estimates) = auto_weights(&model, spec, threads, args.kv);
+        if spec != SpecMode::Off && estimates.is_empty() && candidates(&model).len() > 1 {
+            eprintln!(
+                "--weights auto: the cost curves of the stored and Q8_0 weights are not both measured on this \
+                 device yet, so the weights stay as stored; `pocket tune -m {}` measures them (once)",
+                args.model.model
+            );
+        }
+        if chosen != model.weights() {
+            drop(model); // its weights go back to the budget before the other format loads
+            model = args.model.open(chosen, &ledger)?;
+        }
+        weight_estimates = estimates;
+    }
+    // The draft model loads from the same directory onto the same device as the target.
+    let draft = args
+        .spec
+        .draft_model
+        .as_ref()
+        .map(|name| {
+            ModelArgs { model: name.clone(), ..args.model.clone() }.open(WeightFormat::AsStored, &ledger)
+        })
+        .transpose()?;
+
+    let input = if args.chat {
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
             messages.push(ChatMessage { role: "system".into(), content: system.clone() });
         }
         messages.push(ChatMessage { role: "user".into(), content: prompt });
-        tokenizer.apply_chat_template(&messages, true)?
+        Input::Chat(messages)
     } else {
-        prompt
+        Input::Text(prompt)
     };
-    let tokens = tokenizer.encode(&text, true)?;
-    let threads = args.threads.unwrap_or_else(default_threads);
-    let mut config = SessionConfig { kv: args.kv, n_ctx: args.ctx_size, threads, ..SessionConfig::default() };
-    // The draft model loads from the same directory onto the same device as the target.
-    let mut draft_model = args
-        .spec
-        .draft_model
-        .as_ref()
-        .map(|name| {
-            ModelArgs { model: name.clone(), ..args.model.clone() }.load_in(WeightFormat::AsStored, &ledger)
-        })
-        .transpose()?;
-    let mut spec_mode = args.spec.spec;
-    let mut max_draft = DEFAULT_MAX_DRAFT;
-    let plan = if budgeted {
-        let plan = plan_session(
-            &model,
-            draft_model.as_ref(),
-            &config,
-            &ledger,
-            tokens.len() + args.max_tokens,
-            spec_mode,
-        )?;
-        plan.apply_to(&mut config);
-        spec_mode = plan.spec;
-        max_draft = plan.max_draft.max(1);
-        if !plan.draft_model {
-            draft_model = None; // gives its weights back to the budget
-        }
-        Some(plan)
-    } else {
-        None
-    };
-    let (model, weight_estimates) = match weight_choice {
-        WeightChoice::Auto => {
-            let mut on_measure = || {
-                eprintln!(
-                    "--weights auto: measuring this device's cost curves for the stored and Q8_0 weights \
-                     (once; cached)"
-                )
-            };
-            let load = |w| args.model.load_as(w);
-            resolve_auto_weights(model, spec_mode, &config, &tokens, &load, &mut on_measure)?
-        }
-        WeightChoice::Format(_) => (model, Vec::new()),
-    };
-    let tokenizer = model.tokenizer();
-    let mut cache = SpecCache::open(model.path(), model.weight_format());
-    let cost = match spec_mode {
-        SpecMode::Off => CostModel::linear(1.0),
-        _ => {
-            // Measured over a longer context than a small plan may give the session (its own
-            // session is dropped before generation starts).
-            let measuring = SessionConfig {
-                n_ctx: args.ctx_size.max(config.n_ctx),
-                max_rows: pocket_core::DEFAULT_MAX_ROWS,
-                ..config.clone()
-            };
-            CostModel::from_curve(&cache.cost_curve(&model, &measuring, &tokens, &ledger)?)
-        }
-    };
-    let setup = SpecSetup {
-        model: &model,
-        session: &config,
-        cost,
-        skip_set: cache.skip_set().cloned(),
-        draft_model: draft_model.as_ref(),
-        seed: args.sampling.seed,
-        max_draft,
-        ledger: ledger.clone(),
-    };
-    let mut drafter = setup.build(spec_mode)?;
-    let mut session = model.new_session_in(&config, &ledger)?;
-    let request = GenerateRequest {
-        prompt: tokens,
+    let request = Request {
+        input,
         sampling: args.sampling.config(),
-        stop: StopConfig { max_tokens: args.max_tokens, stop: args.stop.clone() },
+        stop,
+        spec,
+        session: SessionConfig { kv: args.kv, n_ctx: args.ctx_size, threads, ..SessionConfig::default() },
+        max_draft: DEFAULT_MAX_DRAFT,
+        planned: budgeted,
     };
+    let prepared = pipeline::prepare(&model, draft.as_ref(), &request, &ledger)?;
+    // A plan that gave the draft model up gives its weights back to the budget.
+    let draft = draft.filter(|_| prepared.draft_model);
+    if prepared.spec == SpecMode::Auto
+        && model.knowledge().cost_curve(prepared.config.threads, prepared.config.kv).is_none()
+    {
+        eprintln!(
+            "note: auto decodes plainly until this device's verification cost curve is measured; `pocket tune -m \
+             {}` measures it (once)",
+            args.model.model
+        );
+    }
 
     let mut peaks = PeakSampler::default();
     peaks.sample();
     let mut stdout = std::io::stdout().lock();
     let mut n = 0usize;
-    let d = drafter.as_mut().map(|d| d.as_drafter());
-    let generation =
-        generate_speculative(model.info(), &mut session, tokenizer, &request, d, &mut |event| {
+    let outcome = {
+        let mut sink = OnEvent::new(|event: pocket_core::Event<'_>| {
             n += 1;
             if n.is_multiple_of(16) {
                 peaks.sample();
@@ -302,43 +274,42 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 }
             }
             ControlFlow::Continue(())
-        })?;
+        });
+        pipeline::run(&model, draft.as_ref(), &prepared, &ledger, &mut sink)?
+    };
     peaks.sample();
-    if let Some(set) = drafter.as_ref().and_then(|d| d.found_skip_set())
-        && cache.skip_set() != Some(&set)
-    {
-        tracing::info!(skip = ?set.skip, agreement = set.agreement, "found a layer-skip set");
-        cache.set_skip_set(set);
-    }
-    let drafter_name = drafter.as_mut().map_or_else(|| "none".to_string(), |d| d.as_drafter().describe());
 
     if args.json {
+        let g = &outcome.generation;
         let report = Report {
-            model: &model.info().name,
-            device: model.device_name(),
-            weights: model.weight_format().name(),
+            model: &model.model().info().name,
+            engine: model.engine().name(),
+            device: model.device(),
+            weights: model.weights().name(),
             weight_estimates: &weight_estimates,
-            kv: config.kv,
+            kv: prepared.config.kv,
             threads,
-            text: &generation.text,
-            stop: generation.stop.as_str(),
-            prompt_tokens: generation.prompt_tokens,
-            generated_tokens: generation.tokens.len(),
-            prefill_tok_per_s: generation.prefill_tok_per_s(),
-            decode_tok_per_s: generation.decode_tok_per_s(),
-            kv_bytes: session.kv_bytes(),
-            kv_bytes_per_token: model.kv_bytes_per_token(config.kv),
+            text: &g.text,
+            tokens: &g.tokens,
+            stop: g.stop.as_str(),
+            prompt_tokens: g.prompt_tokens,
+            generated_tokens: g.tokens.len(),
+            prefill_tok_per_s: g.prefill_tok_per_s(),
+            decode_tok_per_s: g.decode_tok_per_s(),
+            kv_bytes: outcome.kv_bytes,
+            kv_bytes_per_token: model.kv_bytes_per_token(&prepared.config)?,
+            session_bytes: outcome.session_bytes,
             peak_rss_bytes: MemStats::read().peak_rss_bytes,
             peak_anon_bytes: peaks.peak_anon_bytes,
             peak_file_bytes: peaks.peak_file_bytes,
             memory_budget_bytes: budgeted.then(|| ledger.budget()),
-            plan,
+            plan: outcome.plan.as_ref(),
             spec: SpecReport {
-                mode: spec_mode,
-                drafter: drafter_name,
-                stats: generation.spec,
-                acceptance: generation.spec.acceptance(),
-                mean_accepted_len: generation.spec.mean_accepted_len(),
+                mode: outcome.spec,
+                drafter: outcome.drafter.clone().unwrap_or_else(|| "none".into()),
+                stats: g.spec,
+                acceptance: g.spec.acceptance(),
+                mean_accepted_len: g.spec.mean_accepted_len(),
             },
         };
         serde_json::to_writer_pretty(&mut stdout, &report)?;

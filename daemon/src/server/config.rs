@@ -69,6 +69,10 @@ pub struct Config {
     /// Seconds in-flight requests may take to finish after SIGTERM before they are
     /// cancelled.
     pub shutdown_seconds: u64,
+    /// Learn what speculation needs about loaded models (their cost curves, skip sets) while
+    /// no request is in flight, stopping the moment one arrives; `auto` uses only what is
+    /// learned. Off: only what `pocket tune` measured is used.
+    pub tune_when_idle: bool,
 }
 
 impl Default for Config {
@@ -91,6 +95,7 @@ impl Default for Config {
             spec: SpecMode::Auto,
             kv: KvType::F16,
             shutdown_seconds: 10,
+            tune_when_idle: true,
         }
     }
 }

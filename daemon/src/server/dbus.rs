@@ -65,13 +65,13 @@ impl From<ServeError> for PocketError {
         match e {
             ServeError::InvalidArgument { .. } => PocketError::InvalidArgument(m),
             ServeError::UnknownModel(_) => PocketError::UnknownModel(m),
-            ServeError::OverBudget(_) => PocketError::OverBudget(m),
+            ServeError::OverBudget { .. } => PocketError::OverBudget(m),
             ServeError::QueueFull(_) => PocketError::QueueFull(m),
             ServeError::TooLarge(_) => PocketError::TooLarge(m),
             ServeError::Busy(_) => PocketError::Busy(m),
             ServeError::ShuttingDown => PocketError::ShuttingDown(m),
             ServeError::Cancelled => PocketError::Cancelled(m),
-            ServeError::Internal(_) => PocketError::Failed(m),
+            ServeError::Internal { .. } => PocketError::Failed(m),
         }
     }
 }
@@ -195,7 +195,7 @@ fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<J
 
 fn stats(f: &Finished) -> HashMap<String, OwnedVariant> {
     let mut m = HashMap::new();
-    m.insert("finish_reason".into(), OwnedVariant::from(Str::from(f.finish_reason.to_owned())));
+    m.insert("finish_reason".into(), OwnedVariant::from(Str::from(f.finish_reason.as_str())));
     m.insert("prompt_tokens".into(), OwnedVariant::from(u64::from(f.usage.prompt_tokens)));
     m.insert("completion_tokens".into(), OwnedVariant::from(u64::from(f.usage.completion_tokens)));
     m.insert("prefill_ms".into(), OwnedVariant::from(f.timings.prefill_ms));
@@ -244,7 +244,7 @@ impl Pocketd {
         let running = self.scheduler.submit(job).await?;
         let n = self.next_job.fetch_add(1, Ordering::Relaxed);
         let path = format!("{JOBS_PATH}/{n}");
-        let state = Arc::new(Mutex::new(JobState { state: "running", text: String::new() }));
+        let state = Arc::new(Mutex::new(JobProgress { state: JobState::Running, text: String::new() }));
         let object = JobObject {
             state: state.clone(),
             cancel: running.canceller(),
@@ -349,14 +349,35 @@ impl Pocketd {
     }
 }
 
-struct JobState {
-    state: &'static str,
+/// Where a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JobState {
+    Running,
+    Finished,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    /// The name of the `State` property.
+    fn name(self) -> &'static str {
+        match self {
+            JobState::Running => "running",
+            JobState::Finished => "finished",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+}
+
+struct JobProgress {
+    state: JobState,
     text: String,
 }
 
 /// `org.pocketd.Pocketd1.Job`: one generation started with `Start`.
 pub struct JobObject {
-    state: Arc<Mutex<JobState>>,
+    state: Arc<Mutex<JobProgress>>,
     cancel: Canceller,
     model: String,
 }
@@ -371,7 +392,7 @@ impl JobObject {
     /// `running`, `finished`, `failed` or `cancelled`.
     #[zbus(property)]
     fn state(&self) -> String {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).state.to_owned()
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).state.name().to_owned()
     }
 
     /// The text so far.
@@ -407,10 +428,10 @@ async fn stream_job(
     connection: &Connection,
     path: &str,
     mut running: super::scheduler::Running,
-    state: &Mutex<JobState>,
+    state: &Mutex<JobProgress>,
 ) -> zbus::Result<()> {
     let emitter = SignalEmitter::new(connection, path.to_owned())?;
-    let set = |s: &'static str| state.lock().unwrap_or_else(|e| e.into_inner()).state = s;
+    let set = |s: JobState| state.lock().unwrap_or_else(|e| e.into_inner()).state = s;
     while let Some(piece) = running.pieces.recv().await {
         match piece {
             Piece::Text(t) => {
@@ -418,8 +439,8 @@ async fn stream_job(
                 JobObject::token(&emitter, &t).await?;
             }
             Piece::Done(f) => {
-                let cancelled = f.finish_reason == "cancelled";
-                set(if cancelled { "cancelled" } else { "finished" });
+                let cancelled = f.finish_reason == pocket_api::FinishReason::Cancelled;
+                set(if cancelled { JobState::Cancelled } else { JobState::Finished });
                 if cancelled {
                     let e = ServeError::Cancelled;
                     JobObject::failed(&emitter, &format!("org.pocketd.Error.{}", e.code()), &e.to_string())
@@ -430,7 +451,7 @@ async fn stream_job(
                 break;
             }
             Piece::Failed(e) => {
-                set("failed");
+                set(JobState::Failed);
                 JobObject::failed(&emitter, &format!("org.pocketd.Error.{}", e.code()), &e.to_string())
                     .await?;
                 break;

@@ -4,7 +4,8 @@
 /// A request's failure, with the message the client sees.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ServeError {
-    /// Something in the request is wrong (a field's value, a malformed body).
+    /// Something in the request is wrong (a field's value, a malformed body), or the model it
+    /// names cannot be served (its file is damaged or of an unsupported kind).
     #[error("{message}")]
     InvalidArgument {
         /// What was wrong and what is allowed.
@@ -22,8 +23,21 @@ pub enum ServeError {
     #[error("the request queue is full ({0} requests running or waiting); retry later")]
     QueueFull(usize),
     /// The memory budget cannot hold what the request needs, even after unloading idle models.
-    #[error("{0}")]
-    OverBudget(String),
+    #[error(
+        "over the memory budget: {what} needs {} but {} of the {} budget is free; retry when other \
+         requests have finished, or ask for less (a shorter context, a smaller KV type)",
+        format_size(*.needed), format_size(*.available), format_size(*.budget)
+    )]
+    OverBudget {
+        /// What the memory was for.
+        what: String,
+        /// Bytes it needed.
+        needed: u64,
+        /// Bytes free in the budget then.
+        available: u64,
+        /// The budget.
+        budget: u64,
+    },
     /// The model is in use and cannot be unloaded now.
     #[error("{0}")]
     Busy(String),
@@ -33,10 +47,20 @@ pub enum ServeError {
     /// The request was cancelled (by its client, or by the shutdown deadline).
     #[error("the request was cancelled")]
     Cancelled,
-    /// The engine failed.
-    #[error("{0}")]
-    Internal(String),
+    /// The daemon failed. What failed is in its log under the request's id; clients get the id
+    /// only, since the engine's own text may say things about the machine they should not see.
+    #[error(
+        "pocketd failed internally{}; its log has the details",
+        request.as_deref().map(|r| format!(" on request {r}")).unwrap_or_default()
+    )]
+    Internal {
+        /// The request's id, when there is one.
+        request: Option<String>,
+    },
 }
+
+use pocket_core::memory::format_size;
+use pocket_runtime::ErrorKind;
 
 impl ServeError {
     /// An [`ServeError::InvalidArgument`] about the field `param`.
@@ -49,47 +73,55 @@ impl ServeError {
         ServeError::InvalidArgument { message: message.into(), param: None }
     }
 
-    /// Classify an engine or loading error: the engine's own kinds (invalid argument,
-    /// context overflow, over budget, cancelled) keep their meaning, anything else is internal.
-    pub fn from_engine(e: &anyhow::Error) -> Self {
-        use pocket_core::Error as E;
-        let message = format!("{e:#}");
-        let core = e.chain().find_map(|c| {
-            c.downcast_ref::<E>()
-                .or_else(|| match c.downcast_ref::<pocket_ggml::Error>() {
-                    Some(pocket_ggml::Error::Core(inner)) => Some(inner),
-                    _ => None,
-                })
-                .or_else(|| match c.downcast_ref::<pocket_tract::Error>() {
-                    Some(pocket_tract::Error::Core(inner)) => Some(inner),
-                    _ => None,
-                })
-        });
-        match core {
-            Some(E::InvalidArgument(_) | E::Unsupported(_) | E::Tokenizer(_)) => {
-                ServeError::bad_request(message)
+    /// An internal failure of `request`: `detail` goes to the log with the request's id, the
+    /// client gets the id.
+    pub fn internal(request: Option<&str>, detail: impl std::fmt::Display) -> Self {
+        tracing::error!(request = request.unwrap_or("-"), "internal error: {detail}");
+        ServeError::Internal { request: request.map(str::to_owned) }
+    }
+
+    /// Classify a failure of the request pipeline by its kind, keeping its data: a context
+    /// overflow is 413, a budget that cannot fit is 503 with its numbers, a bad setting names
+    /// its field, an engine failure is internal (logged under `request`).
+    pub fn from_runtime(e: pocket_runtime::Error, request: Option<&str>) -> Self {
+        match e.kind() {
+            ErrorKind::Invalid => {
+                let param = e.param().map(str::to_owned);
+                let text = e.to_string();
+                let message = text.strip_prefix("invalid argument: ").unwrap_or(&text).to_owned();
+                ServeError::InvalidArgument { message, param }
             }
-            Some(E::ContextOverflow { .. }) => ServeError::TooLarge(message),
-            Some(E::OverBudget { .. }) => ServeError::OverBudget(message),
-            Some(E::Cancelled) => ServeError::Cancelled,
-            _ => match e.chain().find_map(|c| c.downcast_ref::<pocket_ggml::Error>()) {
-                Some(
-                    pocket_ggml::Error::NotGguf { .. }
-                    | pocket_ggml::Error::Corrupt { .. }
-                    | pocket_ggml::Error::UnsupportedArchitecture { .. }
-                    | pocket_ggml::Error::BadModel { .. },
-                ) => ServeError::bad_request(message),
-                // A model directory whose files are missing or wrong: the operator's to fix,
-                // described in the message.
-                _ if e.chain().any(|c| c.is::<pocket_tract::Error>()) => ServeError::bad_request(message),
-                _ => ServeError::Internal(message),
+            ErrorKind::TooLarge => ServeError::TooLarge(e.to_string()),
+            ErrorKind::OverBudget => match e.core() {
+                Some(pocket_core::Error::OverBudget { what, needed, available, budget }) => {
+                    ServeError::OverBudget {
+                        what: what.clone(),
+                        needed: *needed,
+                        available: *available,
+                        budget: *budget,
+                    }
+                }
+                _ => ServeError::internal(request, e),
             },
+            ErrorKind::Cancelled => ServeError::Cancelled,
+            ErrorKind::BadModel => ServeError::invalid("model", e.to_string()),
+            ErrorKind::Internal => ServeError::internal(request, e),
+        }
+    }
+
+    /// A failure to open the model served as `name`.
+    pub fn from_model(name: &str, e: pocket_runtime::Error) -> Self {
+        match e.kind() {
+            ErrorKind::BadModel | ErrorKind::Invalid => {
+                ServeError::invalid("model", format!("cannot serve {name}: {e}"))
+            }
+            _ => ServeError::from_runtime(e, None),
         }
     }
 
     /// Whether this is the budget being full (worth unloading idle models and retrying).
     pub fn is_over_budget(&self) -> bool {
-        matches!(self, ServeError::OverBudget(_))
+        matches!(self, ServeError::OverBudget { .. })
     }
 
     /// The HTTP status of this error.
@@ -101,8 +133,8 @@ impl ServeError {
             ServeError::TooLarge(_) => 413,
             ServeError::QueueFull(_) => 429,
             ServeError::Cancelled => 499,
-            ServeError::Internal(_) => 500,
-            ServeError::OverBudget(_) | ServeError::ShuttingDown => 503,
+            ServeError::Internal { .. } => 500,
+            ServeError::OverBudget { .. } | ServeError::ShuttingDown => 503,
         }
     }
 
@@ -113,9 +145,9 @@ impl ServeError {
             ServeError::UnknownModel(_) => "not_found_error",
             ServeError::Busy(_) => "conflict_error",
             ServeError::QueueFull(_) => "rate_limit_error",
-            ServeError::OverBudget(_) | ServeError::ShuttingDown => "service_unavailable_error",
+            ServeError::OverBudget { .. } | ServeError::ShuttingDown => "service_unavailable_error",
             ServeError::Cancelled => "cancelled",
-            ServeError::Internal(_) => "server_error",
+            ServeError::Internal { .. } => "server_error",
         }
     }
 
@@ -127,11 +159,11 @@ impl ServeError {
             ServeError::UnknownModel(_) => "UnknownModel",
             ServeError::TooLarge(_) => "TooLarge",
             ServeError::QueueFull(_) => "QueueFull",
-            ServeError::OverBudget(_) => "OverBudget",
+            ServeError::OverBudget { .. } => "OverBudget",
             ServeError::Busy(_) => "Busy",
             ServeError::ShuttingDown => "ShuttingDown",
             ServeError::Cancelled => "Cancelled",
-            ServeError::Internal(_) => "Failed",
+            ServeError::Internal { .. } => "Failed",
         }
     }
 
@@ -158,26 +190,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn engine_errors_keep_their_kind_through_context() {
-        let e = anyhow::Error::new(pocket_core::Error::OverBudget {
+    fn pipeline_errors_keep_their_kind_and_data_and_internal_text_stays_in_the_log() {
+        let over = pocket_core::Error::OverBudget {
             what: "a session".into(),
             needed: 10 << 20,
             available: 1 << 20,
             budget: 100 << 20,
-        })
-        .context("planning");
-        let s = ServeError::from_engine(&e);
+        };
+        let s = ServeError::from_runtime(over.into(), Some("pocketd-3"));
         assert!(s.is_over_budget());
         assert_eq!(s.http_status(), 503);
+        assert!(matches!(s, ServeError::OverBudget { needed, .. } if needed == 10 << 20));
         assert!(s.to_string().contains("10.0 MiB"), "{s}");
-        let e = anyhow::Error::new(pocket_core::Error::ContextOverflow {
-            needed: 5000,
-            limit: 4096,
-            prompt: 4999,
-        });
-        assert_eq!(ServeError::from_engine(&e).http_status(), 413);
-        let e = anyhow::anyhow!("ggml fell over");
-        assert_eq!(ServeError::from_engine(&e).http_status(), 500);
+        let e = pocket_core::Error::ContextOverflow { needed: 5000, limit: 4096, prompt: 4999 };
+        assert_eq!(ServeError::from_runtime(e.into(), None).http_status(), 413);
+        let e = pocket_core::Error::engine("ggml fell over at /home/secret/model.gguf");
+        let s = ServeError::from_runtime(e.into(), Some("pocketd-7"));
+        assert_eq!(s.http_status(), 500);
+        assert!(s.to_string().contains("pocketd-7") && !s.to_string().contains("secret"), "{s}");
+        let s = ServeError::from_runtime(pocket_runtime::Error::invalid("spec", "no such mode"), None);
+        assert_eq!(s.to_openai().error.param.as_deref(), Some("spec"));
     }
 
     #[test]

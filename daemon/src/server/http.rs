@@ -149,10 +149,11 @@ async fn chat_completions(
         choices: vec![ChatChoice {
             index: 0,
             message: ChatMessage { role: "assistant".into(), content: f.text },
-            finish_reason: f.finish_reason.into(),
+            finish_reason: f.finish_reason,
         }],
         usage: f.usage,
         timings: Some(f.timings),
+        tokens: f.tokens,
     })
     .into_response())
 }
@@ -180,13 +181,10 @@ async fn completions(
         object: "text_completion".into(),
         created: now_seconds(),
         model,
-        choices: vec![CompletionChoice {
-            index: 0,
-            text: f.text,
-            finish_reason: Some(f.finish_reason.into()),
-        }],
+        choices: vec![CompletionChoice { index: 0, text: f.text, finish_reason: Some(f.finish_reason) }],
         usage: Some(f.usage),
         timings: Some(f.timings),
+        tokens: f.tokens,
     })
     .into_response())
 }
@@ -216,7 +214,7 @@ struct StreamState {
 
 impl StreamState {
     fn chunk(&self, text: Option<String>, role: bool, end: Option<&Finished>) -> Event {
-        let finish_reason = end.map(|f| f.finish_reason.to_owned());
+        let finish_reason = end.map(|f| f.finish_reason);
         let json = match self.shape {
             Shape::Chat => serde_json::to_string(&ChatCompletionChunk {
                 id: self.id.clone(),
@@ -230,6 +228,7 @@ impl StreamState {
                 }],
                 usage: end.map(|f| f.usage),
                 timings: end.map(|f| f.timings.clone()),
+                tokens: end.and_then(|f| f.tokens.clone()),
             }),
             Shape::Text => serde_json::to_string(&Completion {
                 id: self.id.clone(),
@@ -239,6 +238,7 @@ impl StreamState {
                 choices: vec![CompletionChoice { index: 0, text: text.unwrap_or_default(), finish_reason }],
                 usage: end.map(|f| f.usage),
                 timings: end.map(|f| f.timings.clone()),
+                tokens: end.and_then(|f| f.tokens.clone()),
             }),
         };
         Event::default().data(json.unwrap_or_default())

@@ -79,6 +79,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             }
         })
     };
+    let learner = tokio::spawn(scheduler.clone().learn_while_idle());
     let watchdog = sd_notify::watchdog_enabled().map(|period| {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period / 2);
@@ -121,6 +122,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         }
     }
     sweeper.abort();
+    // The learner stops within a pass once the scheduler is stopping; its memory goes with it.
+    let _ = learner.await;
     if let Some(w) = watchdog {
         w.abort();
     }

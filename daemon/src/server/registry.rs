@@ -12,22 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use std::collections::HashMap;
-
-use pocket_core::Model;
-use pocket_core::cost::CostModel;
 use pocket_core::memory::Ledger;
-use pocket_core::spec::SpecMode;
-use pocket_core::{SessionConfig, Token};
-use pocket_ggml::{GgmlModel, LoadOptions, WeightFormat};
 use pocket_models::{Catalog, Format};
-use pocket_tract::TractModel;
+use pocket_runtime::{LoadedModel, OpenOptions};
 
 use super::error::ServeError;
-use crate::spec::SpecCache;
-
-/// The context a cost curve is measured in (what `pocket run` uses by default).
-const MEASURING_CTX: usize = 4096;
 
 /// A model the daemon could serve.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,98 +31,18 @@ pub struct Available {
     pub created: u64,
 }
 
-/// A loaded model, on the engine that runs it.
-pub enum Engine {
-    /// A decoder-only GGUF model on ggml.
-    Ggml(GgmlModel),
-    /// An encoder-decoder ONNX model on tract.
-    Tract(TractModel),
-}
-
-/// A model in memory.
-pub struct LoadedModel {
+/// A model in memory, open on its engine through the pipeline's [`LoadedModel`] (which also
+/// holds what is known about it on this device).
+pub struct ServedModel {
     /// The name it is served under.
     pub name: String,
-    /// The engine's model.
-    pub engine: Engine,
-    /// Its own part of the budget: the weights (and what was measured with it).
+    /// The model.
+    pub model: LoadedModel,
+    /// Its own part of the budget: the weights.
     pub ledger: Ledger,
-    /// Its speculation cache (cost curves, layer-skip sets), shared by its sessions (ggml
-    /// models only: they are known by their file).
-    spec: Mutex<Option<SpecCache>>,
-    /// Cost curves of an encoder-decoder model, by KV type and threads, measured once per
-    /// load (they take about a second).
-    seq2seq_costs: Mutex<HashMap<(pocket_core::KvType, usize), CostModel>>,
 }
 
-impl LoadedModel {
-    /// The device's cost model for drafting with `config`: cached on disk per model,
-    /// device, threads and KV type, measured once (about a second for a small model) when
-    /// missing. Plain decoding needs none.
-    pub fn cost_model(
-        &self,
-        mode: SpecMode,
-        config: &SessionConfig,
-        filler: &[Token],
-        ledger: &Ledger,
-    ) -> anyhow::Result<CostModel> {
-        if mode == SpecMode::Off {
-            return Ok(CostModel::linear(1.0));
-        }
-        let model = match &self.engine {
-            Engine::Ggml(m) => m,
-            Engine::Tract(m) => {
-                let key = (config.kv, config.threads);
-                if let Some(cost) = lock(&self.seq2seq_costs).get(&key) {
-                    return Ok(cost.clone());
-                }
-                let cost = crate::seq2seq::measure_cost(m, config, filler, ledger)?;
-                lock(&self.seq2seq_costs).insert(key, cost.clone());
-                return Ok(cost);
-            }
-        };
-        // Measured over a context longer than a small plan may give the session, as
-        // `pocket run` measures it (the curve is cached per model, threads and KV type, not
-        // per context).
-        let n_ctx = model.info().n_ctx_train.clamp(config.n_ctx, MEASURING_CTX.max(config.n_ctx));
-        let measuring = SessionConfig { max_rows: pocket_core::DEFAULT_MAX_ROWS, n_ctx, ..config.clone() };
-        let mut cache = lock(&self.spec);
-        let cache = cache.get_or_insert_with(|| SpecCache::open(model.path(), model.weight_format()));
-        let curve = cache.cost_curve(model, &measuring, filler, ledger)?;
-        Ok(CostModel::from_curve(&curve))
-    }
-
-    /// The model, whichever engine runs it.
-    pub fn model(&self) -> &dyn Model {
-        match &self.engine {
-            Engine::Ggml(m) => m,
-            Engine::Tract(m) => m,
-        }
-    }
-
-    /// The model if ggml runs it.
-    pub fn ggml(&self) -> Option<&GgmlModel> {
-        match &self.engine {
-            Engine::Ggml(m) => Some(m),
-            Engine::Tract(_) => None,
-        }
-    }
-
-    /// The layer-skip set found earlier, if any.
-    pub fn skip_set(&self) -> Option<pocket_core::spec::SkipSet> {
-        lock(&self.spec).as_ref().and_then(|c| c.skip_set().cloned())
-    }
-
-    /// Remember a skip set a request's drafter found.
-    pub fn set_skip_set(&self, set: pocket_core::spec::SkipSet) {
-        let mut cache = lock(&self.spec);
-        let Some(cache) = cache.as_mut() else { return };
-        if cache.skip_set() != Some(&set) {
-            tracing::info!(model = %self.name, skip = ?set.skip, "found a layer-skip set");
-            cache.set_skip_set(set);
-        }
-    }
-
+impl ServedModel {
     /// Bytes its weights hold in the budget.
     pub fn bytes(&self) -> u64 {
         self.ledger.used()
@@ -141,7 +50,7 @@ impl LoadedModel {
 }
 
 struct Slot {
-    model: Arc<LoadedModel>,
+    model: Arc<ServedModel>,
     last_used: Instant,
 }
 
@@ -154,6 +63,8 @@ pub struct Registry {
     /// One load at a time: two requests for the same model wait for one load, and loads
     /// never race each other for the budget.
     loading: tokio::sync::Mutex<()>,
+    /// Woken when a model is loaded (what is learned about a model starts then).
+    pub loaded_notify: tokio::sync::Notify,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -187,6 +98,7 @@ impl Registry {
             keep_alive,
             loaded: Mutex::new(Vec::new()),
             loading: tokio::sync::Mutex::new(()),
+            loaded_notify: tokio::sync::Notify::new(),
         }
     }
 
@@ -196,7 +108,7 @@ impl Registry {
     }
 
     fn catalog(&self) -> Result<Catalog, ServeError> {
-        Catalog::load(&self.models_dir).map_err(|e| ServeError::Internal(e.to_string()))
+        Catalog::load(&self.models_dir).map_err(|e| ServeError::internal(None, e))
     }
 
     /// Every model that could be served now: pulled manifests, then loose files, by name.
@@ -220,7 +132,7 @@ impl Registry {
             }
         }
         let loose =
-            pocket_models::loose_files(&self.models_dir).map_err(|e| ServeError::Internal(e.to_string()))?;
+            pocket_models::loose_files(&self.models_dir).map_err(|e| ServeError::internal(None, e))?;
         for path in loose.into_iter().filter(|p| !claimed.contains(p)) {
             let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else { continue };
             out.push(Available { name, created: mtime_seconds(&path), format: format_of(&path), path });
@@ -263,7 +175,7 @@ impl Registry {
     }
 
     /// The loaded models, most recently used first, with their idle time.
-    pub fn loaded(&self) -> Vec<(Arc<LoadedModel>, Duration)> {
+    pub fn loaded(&self) -> Vec<(Arc<ServedModel>, Duration)> {
         let slots = lock(&self.loaded);
         let mut v: Vec<_> = slots.iter().map(|s| (s.model.clone(), s.last_used.elapsed())).collect();
         v.sort_by_key(|(_, idle)| *idle);
@@ -276,11 +188,11 @@ impl Registry {
     }
 
     /// Sessions using `model` now (the registry's own reference not counted).
-    pub fn users(model: &Arc<LoadedModel>) -> usize {
+    pub fn users(model: &Arc<ServedModel>) -> usize {
         Arc::strong_count(model).saturating_sub(2)
     }
 
-    fn touch(&self, name: &str) -> Option<Arc<LoadedModel>> {
+    fn touch(&self, name: &str) -> Option<Arc<ServedModel>> {
         let mut slots = lock(&self.loaded);
         let slot = slots.iter_mut().find(|s| s.model.name == name)?;
         slot.last_used = Instant::now();
@@ -294,12 +206,12 @@ impl Registry {
 
     /// The model served as `name`, loading it if needed; when the budget is full, idle
     /// models are unloaded (least recently used first) to make room.
-    pub async fn get(&self, name: &str) -> Result<Arc<LoadedModel>, ServeError> {
+    pub async fn get(&self, name: &str) -> Result<Arc<ServedModel>, ServeError> {
         self.load(self.find(name)?).await
     }
 
     /// [`Registry::get`] for a model already [found](Registry::find).
-    pub async fn load(&self, found: Available) -> Result<Arc<LoadedModel>, ServeError> {
+    pub async fn load(&self, found: Available) -> Result<Arc<ServedModel>, ServeError> {
         if let Some(m) = self.touch(&found.name) {
             return Ok(m);
         }
@@ -310,29 +222,14 @@ impl Registry {
         loop {
             let ledger = self.ledger.sub();
             let (path, l) = (found.path.clone(), ledger.clone());
-            let format = found.format;
-            let loaded = tokio::task::spawn_blocking(move || -> anyhow::Result<Engine> {
-                if format == Format::Onnx {
-                    return Ok(Engine::Tract(crate::seq2seq::load(&path, &l)?));
-                }
-                let options = LoadOptions {
-                    ledger: Some(l),
-                    weights: WeightFormat::AsStored,
-                    ..LoadOptions::default()
-                };
-                Ok(Engine::Ggml(GgmlModel::load(&path, &options)?))
+            let loaded = tokio::task::spawn_blocking(move || {
+                LoadedModel::open(&path, &OpenOptions { ledger: Some(l), ..OpenOptions::default() })
             })
             .await
-            .map_err(|e| ServeError::Internal(format!("loading {} panicked: {e}", found.name)))?;
+            .map_err(|e| ServeError::internal(None, format!("loading {} panicked: {e}", found.name)))?;
             match loaded {
-                Ok(engine) => {
-                    let m = Arc::new(LoadedModel {
-                        name: found.name.clone(),
-                        engine,
-                        ledger,
-                        spec: Mutex::new(None),
-                        seq2seq_costs: Mutex::new(HashMap::new()),
-                    });
+                Ok(model) => {
+                    let m = Arc::new(ServedModel { name: found.name.clone(), model, ledger });
                     tracing::info!(
                         model = %found.name,
                         bytes = m.bytes(),
@@ -341,10 +238,11 @@ impl Registry {
                         "loaded"
                     );
                     lock(&self.loaded).push(Slot { model: m.clone(), last_used: Instant::now() });
+                    self.loaded_notify.notify_waiters();
                     return Ok(m);
                 }
                 Err(e) => {
-                    let e = ServeError::from_engine(&e.context(format!("loading {}", found.name)));
+                    let e = ServeError::from_model(&found.name, e);
                     if e.is_over_budget() && self.evict_idle(&[]) {
                         continue;
                     }

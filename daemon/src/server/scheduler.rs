@@ -2,36 +2,41 @@
 //! (or an error before anything was generated, so that HTTP can still choose the status).
 //!
 //! Admission is two semaphores: `parallel + queue` places (past them, 429) and `parallel`
-//! turns. A request with a turn gets its model (loaded on demand), is tokenized and planned
-//! under what the budget has free; when the plan does not fit, idle models are unloaded
-//! (least recently used first) and, while other sessions run, it waits for one to end;
-//! when nothing else can free memory, it is refused with the numbers (503).
+//! turns. A request with a turn gets its model (loaded on demand) and is prepared by the
+//! request pipeline ([`pocket_runtime::pipeline`]): rendered, tokenized and planned under what
+//! the budget has free; when the plan does not fit, idle models are unloaded (least recently
+//! used first) and, while other sessions run, it waits for one to end; when nothing else can
+//! free memory, it is refused with the numbers (503).
 //!
-//! Generation runs on a blocking thread. Text goes back through a channel; when the receiver
-//! is gone (the client disconnected) or the request is cancelled, the next token ends the
-//! generation, and the session's memory is returned as soon as it does.
+//! Generation runs on a blocking thread, through the same pipeline. Text goes back through a
+//! channel; when the receiver is gone (the client disconnected) or the request is cancelled,
+//! the next token ends the generation, and the session's memory is returned as soon as it does.
+//!
+//! While no request is in flight, the daemon learns what speculation needs about its loaded
+//! models ([`Scheduler::learn_while_idle`]); a request that arrives stops that first, so it
+//! never pays for it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use pocket_api::FinishReason;
 use pocket_core::memory::{Ledger, Plan, Reservation};
 use pocket_core::spec::SpecMode;
 use pocket_core::{
-    ChatMessage, GenerateRequest, KvType, Model, SamplingConfig, SessionConfig, StopConfig, StopReason,
-    default_threads, generate_speculative,
+    ChatMessage, KvType, SamplingConfig, SessionConfig, StopConfig, StopReason, default_threads,
 };
+use pocket_runtime::learn::{self, TuneSettings};
+use pocket_runtime::pipeline::{self, Prepared, Request, Sink};
+use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
-
-use pocket_models::Format;
 
 use super::config::Config;
 use super::error::ServeError;
 use super::metrics::Metrics;
-use super::registry::{Engine, LoadedModel, Registry};
-use crate::spec::{DEFAULT_MAX_DRAFT, SpecSetup, plan_session};
+use super::registry::{Registry, ServedModel};
 
 /// What to generate from.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +62,8 @@ pub struct JobOptions {
     pub draft_model: Option<String>,
     /// KV cache type.
     pub kv: Option<KvType>,
+    /// Return the generated token ids with the result.
+    pub return_tokens: bool,
 }
 
 impl JobOptions {
@@ -98,6 +105,7 @@ impl JobOptions {
             spec,
             draft_model: o.draft_model.clone(),
             kv,
+            return_tokens: o.return_tokens,
         })
     }
 }
@@ -140,8 +148,10 @@ pub struct Started {
 pub struct Finished {
     /// The whole text.
     pub text: String,
-    /// OpenAI's `finish_reason`: `stop` (end token or stop string), `length` or `cancelled`.
-    pub finish_reason: &'static str,
+    /// The generated token ids, when the request asked for them.
+    pub tokens: Option<Vec<u32>>,
+    /// OpenAI's `finish_reason`.
+    pub finish_reason: FinishReason,
     /// Usage.
     pub usage: pocket_api::Usage,
     /// Speed and speculation.
@@ -187,7 +197,7 @@ impl Running {
                 Piece::Failed(e) => return Err(e),
             }
         }
-        Err(ServeError::Internal("the generation ended without a result".into()))
+        Err(ServeError::internal(Some(&self.started.id), "the generation ended without a result"))
     }
 }
 
@@ -229,7 +239,7 @@ pub struct Scheduler {
     places: Arc<Semaphore>,
     turns: Arc<Semaphore>,
     queued: AtomicUsize,
-    sessions: Mutex<BTreeMap<u64, SessionEntry>>,
+    sessions: Mutex<BTreeMap<String, SessionEntry>>,
     next_id: AtomicU64,
     session_ended: Notify,
     stopping: AtomicBool,
@@ -238,7 +248,30 @@ pub struct Scheduler {
     pub metrics: Metrics,
     started: Instant,
     threads: usize,
+    /// Requests between their arrival and their end: while any is, nothing is learned.
+    in_flight: AtomicUsize,
+    /// When the last request ended (or the daemon started).
+    last_activity: Mutex<Instant>,
+    /// Woken when a request ends.
+    request_ended: Notify,
+    /// Whether the learner is running now; requests wait for it to stop first.
+    learning: AtomicBool,
+    /// Woken when the learner stops.
+    learning_stopped: Notify,
+    /// What the learner is doing, for `/v1/status`.
+    learning_now: Mutex<Option<String>>,
+    /// The KV types requests asked to speculate with, per model: what is learned for them.
+    speculated: Mutex<HashSet<(String, KvType)>>,
+    /// What could not be learned, and when it failed (not retried for a while).
+    learn_failed: Mutex<HashMap<(String, KvType), Instant>>,
 }
+
+/// How long the daemon must have been without requests before it starts learning: a burst of
+/// requests from one client comes with gaps far shorter than this.
+const IDLE_GRACE: Duration = Duration::from_millis(1500);
+
+/// How long something that could not be learned is left alone.
+const LEARN_RETRY: Duration = Duration::from_secs(600);
 
 /// How long a request whose plan does not fit waits for running sessions to give memory
 /// back before it is refused.
@@ -248,7 +281,7 @@ impl Scheduler {
     /// A scheduler for `config`: its budget's ledger is made now, with this process's own
     /// memory reserved first.
     pub fn new(config: Config) -> anyhow::Result<Arc<Scheduler>> {
-        let (ledger, process) = crate::mem::budget_ledger(Some(config.budget()?))?;
+        let (ledger, process) = pocket_runtime::process::budget_ledger(Some(config.budget()?))?;
         let registry = Registry::new(
             config.models_dir.clone(),
             ledger.clone(),
@@ -271,6 +304,14 @@ impl Scheduler {
             metrics: Metrics::default(),
             started: Instant::now(),
             threads,
+            in_flight: AtomicUsize::new(0),
+            last_activity: Mutex::new(Instant::now()),
+            request_ended: Notify::new(),
+            learning: AtomicBool::new(false),
+            learning_stopped: Notify::new(),
+            learning_now: Mutex::new(None),
+            speculated: Mutex::new(HashSet::new()),
+            learn_failed: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -298,6 +339,7 @@ impl Scheduler {
     pub fn stop_accepting(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         self.stopping_notify.notify_waiters();
+        self.request_ended.notify_waiters();
     }
 
     /// Whether [`Scheduler::stop_accepting`] was called.
@@ -346,7 +388,7 @@ impl Scheduler {
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .map(|(id, s)| pocket_api::SessionStatus {
-                id: request_id(*id),
+                id: id.clone(),
                 model: s.model.clone(),
                 generated_tokens: s.generated.load(Ordering::Relaxed),
                 plan: serde_json::json!({
@@ -364,6 +406,8 @@ impl Scheduler {
             sessions,
             queued: self.queued(),
             queue_capacity: self.config.queue,
+            threads: Some(self.threads),
+            learning: lock(&self.learning_now).clone(),
         }
     }
 
@@ -373,21 +417,28 @@ impl Scheduler {
             budget_bytes: self.ledger.budget(),
             used_bytes: self.ledger.used(),
             peak_bytes: self.ledger.peak(),
-            resident_bytes: crate::mem::MemStats::read().rss_bytes,
+            resident_bytes: pocket_runtime::process::MemStats::read().rss_bytes,
         }
     }
 
     /// Start generating `job`. Returns once its session exists (or with the error that
     /// stopped it before then); text then arrives through [`Running::pieces`].
     pub async fn submit(self: &Arc<Self>, job: Job) -> Result<Running, ServeError> {
-        let result = self.submit_inner(job).await;
+        let id = request_id(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let arrival = InFlight::new(self.clone());
+        let result = self.submit_inner(job, id, arrival).await;
         if let Err(e) = &result {
             self.metrics.failed(e);
         }
         result
     }
 
-    async fn submit_inner(self: &Arc<Self>, job: Job) -> Result<Running, ServeError> {
+    async fn submit_inner(
+        self: &Arc<Self>,
+        job: Job,
+        id: String,
+        arrival: InFlight,
+    ) -> Result<Running, ServeError> {
         if self.is_stopping() {
             return Err(ServeError::ShuttingDown);
         }
@@ -396,11 +447,20 @@ impl Scheduler {
             .validate()
             .map_err(|e| param_error("stop", &e))?;
         let model_name = job.model.clone().unwrap_or_else(|| self.config.default_model.clone());
-        // Unknown names are refused before queueing.
+        // Unknown names, and modes the model's engine does not offer, are refused before queueing.
         let found = self.registry.find(&model_name)?;
-        let spec = spec_for(job.options.spec, self.config.spec, found.format == Format::Onnx)?;
+        let spec = spec_for(job.options.spec, self.config.spec, Engine::for_path(&found.path))?;
         if spec == SpecMode::Draft && job.options.draft_model.is_none() {
             return Err(ServeError::invalid("draft_model", "spec = draft needs a draft_model"));
+        }
+        let max_tokens =
+            job.options.max_tokens.unwrap_or(self.config.max_tokens).min(self.config.max_tokens) as usize;
+        if max_tokens == 0 {
+            return Err(ServeError::invalid("max_tokens", "max_tokens must be at least 1"));
+        }
+        let kv = job.options.kv.unwrap_or(self.config.kv);
+        if spec != SpecMode::Off {
+            lock(&self.speculated).insert((found.name.clone(), kv));
         }
 
         let place = self
@@ -417,20 +477,42 @@ impl Scheduler {
                 _ = stopping => return Err(ServeError::ShuttingDown),
             }
         };
+        // Learning gives the machine back before this request loads or plans anything.
+        self.learner_stopped().await;
         let model = self.registry.load(found).await?;
         let draft = match (&job.options.draft_model, spec) {
             (Some(d), SpecMode::Draft | SpecMode::Auto) => Some(self.registry.get(d).await?),
             _ => None,
         };
-        tracing::info!(client = %job.client, model = %model.name, %spec, "request");
+        tracing::info!(id = %id, client = %job.client, model = %model.name, %spec, "request");
 
+        let request = Request {
+            input: match &job.input {
+                Input::Chat(m) => pipeline::Input::Chat(m.clone()),
+                Input::Text(t) => pipeline::Input::Text(t.clone()),
+            },
+            sampling: job.options.sampling.clone(),
+            stop: StopConfig { max_tokens, stop: job.options.stop.clone() },
+            spec,
+            session: SessionConfig {
+                kv,
+                n_ctx: self.config.ctx_size,
+                threads: self.threads,
+                ..SessionConfig::default()
+            },
+            max_draft: DEFAULT_MAX_DRAFT,
+            planned: true,
+        };
         // Tokenize and plan; when the budget is full, make room or wait for it.
         let deadline = Instant::now() + MEMORY_WAIT;
         let prepared = loop {
-            let (m, d, j, me) = (model.clone(), draft.clone(), job.clone(), self.clone());
-            let result = tokio::task::spawn_blocking(move || me.prepare(&m, d.as_deref(), &j, spec))
-                .await
-                .map_err(|e| ServeError::Internal(format!("planning panicked: {e}")))?;
+            let (m, d, r, me) = (model.clone(), draft.clone(), request.clone(), self.clone());
+            let result = tokio::task::spawn_blocking(move || {
+                pipeline::prepare(&m.model, d.as_ref().map(|d| &d.model), &r, &me.ledger)
+            })
+            .await
+            .map_err(|e| ServeError::internal(Some(&id), format!("planning panicked: {e}")))?
+            .map_err(|e| ServeError::from_runtime(e, Some(&id)));
             match result {
                 Ok(p) => break p,
                 Err(e) if e.is_over_budget() => {
@@ -452,89 +534,27 @@ impl Scheduler {
             }
         };
 
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let cancel = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::unbounded_channel();
         let (started_tx, started_rx) = oneshot::channel();
         let ctx = GenerationContext {
-            id,
+            id: id.clone(),
             model,
             draft,
             prepared,
+            return_tokens: job.options.return_tokens,
             cancel: cancel.clone(),
             queued_seconds: queued_at.elapsed().as_secs_f64(),
             permits: (place, turn),
+            _arrival: arrival,
         };
         let me = self.clone();
         tokio::task::spawn_blocking(move || me.generate(ctx, started_tx, tx));
         match started_rx.await {
             Ok(Ok(started)) => Ok(Running { started, pieces: rx, cancel: CancelOnDrop(cancel) }),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(ServeError::Internal("the generation thread ended before starting".into())),
+            Err(_) => Err(ServeError::internal(Some(&id), "the generation thread ended before starting")),
         }
-    }
-
-    /// Tokenize and plan (blocking).
-    fn prepare(
-        &self,
-        model: &LoadedModel,
-        draft: Option<&LoadedModel>,
-        job: &Job,
-        spec: SpecMode,
-    ) -> Result<Prepared, ServeError> {
-        let tokenizer = model.model().tokenizer();
-        let text = match &job.input {
-            Input::Chat(_) if model.ggml().is_none() => {
-                return Err(ServeError::invalid(
-                    "messages",
-                    format!(
-                        "{} is an encoder-decoder model with no chat template: it takes plain text; send \
-                         the text to /v1/completions as `prompt`",
-                        model.name
-                    ),
-                ));
-            }
-            Input::Chat(messages) => tokenizer
-                .apply_chat_template(messages, true)
-                .map_err(|e| ServeError::invalid("messages", e.to_string()))?,
-            Input::Text(t) => t.clone(),
-        };
-        let tokens = tokenizer.encode(&text, true).map_err(|e| ServeError::bad_request(e.to_string()))?;
-        if tokens.is_empty() {
-            return Err(ServeError::invalid("prompt", "the prompt is empty"));
-        }
-        let n_ctx = self.config.ctx_size.min(model.model().info().n_ctx_train.max(16));
-        if tokens.len() + 1 > n_ctx {
-            return Err(ServeError::TooLarge(format!(
-                "the prompt is {} tokens but the context holds {n_ctx} (with room for at least one generated \
-                 token); shorten the prompt",
-                tokens.len()
-            )));
-        }
-        let max_tokens =
-            job.options.max_tokens.unwrap_or(self.config.max_tokens).min(self.config.max_tokens) as usize;
-        if max_tokens == 0 {
-            return Err(ServeError::invalid("max_tokens", "max_tokens must be at least 1"));
-        }
-        let wanted = (tokens.len() + max_tokens).min(n_ctx);
-        let mut config = SessionConfig {
-            kv: job.options.kv.unwrap_or(self.config.kv),
-            n_ctx,
-            threads: self.threads,
-            ..SessionConfig::default()
-        };
-        let plan =
-            plan_session(model.model(), draft.and_then(|d| d.ggml()), &config, &self.ledger, wanted, spec)
-                .map_err(|e| ServeError::from_engine(&e))?;
-        plan.apply_to(&mut config);
-        Ok(Prepared {
-            tokens,
-            config,
-            max_tokens,
-            stop: job.options.stop.clone(),
-            sampling: job.options.sampling.clone(),
-            plan,
-        })
     }
 
     /// Run one generation (blocking thread).
@@ -544,218 +564,319 @@ impl Scheduler {
         started: oneshot::Sender<Result<Started, ServeError>>,
         tx: mpsc::UnboundedSender<Piece>,
     ) {
-        let GenerationContext { id, model, draft, prepared, cancel, queued_seconds, permits } = ctx;
+        let GenerationContext {
+            id,
+            model,
+            draft,
+            prepared,
+            return_tokens,
+            cancel,
+            queued_seconds,
+            permits,
+            _arrival,
+        } = ctx;
         let ledger = self.ledger.sub();
         let generated = Arc::new(AtomicU64::new(0));
-        let outcome = {
-            let mut started = Some(started);
-            let result = self.run_session(
-                &model,
-                draft.as_deref(),
-                &prepared,
-                &ledger,
-                &cancel,
-                &generated,
-                &tx,
-                &mut || {
-                    self.sessions.lock().unwrap_or_else(|e| e.into_inner()).insert(
-                        id,
-                        SessionEntry {
-                            model: model.name.clone(),
-                            generated: generated.clone(),
-                            plan: prepared.plan.clone(),
-                            ledger: ledger.clone(),
-                            cancel: cancel.clone(),
-                        },
-                    );
-                    if let Some(s) = started.take() {
-                        let _ = s.send(Ok(Started {
-                            id: request_id(id),
-                            model: model.name.clone(),
-                            prompt_tokens: prepared.tokens.len(),
-                            plan: prepared.plan.clone(),
-                            queued_seconds,
-                        }));
-                    }
-                },
-            );
-            (result, started)
+        let mut sink = Forward {
+            scheduler: &self,
+            id: &id,
+            model: &model,
+            prepared: &prepared,
+            ledger: &ledger,
+            cancel: &cancel,
+            generated: &generated,
+            tx: &tx,
+            queued_seconds,
+            started: Some(started),
         };
+        let result =
+            pipeline::run(&model.model, draft.as_ref().map(|d| &d.model), &prepared, &ledger, &mut sink);
+        let not_started = sink.started.take();
         // The session and drafter are dropped by now: their memory is back in the budget.
-        let (result, not_started) = outcome;
         let peak_bytes = ledger.peak();
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        lock(&self.sessions).remove(&id);
         self.registry.release(&model.name);
         if let Some(d) = &draft {
             self.registry.release(&d.name);
         }
         drop((model, draft, permits));
         match result {
-            Ok(mut finished) => {
+            Ok(outcome) => {
+                let mut finished = finished(&outcome, return_tokens);
                 finished.peak_bytes = peak_bytes;
+                finished.timings.peak_bytes = peak_bytes;
                 finished.timings.queued_ms = queued_seconds * 1e3;
                 tracing::info!(
-                    id = %request_id(id),
+                    id = %id,
                     prompt_tokens = finished.usage.prompt_tokens,
                     generated = finished.usage.completion_tokens,
                     decode_tok_per_s = format!("{:.1}", finished.timings.decode_tok_per_s),
-                    finish = finished.finish_reason,
+                    drafter = finished.timings.drafter.as_deref().unwrap_or("none"),
+                    finish = finished.finish_reason.as_str(),
                     peak_bytes,
                     "done"
                 );
                 self.metrics.finished(&finished);
                 let _ = tx.send(Piece::Done(Box::new(finished)));
             }
-            // Before the start, `submit` returns the error (and counts it).
-            Err(e) => match not_started {
-                Some(s) => {
-                    let _ = s.send(Err(e));
+            Err(e) => {
+                let e = ServeError::from_runtime(e, Some(&id));
+                match not_started {
+                    // Before the start, `submit` returns the error (and counts it).
+                    Some(s) => {
+                        let _ = s.send(Err(e));
+                    }
+                    None => {
+                        tracing::warn!(id = %id, "failed: {e}");
+                        self.metrics.failed(&e);
+                        let _ = tx.send(Piece::Failed(e));
+                    }
                 }
-                None => {
-                    tracing::warn!(id = %request_id(id), "failed: {e}");
-                    self.metrics.failed(&e);
-                    let _ = tx.send(Piece::Failed(e));
-                }
-            },
+            }
         }
         self.session_ended.notify_waiters();
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn run_session(
-        &self,
-        model: &LoadedModel,
-        draft: Option<&LoadedModel>,
-        p: &Prepared,
-        ledger: &Ledger,
-        cancel: &AtomicBool,
-        generated: &AtomicU64,
-        tx: &mpsc::UnboundedSender<Piece>,
-        on_start: &mut dyn FnMut(),
-    ) -> Result<Finished, ServeError> {
-        let engine = |e: anyhow::Error| ServeError::from_engine(&e);
-        let spec = p.plan.spec;
-        let cost = model.cost_model(spec, &p.config, &p.tokens, ledger).map_err(engine)?;
-        let target = match &model.engine {
-            Engine::Ggml(m) => m,
-            Engine::Tract(m) => {
-                let max_draft = if p.plan.max_draft == 0 { DEFAULT_MAX_DRAFT } else { p.plan.max_draft };
-                let mut drafter = crate::seq2seq::drafter(spec, &p.tokens, cost, max_draft)
-                    .map_err(|e| ServeError::invalid("spec", e.to_string()))?;
-                let mut session = m
-                    .new_session(&p.config, ledger)
-                    .map_err(|e| ServeError::from_engine(&anyhow::Error::new(e)))?;
-                on_start();
-                let stop = StopConfig { max_tokens: p.max_tokens, stop: p.stop.clone() };
-                let generation = crate::seq2seq::generate(
-                    m,
-                    &mut session,
-                    &p.tokens,
-                    p.sampling.clone(),
-                    stop,
-                    drafter.as_mut(),
-                    &mut |event| forward(event, generated, tx, cancel),
-                )
-                .map_err(|e| ServeError::from_engine(&anyhow::Error::new(e)))?;
-                let name = drafter.as_ref().map(|d| d.describe());
-                return Ok(finished(&generation, name));
+    /// Wait until the learner is not running (it stops within a pass once a request is in
+    /// flight).
+    async fn learner_stopped(&self) {
+        loop {
+            let stopped = self.learning_stopped.notified();
+            if !self.learning.load(Ordering::SeqCst) {
+                return;
             }
-        };
-        let setup = SpecSetup {
-            model: target,
-            session: &p.config,
-            cost,
-            skip_set: model.skip_set(),
-            draft_model: draft.filter(|_| p.plan.draft_model).and_then(|d| d.ggml()),
-            seed: p.sampling.seed,
-            max_draft: if p.plan.max_draft == 0 { DEFAULT_MAX_DRAFT } else { p.plan.max_draft },
-            ledger: ledger.clone(),
-        };
-        let mut drafter = setup.build(spec).map_err(engine)?;
-        let mut session = target
-            .new_session_in(&p.config, ledger)
-            .map_err(|e| ServeError::from_engine(&anyhow::Error::new(e)))?;
-        on_start();
-        let request = GenerateRequest {
-            prompt: p.tokens.clone(),
-            sampling: p.sampling.clone(),
-            stop: StopConfig { max_tokens: p.max_tokens, stop: p.stop.clone() },
-        };
-        let d = drafter.as_mut().map(|d| d.as_drafter());
-        let generation = generate_speculative(
-            target.info(),
-            &mut session,
-            target.tokenizer(),
-            &request,
-            d,
-            &mut |event| forward(event, generated, tx, cancel),
-        )
-        .map_err(|e| ServeError::from_engine(&anyhow::Error::new(e)))?;
-        if let Some(set) = drafter.as_ref().and_then(|d| d.found_skip_set()) {
-            model.set_skip_set(set);
+            stopped.await;
         }
-        let drafter_name = drafter.as_mut().map(|d| d.as_drafter().describe());
-        Ok(finished(&generation, drafter_name))
+    }
+
+    /// Learn what speculation needs about the loaded models — cost curves, skip sets — while
+    /// no request is in flight (after [`IDLE_GRACE`] of quiet), stopping within a forward
+    /// pass when one arrives; what was learned is used by the next requests. Runs until the
+    /// daemon stops (or returns at once when `tune_when_idle` is off).
+    pub async fn learn_while_idle(self: Arc<Self>) {
+        if !self.config.tune_when_idle {
+            return;
+        }
+        loop {
+            if self.is_stopping() {
+                return;
+            }
+            let woken = self.request_ended.notified();
+            let loaded = self.registry.loaded_notify.notified();
+            let quiet_for = lock(&self.last_activity).elapsed();
+            if self.in_flight.load(Ordering::SeqCst) > 0 {
+                woken.await;
+                continue;
+            }
+            if quiet_for < IDLE_GRACE {
+                tokio::time::sleep(IDLE_GRACE - quiet_for).await;
+                continue;
+            }
+            let Some((model, settings)) = self.next_to_learn() else {
+                // Nothing to learn until a request asks for speculation or a model loads.
+                tokio::select! {
+                    _ = woken => {}
+                    _ = loaded => {}
+                }
+                continue;
+            };
+            // Announce, then look again: a request that arrived meanwhile either sees the
+            // learner running and waits for it (it stops at its first pass), or is seen here.
+            self.learning.store(true, Ordering::SeqCst);
+            if self.in_flight.load(Ordering::SeqCst) > 0 || self.is_stopping() {
+                self.stop_learning();
+                continue;
+            }
+            let what = format!("{} ({} KV)", model.name, settings.kv);
+            *lock(&self.learning_now) = Some(what.clone());
+            let me = self.clone();
+            let ledger = self.ledger.sub();
+            let started = Instant::now();
+            let result = tokio::task::spawn_blocking(move || {
+                let cancelled = || me.in_flight.load(Ordering::SeqCst) > 0 || me.is_stopping();
+                let result = learn::tune(&model.model, &settings, &ledger, &cancelled, &mut |p| {
+                    if let learn::Progress::MeasuringCurve | learn::Progress::Searching = p {
+                        let doing =
+                            if matches!(p, learn::Progress::Searching) { "skip set" } else { "cost curve" };
+                        *lock(&me.learning_now) =
+                            Some(format!("{} ({} KV): {doing}", model.name, settings.kv));
+                    }
+                });
+                (model.name.clone(), settings.kv, result)
+            })
+            .await;
+            *lock(&self.learning_now) = None;
+            self.stop_learning();
+            match result {
+                Ok((_, _, Ok(tuned))) => tracing::info!(
+                    what = %what,
+                    seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+                    curve = tuned.measured_curve,
+                    skip_set = tuned.found_skip_set,
+                    cancelled = tuned.cancelled,
+                    "learned while idle"
+                ),
+                Ok((name, kv, Err(e))) => {
+                    tracing::warn!(what = %what, "could not learn about the model (retried in {LEARN_RETRY:?}): {e}");
+                    lock(&self.learn_failed).insert((name, kv), Instant::now());
+                }
+                Err(e) => tracing::warn!(what = %what, "learning panicked: {e}"),
+            }
+        }
+    }
+
+    fn stop_learning(&self) {
+        self.learning.store(false, Ordering::SeqCst);
+        self.learning_stopped.notify_waiters();
+    }
+
+    /// A loaded model and the settings there is something to learn for: the daemon's KV type
+    /// when it speculates by default, and every KV type requests asked to speculate with.
+    fn next_to_learn(&self) -> Option<(Arc<ServedModel>, TuneSettings)> {
+        let speculated = lock(&self.speculated).clone();
+        let failed = lock(&self.learn_failed).clone();
+        for (model, _) in self.registry.loaded() {
+            let mut kvs: Vec<KvType> =
+                speculated.iter().filter(|(name, _)| *name == model.name).map(|(_, kv)| *kv).collect();
+            if self.config.spec != SpecMode::Off {
+                kvs.push(self.config.kv);
+            }
+            kvs.sort_by_key(|kv| kv.name());
+            kvs.dedup();
+            for kv in kvs {
+                if failed.get(&(model.name.clone(), kv)).is_some_and(|t| t.elapsed() < LEARN_RETRY) {
+                    continue;
+                }
+                let settings = TuneSettings::new(self.threads, kv);
+                if learn::needs_tuning(&model.model, &settings) {
+                    return Some((model, settings));
+                }
+            }
+        }
+        None
     }
 }
 
+/// A request between its arrival and its end; while any is, the learner stays away.
+struct InFlight(Arc<Scheduler>);
+
+impl InFlight {
+    fn new(scheduler: Arc<Scheduler>) -> Self {
+        scheduler.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(scheduler)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        *lock(&self.0.last_activity) = Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.request_ended.notify_waiters();
+    }
+}
+
+/// Where a running generation reports: the session table once it starts, the request's
+/// channel for every token.
+struct Forward<'a> {
+    scheduler: &'a Scheduler,
+    id: &'a str,
+    model: &'a ServedModel,
+    prepared: &'a Prepared,
+    ledger: &'a Ledger,
+    cancel: &'a Arc<AtomicBool>,
+    generated: &'a Arc<AtomicU64>,
+    tx: &'a mpsc::UnboundedSender<Piece>,
+    queued_seconds: f64,
+    started: Option<oneshot::Sender<Result<Started, ServeError>>>,
+}
+
+impl Sink for Forward<'_> {
+    fn started(&mut self) {
+        lock(&self.scheduler.sessions).insert(
+            self.id.to_owned(),
+            SessionEntry {
+                model: self.model.name.clone(),
+                generated: self.generated.clone(),
+                plan: self.prepared.plan.clone().unwrap_or_else(|| unplanned(self.prepared)),
+                ledger: self.ledger.clone(),
+                cancel: self.cancel.clone(),
+            },
+        );
+        if let Some(s) = self.started.take() {
+            let _ = s.send(Ok(Started {
+                id: self.id.to_owned(),
+                model: self.model.name.clone(),
+                prompt_tokens: self.prepared.tokens.len(),
+                plan: self.prepared.plan.clone().unwrap_or_else(|| unplanned(self.prepared)),
+                queued_seconds: self.queued_seconds,
+            }));
+        }
+    }
+
+    /// Pass one generation event on: count the token, send the text; stop when the client is
+    /// gone or the request is cancelled.
+    fn event(&mut self, event: pocket_core::Event<'_>) -> ControlFlow<()> {
+        if event.token.is_some() {
+            self.generated.fetch_add(1, Ordering::Relaxed);
+        }
+        if !event.text.is_empty() && self.tx.send(Piece::Text(event.text.to_owned())).is_err() {
+            return ControlFlow::Break(()); // the client is gone
+        }
+        if self.cancel.load(Ordering::Relaxed) || self.tx.is_closed() {
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// The plan of a request that was not planned (the daemon plans every one; for the type).
+fn unplanned(p: &Prepared) -> Plan {
+    Plan {
+        kv: p.config.kv,
+        n_ctx: p.config.n_ctx,
+        n_batch: p.config.n_batch,
+        max_rows: p.config.max_rows,
+        spec: p.spec,
+        draft_model: p.draft_model,
+        max_draft: p.max_draft,
+        bytes: 0,
+        available: 0,
+        degraded: Vec::new(),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Plain inserts, removals and reads: a panic elsewhere cannot leave them half-changed.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The speculation mode a request runs in: the one it asks for, refused where the model's
-/// kind has no such drafter; else the daemon's default, or plain decoding where the default
-/// does not apply to this kind of model.
-fn spec_for(asked: Option<SpecMode>, default: SpecMode, seq2seq: bool) -> Result<SpecMode, ServeError> {
-    let fits = |mode: SpecMode| match mode {
-        SpecMode::InputCopy => seq2seq,
-        SpecMode::LayerSkip | SpecMode::Draft => !seq2seq,
-        _ => true,
-    };
+/// engine offers no such drafter; else the daemon's default, or plain decoding where the
+/// default does not apply to this kind of model.
+fn spec_for(asked: Option<SpecMode>, default: SpecMode, engine: Engine) -> Result<SpecMode, ServeError> {
+    let offered = |mode: SpecMode| engine.drafters().contains(&mode);
     match asked {
-        Some(mode) if fits(mode) => Ok(mode),
-        Some(SpecMode::InputCopy) => Err(ServeError::invalid(
-            "spec",
-            "spec = inputcopy drafts from an encoder-decoder model's source text; for decoder-only models \
-             use suffix, which also matches the prompt",
-        )),
-        Some(mode) => Err(ServeError::invalid(
-            "spec",
-            format!(
-                "spec = {mode} is for decoder (GGUF) models; encoder-decoder models draft with inputcopy, suffix or auto"
-            ),
-        )),
-        None if fits(default) => Ok(default),
+        Some(mode) if offered(mode) => Ok(mode),
+        Some(mode) => {
+            Err(ServeError::invalid("spec", pocket_runtime::drafters::not_offered_by(mode, engine)))
+        }
+        None if offered(default) => Ok(default),
         None => Ok(SpecMode::Off),
     }
 }
 
-/// Pass one generation event on: count the token, send the text; stop when the client is
-/// gone or the request is cancelled.
-fn forward(
-    event: pocket_core::Event<'_>,
-    generated: &AtomicU64,
-    tx: &mpsc::UnboundedSender<Piece>,
-    cancel: &AtomicBool,
-) -> ControlFlow<()> {
-    if event.token.is_some() {
-        generated.fetch_add(1, Ordering::Relaxed);
-    }
-    if !event.text.is_empty() && tx.send(Piece::Text(event.text.to_owned())).is_err() {
-        return ControlFlow::Break(()); // the client is gone
-    }
-    if cancel.load(Ordering::Relaxed) || tx.is_closed() {
-        return ControlFlow::Break(());
-    }
-    ControlFlow::Continue(())
-}
-
 /// What a finished generation reports.
-fn finished(generation: &pocket_core::Generation, drafter_name: Option<String>) -> Finished {
+fn finished(outcome: &pocket_runtime::Outcome, return_tokens: bool) -> Finished {
+    let generation = &outcome.generation;
     let finish_reason = match generation.stop {
-        StopReason::MaxTokens | StopReason::ContextFull => "length",
-        StopReason::Cancelled => "cancelled",
-        _ => "stop",
+        StopReason::MaxTokens | StopReason::ContextFull => FinishReason::Length,
+        StopReason::Cancelled => FinishReason::Cancelled,
+        StopReason::Eos | StopReason::StopString => FinishReason::Stop,
     };
     let completion = generation.tokens.len() as u32;
     Finished {
         text: generation.text.clone(),
+        tokens: return_tokens.then(|| generation.tokens.clone()),
         finish_reason,
         usage: pocket_api::Usage {
             prompt_tokens: generation.prompt_tokens as u32,
@@ -768,37 +889,31 @@ fn finished(generation: &pocket_core::Generation, drafter_name: Option<String>) 
             decode_tok_per_s: generation.decode_tok_per_s(),
             drafted: generation.spec.drafted as u64,
             accepted: generation.spec.accepted as u64,
-            drafter: drafter_name,
+            drafter: outcome.drafter.clone(),
             queued_ms: 0.0,
+            peak_bytes: 0,
         },
         peak_bytes: 0,
         decode_seconds: generation.decode_seconds,
     }
 }
 
-/// What [`Scheduler::prepare`] works out.
-struct Prepared {
-    tokens: Vec<pocket_core::Token>,
-    config: SessionConfig,
-    max_tokens: usize,
-    stop: Vec<String>,
-    sampling: SamplingConfig,
-    plan: Plan,
-}
-
 struct GenerationContext {
-    id: u64,
-    model: Arc<LoadedModel>,
-    draft: Option<Arc<LoadedModel>>,
+    id: String,
+    model: Arc<ServedModel>,
+    draft: Option<Arc<ServedModel>>,
     prepared: Prepared,
+    return_tokens: bool,
     cancel: Arc<AtomicBool>,
     queued_seconds: f64,
     /// Held until the generation ends.
     permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    /// Held until the generation ends: the learner stays away meanwhile.
+    _arrival: InFlight,
 }
 
 /// The id a request is known by (`pocketd-7`).
-pub fn request_id(id: u64) -> String {
+fn request_id(id: u64) -> String {
     format!("pocketd-{id}")
 }
 

@@ -32,7 +32,7 @@ pub enum Choice {
     Suffix,
     /// Drafted by copying from the source text.
     InputCopy,
-    /// Drafted (or searched) with skipped layers.
+    /// Drafted with skipped layers.
     LayerSkip,
     /// Drafted with the draft model.
     Draft,
@@ -95,15 +95,17 @@ pub struct AutoDrafter {
 
 impl AutoDrafter {
     /// An auto drafter over the suffix drafter and, where given, a layer-skip drafter and a
-    /// draft model. The layer-skip drafter is dropped when even a skip set that runs half the
-    /// layers at 0.93 agreement could not pay on this cost curve.
+    /// draft model.
+    ///
+    /// Auto uses only what is known to pay: the layer-skip drafter is kept only when it drafts
+    /// with a skip set found earlier (auto never searches one inside a request) whose measured
+    /// agreement, at its share of the layers, beats plain decoding on this cost curve.
     pub fn new(
         config: AutoConfig,
         layerskip: Option<LayerSkipDrafter>,
         draft_model: Option<DraftModelDrafter>,
     ) -> Self {
-        let pays = config.cost.best_k(0.93, 0.5, config.max_draft).1 > config.min_gain;
-        let layerskip = layerskip.filter(|_| pays);
+        let layerskip = layerskip.filter(|ls| Self::layerskip_pays(&config, ls));
         let layerskip_acceptance = AcceptanceEstimate::prior(
             layerskip.as_ref().and_then(|l| l.skip_set()).map_or(0.8, |s| s.agreement),
             4.0,
@@ -118,6 +120,16 @@ impl AutoDrafter {
             draft_acceptance: AcceptanceEstimate::prior(0.7, 4.0),
             last: Choice::Plain,
             counts: [0; Choice::ALL.len()],
+        }
+    }
+
+    /// Whether `ls` drafts with a known skip set that is expected to beat plain decoding.
+    fn layerskip_pays(config: &AutoConfig, ls: &LayerSkipDrafter) -> bool {
+        match ls.skip_set() {
+            Some(set) if !ls.searching() => {
+                config.cost.best_k(set.agreement, ls.run_fraction(), config.max_draft).1 > config.min_gain
+            }
+            _ => false,
         }
     }
 
@@ -182,17 +194,10 @@ impl Drafter for AutoDrafter {
             }
         }
         if let Some(ls) = &self.layerskip {
-            if ls.searching() {
-                // The search is exploration: it runs when nothing cheaper pays right now.
-                if best.0 == Choice::Plain {
-                    best = (Choice::LayerSkip, max, f64::INFINITY);
-                }
-            } else {
-                let (k, gain) =
-                    self.config.cost.best_k(self.layerskip_acceptance.alpha(), ls.run_fraction(), max);
-                if k > 0 && gain > best.2 {
-                    best = (Choice::LayerSkip, k, gain);
-                }
+            let (k, gain) =
+                self.config.cost.best_k(self.layerskip_acceptance.alpha(), ls.run_fraction(), max);
+            if k > 0 && gain > best.2 {
+                best = (Choice::LayerSkip, k, gain);
             }
         }
         if self.draft_model.is_some() {
@@ -286,6 +291,31 @@ mod tests {
         // A decoder-only auto drafter knows no source: nothing repeats, nothing is drafted.
         let mut plain = AutoDrafter::new(AutoConfig::new(CostModel::linear(0.1)), None, None);
         assert_eq!(step(&mut plain, &[0, 100, 101, 102, 103]), (Vec::new(), Choice::Plain));
+    }
+
+    #[test]
+    fn layer_skipping_is_kept_only_with_a_known_skip_set_that_pays_on_the_curve() {
+        use crate::spec::{LayerSkipConfig, SkipSet};
+        let layerskip = |cost: &CostModel, known: Option<&SkipSet>| {
+            LayerSkipDrafter::new(24, LayerSkipConfig::default(), known, cost.clone()).unwrap()
+        };
+        let half = SkipSet { n_layers: 24, skip: (6..18).collect(), agreement: 0.95 };
+        let flat = CostModel::linear(0.05);
+        // No skip set known: auto does not search for one.
+        let auto = AutoDrafter::new(AutoConfig::new(flat.clone()), Some(layerskip(&flat, None)), None);
+        assert!(auto.layerskip().is_none());
+        // A good set on a flat curve pays.
+        let auto = AutoDrafter::new(AutoConfig::new(flat.clone()), Some(layerskip(&flat, Some(&half))), None);
+        assert!(auto.layerskip().is_some());
+        // The same set on a curve where every drafted token costs a step does not.
+        let steep = CostModel::linear(1.0);
+        let auto =
+            AutoDrafter::new(AutoConfig::new(steep.clone()), Some(layerskip(&steep, Some(&half))), None);
+        assert!(auto.layerskip().is_none());
+        // Nor does a set that agrees too rarely.
+        let poor = SkipSet { agreement: 0.3, ..half };
+        let auto = AutoDrafter::new(AutoConfig::new(flat.clone()), Some(layerskip(&flat, Some(&poor))), None);
+        assert!(auto.layerskip().is_none());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::modes::NAIVE_PREFIX;
+use super::modes::{NAIVE_PREFIX, SOCKET_PREFIX};
 use super::results::{KindSummary, ModeSummary, RunRecord};
 
 /// The median (the mean of the middle two for an even count); `None` for no values. NaN
@@ -88,6 +88,15 @@ fn memory(r: &RunRecord) -> Option<f64> {
     Some(r.generation_memory_bytes as f64)
 }
 
+/// The median over prompts (and rounds) of `run's prefill seconds − the reference run's`, in
+/// milliseconds; `None` without pairs.
+fn first_token_gap_ms(runs: &[&RunRecord], reference: &HashMap<(&str, usize), &RunRecord>) -> Option<f64> {
+    median(runs.iter().filter_map(|r| {
+        let base = reference.get(&(r.prompt_id.as_str(), r.round))?;
+        Some((r.prefill_seconds - base.prefill_seconds) * 1e3)
+    }))
+}
+
 /// Summarise `runs` per mode, for each of `modes` (names; a mode without runs gets an empty
 /// summary). Ratios are medians of per-prompt ratios, so one long prompt does not dominate
 /// and each prompt is compared with itself under the other mode.
@@ -103,9 +112,16 @@ pub fn summarize(runs: &[RunRecord], modes: &[String]) -> BTreeMap<String, ModeS
         if reference.is_empty() { None } else { ratio_median(own, reference, value) }
     };
 
+    let socket_vanilla = of_mode(&format!("{SOCKET_PREFIX}vanilla"));
     let mut summary = BTreeMap::new();
     for mode in modes {
         let own: Vec<&RunRecord> = runs.iter().filter(|r| r.mode == *mode).collect();
+        // Through pocketd, a mode is compared with plain decoding through pocketd where that
+        // ran, and with itself in this process.
+        let through = mode.strip_prefix(SOCKET_PREFIX);
+        let in_process = through.map(&of_mode).unwrap_or_default();
+        let vanilla =
+            if through.is_some() && !socket_vanilla.is_empty() { &socket_vanilla } else { &vanilla };
         let same_name = same_weights_vanilla(mode);
         let same = if same_name == "vanilla" { HashMap::new() } else { of_mode(&same_name) };
         let naive = if mode.starts_with(NAIVE_PREFIX) {
@@ -124,7 +140,7 @@ pub fn summarize(runs: &[RunRecord], modes: &[String]) -> BTreeMap<String, ModeS
                     runs: rs.len(),
                     decode_tok_per_s_median: median(rs.iter().filter_map(|r| decode(r))),
                     prefill_tok_per_s_median: median(rs.iter().filter_map(|r| prefill(r))),
-                    speedup_vs_vanilla: vs(&rs, &vanilla, decode),
+                    speedup_vs_vanilla: vs(&rs, vanilla, decode),
                     speedup_vs_same_weights: vs(&rs, &same, decode),
                 };
                 (kind, s)
@@ -144,7 +160,7 @@ pub fn summarize(runs: &[RunRecord], modes: &[String]) -> BTreeMap<String, ModeS
                 runs: own.len(),
                 decode_tok_per_s_median: median(own.iter().filter_map(|r| decode(r))),
                 prefill_tok_per_s_median: median(own.iter().filter_map(|r| prefill(r))),
-                speedup_vs_vanilla: vs(&own, &vanilla, decode),
+                speedup_vs_vanilla: vs(&own, vanilla, decode),
                 speedup_vs_same_weights: vs(&own, &same, decode),
                 decode_vs_llama_cpp: vs(&own, &llama, decode),
                 prefill_vs_llama_cpp: vs(&own, &llama, prefill),
@@ -157,6 +173,9 @@ pub fn summarize(runs: &[RunRecord], modes: &[String]) -> BTreeMap<String, ModeS
                 decode_vs_naive: vs(&own, &naive, decode),
                 memory_vs_naive: vs(&own, &naive, memory),
                 other_cpu_cores_median: median(own.iter().filter_map(|r| r.other_cpu_cores)),
+                decode_vs_in_process: vs(&own, &in_process, decode),
+                prefill_vs_in_process: vs(&own, &in_process, prefill),
+                first_token_gap_ms: first_token_gap_ms(&own, &in_process),
             },
         );
     }
@@ -166,7 +185,7 @@ pub fn summarize(runs: &[RunRecord], modes: &[String]) -> BTreeMap<String, ModeS
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::bench::workload::Kind;
+    use crate::workload::Kind;
 
     /// A run with the fields the summary reads; the rest zero.
     pub(crate) fn run(mode: &str, id: &str, kind: Kind, decode: Option<f64>, prefill: f64) -> RunRecord {

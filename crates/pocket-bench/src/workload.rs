@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 
-use pocket_core::{ChatMessage, Token, Tokenizer};
+use pocket_core::ChatMessage;
 use serde::{Deserialize, Serialize};
 
 use super::Error;
@@ -19,6 +19,12 @@ pub const DEFAULT_WORKLOAD: &str = include_str!("../../../benches/workload.jsonl
 
 /// The name results give the built-in workload.
 pub const DEFAULT_WORKLOAD_NAME: &str = "benches/workload.jsonl (built in)";
+
+/// The project's workload for encoder-decoder models (`benches/seq2seq.jsonl`), built in.
+pub const DEFAULT_SEQ2SEQ_WORKLOAD: &str = include_str!("../../../benches/seq2seq.jsonl");
+
+/// The name results give the built-in encoder-decoder workload.
+pub const DEFAULT_SEQ2SEQ_WORKLOAD_NAME: &str = "benches/seq2seq.jsonl (built in)";
 
 /// What a prompt asks for; results are also summarised per kind, since speculation pays
 /// very differently on each.
@@ -179,25 +185,6 @@ fn json_message(e: &serde_json::Error) -> String {
     }
 }
 
-/// The token ids of `prompt` for a decoder model: messages rendered with the chat template
-/// (assistant turn opened), text as is.
-///
-/// The model's BOS is added when its vocabulary asks for one, unless the rendered text
-/// already starts with it: some templates write the BOS themselves (Gemma's), llama.cpp's
-/// built-in ones mostly do not (Llama 3's), and a doubled BOS changes the output.
-pub fn prompt_tokens(tokenizer: &dyn Tokenizer, prompt: &Prompt) -> pocket_core::Result<Vec<Token>> {
-    let text = match &prompt.input {
-        PromptInput::Messages(messages) => tokenizer.apply_chat_template(messages, true)?,
-        PromptInput::Text(text) => text.clone(),
-    };
-    let plain = tokenizer.encode(&text, false)?;
-    let with_special = tokenizer.encode(&text, true)?;
-    let doubled_bos = with_special.len() == plain.len() + 1
-        && with_special.get(1..) == Some(&plain[..])
-        && plain.first() == with_special.first();
-    Ok(if doubled_bos { plain } else { with_special })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,12 +284,13 @@ mod tests {
 
     #[test]
     fn the_shipped_workloads_parse() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let prompts = load(&root.join("benches/workload.jsonl")).unwrap();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let prompts = parse(DEFAULT_WORKLOAD).unwrap();
         assert!(prompts.len() >= 10);
         for kind in [Kind::Edit, Kind::Summarize, Kind::Qa, Kind::Chat] {
             assert!(prompts.iter().any(|p| p.kind == kind), "no {kind} prompt");
         }
+        assert!(parse(DEFAULT_SEQ2SEQ_WORKLOAD).unwrap().iter().all(|p| p.kind == Kind::Seq2seq));
         let sample = root.join("../shared/bench/prompts.jsonl");
         if sample.exists() {
             load(&sample).unwrap();

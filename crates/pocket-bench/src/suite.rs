@@ -1,24 +1,27 @@
-//! Running a benchmark: load, measure the cost curve, warm up, then every prompt in every
-//! mode, alternating.
+//! Running a benchmark: open the model, measure the cost curve, learn what the modes need,
+//! then every prompt in every mode, alternating.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use pocket_core::cost::{CostCurveConfig, CostModel, measure_cost_curve};
 use pocket_core::memory::BudgetSpec;
 use pocket_core::spec::SpecMode;
-use pocket_core::{KvType, Model, SessionConfig, Token, default_threads};
-use pocket_ggml::{DeviceChoice, GgmlModel, LoadOptions, WeightFormat};
+use pocket_core::{KvType, ModelKind, SessionConfig, Token, default_threads};
+use pocket_ggml::{DeviceChoice, WeightFormat};
+use pocket_runtime::learn::{self, SkipSearch, TuneSettings};
+use pocket_runtime::pipeline::{self, Input};
+use pocket_runtime::process::{MemStats, budget_ledger, reset_peak};
+use pocket_runtime::{LoadedModel, OpenOptions};
+use serde::{Deserialize, Serialize};
 
 use super::Error;
-use super::machine::{CpuTimes, cpu_name, settle, sha256_file, sha256_tokens, wait_for_quiet};
-use super::modes::{self, Mode, RunMode, RunOutput, Runner, RunnerContext};
+use super::machine::{CpuTimes, cpu_name, settle, sha256_model, sha256_tokens, wait_for_quiet};
+use super::modes::{self, Mode, PromptRun, RunMode, RunOutput, Runner, RunnerContext};
 use super::results::{BenchModel, BenchResults, Machine, RunRecord, Settings};
 use super::summary::{compare_outputs, summarize};
-use super::workload::{Prompt, prompt_tokens};
-use crate::mem::{MemStats, budget_ledger, reset_peak};
-use crate::spec::{SpecCache, search_skip_set};
+use super::workload::{Prompt, PromptInput};
 
 /// The context length is rounded up to a multiple of this, for both engines alike.
 const CTX_ROUND: usize = 256;
@@ -26,15 +29,42 @@ const CTX_ROUND: usize = 256;
 /// Longest wait for the previous run's threads to go idle before the next run starts.
 const SETTLE_MAX: Duration = Duration::from_secs(2);
 
+/// Longest wait, after a run through pocketd, for the daemon's threads to go idle.
+const DAEMON_SETTLE_MAX: Duration = Duration::from_millis(500);
+
 /// Most tokens a warm-up run generates.
 const WARMUP_TOKENS: usize = 16;
+
+/// How the measured runs start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Start {
+    /// The first measured run of each mode is its first generation since the model was
+    /// opened (through pocketd: since the model was loaded again), as a user's first request
+    /// is.
+    #[default]
+    Cold,
+    /// Each mode first generates from one short prompt, unrecorded, so that the measured runs
+    /// find caches, thread pools and buffers warm.
+    Warm,
+}
+
+impl Start {
+    /// The name in results and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Start::Cold => "cold",
+            Start::Warm => "warm",
+        }
+    }
+}
 
 /// What to benchmark and how.
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
-    /// The model file.
+    /// The model file (or an ONNX model's directory).
     pub model_path: PathBuf,
-    /// The model's name in the results.
+    /// The model's name in the results (and the name pocketd serves it under).
     pub model_name: String,
     /// Where draft models (`draft:MODEL`) are looked up; `None` is the default directory.
     pub models_dir: Option<PathBuf>,
@@ -54,10 +84,10 @@ pub struct BenchConfig {
     pub n_batch: usize,
     /// Cap on every prompt's `max_tokens`.
     pub max_tokens_cap: Option<usize>,
-    /// How to measure the cost curve; `None` skips it.
-    pub cost_curve: Option<CostCurveConfig>,
-    /// Whether each mode first runs one short, unrecorded prompt.
-    pub warmup: bool,
+    /// Whether to measure the cost curve for the report (as the model says it is measured).
+    pub cost_curve: bool,
+    /// How the measured runs start.
+    pub start: Start,
     /// Passes over the workload (at least 1): more rounds, medians less moved by a busy
     /// moment of the machine.
     pub rounds: usize,
@@ -70,11 +100,13 @@ pub struct BenchConfig {
     /// The context every session may hold; `None`: the longest prompt and its generation,
     /// rounded up. `naive:` modes hold all of it from the start.
     pub n_ctx: Option<usize>,
+    /// pocketd's socket, for `socket:` modes.
+    pub socket: Option<PathBuf>,
 }
 
 impl BenchConfig {
-    /// Defaults: modes `llama.cpp` and `vanilla`, every core, f16 KV, the default device,
-    /// the default cost curve, a warm-up.
+    /// Defaults: modes `llama.cpp` and `vanilla`, every core, f16 KV, the default device, a
+    /// cost curve, a cold start.
     pub fn new(model_path: PathBuf, model_name: String) -> Self {
         BenchConfig {
             model_path,
@@ -88,12 +120,13 @@ impl BenchConfig {
             device: DeviceChoice::default(),
             n_batch: SessionConfig::default().n_batch,
             max_tokens_cap: None,
-            cost_curve: Some(CostCurveConfig::default()),
-            warmup: true,
+            cost_curve: true,
+            start: Start::Cold,
             rounds: 1,
             wait_quiet: Duration::ZERO,
             memory_budget: None,
             n_ctx: None,
+            socket: None,
         }
     }
 }
@@ -102,14 +135,28 @@ impl BenchConfig {
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub enum Progress<'a> {
-    /// The model is loaded (our engine); the other modes load next.
+    /// The model is open (our engine); the other modes open next.
     Loaded {
         /// The device it runs on.
         device: &'a str,
     },
     /// The cost curve is measured.
     CostCurve,
-    /// Warm-up is done; measured runs start.
+    /// What the modes need is known (learned now or before), for one weight format.
+    Learned {
+        /// The weight format.
+        weights: &'a str,
+        /// Whether the cost curve was measured now.
+        measured_curve: bool,
+        /// Whether a skip set was found now.
+        found_skip_set: bool,
+    },
+    /// The model was loaded again in pocketd, for a cold start through it.
+    DaemonReloaded {
+        /// Seconds the load took.
+        seconds: f64,
+    },
+    /// Warm-up is done (or skipped, for a cold start); measured runs start.
     WarmedUp {
         /// Measured runs to come.
         runs: usize,
@@ -125,14 +172,12 @@ pub enum Progress<'a> {
     },
 }
 
-/// Our engine's model in one weight format, with what its speculative modes need.
+/// Our engine's model in one weight format.
 struct Target {
     weights: WeightFormat,
-    model: GgmlModel,
+    model: Arc<LoadedModel>,
     /// This run's cost curve (empty when not measured).
     curve: Vec<pocket_core::cost::CostPoint>,
-    cost: CostModel,
-    skip_set: Option<pocket_core::spec::SkipSet>,
 }
 
 /// A prompt ready to run: its token ids and effective `max_tokens`.
@@ -140,6 +185,12 @@ struct Prepared<'p> {
     prompt: &'p Prompt,
     tokens: Vec<Token>,
     max_tokens: usize,
+}
+
+impl Prepared<'_> {
+    fn run(&self, max_tokens: usize) -> PromptRun<'_> {
+        PromptRun { input: &self.prompt.input, tokens: &self.tokens, max_tokens }
+    }
 }
 
 /// Run the benchmark of `config` on `prompts`.
@@ -163,82 +214,96 @@ pub fn run(
     if config.threads == 0 {
         return Err(Error::Invalid("threads must be at least 1".into()));
     }
+    let through_daemon = config.modes.iter().any(|m| m.socket);
+    if through_daemon && config.socket.is_none() {
+        return Err(Error::Invalid(
+            "`socket:` modes run through pocketd: give its socket (--socket PATH)".into(),
+        ));
+    }
     let file_sha256 = match &config.file_sha256 {
         Some(sha) => sha.clone(),
-        None => sha256_file(&config.model_path)?,
+        None => sha256_model(&config.model_path)?,
     };
     // Held until the runs end: the process's own memory, reserved first under a budget.
-    let (ledger, _process) =
-        budget_ledger(config.memory_budget).map_err(|e| Error::Invalid(format!("{e:#}")))?;
+    let (ledger, _process) = budget_ledger(config.memory_budget)?;
     let budgeted = config.memory_budget.is_some();
-    let options =
-        LoadOptions { device: config.device.clone(), ledger: Some(ledger.clone()), ..LoadOptions::default() };
     // Our engine's model in every weight format a mode asks for; the first mode's is the main
     // one (prompts are tokenized and the session sized with it, and its curve is `cost_curve`).
     let mut models: Vec<Target> = Vec::new();
     for m in &config.modes {
         if !models.iter().any(|t| t.weights == m.weights) {
-            let model =
-                GgmlModel::load(&config.model_path, &LoadOptions { weights: m.weights, ..options.clone() })?;
-            models.push(Target {
+            let options = OpenOptions {
+                device: config.device.clone(),
                 weights: m.weights,
-                model,
-                curve: Vec::new(),
-                cost: CostModel::linear(1.0),
-                skip_set: None,
-            });
+                ledger: Some(ledger.clone()),
+                ..OpenOptions::default()
+            };
+            let model = Arc::new(LoadedModel::open(&config.model_path, &options)?);
+            models.push(Target { weights: m.weights, model, curve: Vec::new() });
         }
     }
     let main = models[0].model.clone();
-    progress(Progress::Loaded { device: main.device_name() });
+    progress(Progress::Loaded { device: main.device() });
 
     let prepared = prepare(&main, prompts, config.max_tokens_cap)?;
     let session = session_config(config, &main, &prepared)?;
+    let curve_config = main.model().cost_curve_config();
 
-    // The longest prompt fills the context for the cost curve and the skip-set search.
-    let filler = &prepared.iter().max_by_key(|p| p.tokens.len()).expect("prompts").tokens;
     for t in &mut models {
-        // Measured on a session of its own, dropped before the runs.
-        if let Some(cc) = &config.cost_curve {
-            let mut s = t.model.new_session_in(&session, &ledger)?;
+        // The report's curve, measured now; it is also what the modes draft with when nothing
+        // was measured before (it is measured the way `pocket tune` measures it).
+        if config.cost_curve {
             if !config.wait_quiet.is_zero() {
                 wait_for_quiet(config.wait_quiet);
             }
-            t.curve = measure_cost_curve(&mut s, t.model.info().n_layers, filler, cc)?;
+            t.curve = learn::measure_curve(&t.model, session.threads, session.kv, &ledger, &|| false)?;
+            let knowledge = t.model.knowledge();
+            if knowledge.cost_curve(session.threads, session.kv).is_none() {
+                knowledge.remember_cost_curve(session.threads, session.kv, t.curve.clone());
+            }
         }
-        // What the speculative modes need: the cost model (this run's curve, else the cached
-        // or a freshly measured one) and the layer-skip set (cached, else searched now).
-        let modes = config.modes.iter().filter(|m| m.weights == t.weights);
-        let speculates = modes.clone().any(|m| m.mode.spec().is_some_and(|s| s != SpecMode::Off));
-        if !speculates {
+        // What the speculative modes need, learned as `pocket tune` learns it: a `layerskip`
+        // mode needs a skip set whatever the curve says.
+        let modes: Vec<&RunMode> =
+            config.modes.iter().filter(|m| m.weights == t.weights && !m.socket).collect();
+        if !modes.iter().any(|m| m.mode.spec().is_some_and(|s| s != SpecMode::Off)) {
             continue;
         }
-        let spec_err = |e: anyhow::Error| Error::Invalid(format!("{e:#}"));
-        let mut cache = SpecCache::open(&config.model_path, t.weights);
-        t.cost = if t.curve.is_empty() {
-            CostModel::from_curve(&cache.cost_curve(&t.model, &session, filler, &ledger).map_err(spec_err)?)
-        } else {
-            CostModel::from_curve(&t.curve)
-        };
-        t.skip_set = cache.skip_set().cloned();
-        if t.skip_set.is_none() && modes.clone().any(|m| m.mode == Mode::LayerSkip) {
-            let set = search_skip_set(&t.model, &session, t.cost.clone(), filler, 0).map_err(spec_err)?;
-            tracing::info!(skip = ?set.skip, agreement = set.agreement, weights = %t.weights, "found a layer-skip set");
-            cache.set_skip_set(set.clone());
-            t.skip_set = Some(set);
+        let mut settings = TuneSettings::new(session.threads, session.kv);
+        if modes.iter().any(|m| m.mode == Mode::LayerSkip) {
+            settings.skip_search = SkipSearch::Always;
         }
+        let tuned = learn::tune(&t.model, &settings, &ledger, &|| false, &mut |_| {})?;
+        progress(Progress::Learned {
+            weights: t.weights.name(),
+            measured_curve: tuned.measured_curve,
+            found_skip_set: tuned.found_skip_set,
+        });
     }
-    if config.cost_curve.is_some() {
+    if config.cost_curve {
         progress(Progress::CostCurve);
     }
     let mut draft_models = Vec::new();
     for m in &config.modes {
         if let Mode::Draft(name) = &m.mode
+            && !m.socket
             && !draft_models.iter().any(|(n, _)| n == name)
         {
             let dir = pocket_models::models_dir(config.models_dir.as_deref());
             let path = pocket_models::resolve(name, &dir).map_err(|e| Error::Invalid(e.to_string()))?.path;
-            draft_models.push((name.clone(), GgmlModel::load(&path, &options)?));
+            let options = OpenOptions {
+                device: config.device.clone(),
+                ledger: Some(ledger.clone()),
+                ..OpenOptions::default()
+            };
+            draft_models.push((name.clone(), Arc::new(LoadedModel::open(&path, &options)?)));
+        }
+    }
+    if let Some(socket) = config.socket.as_deref().filter(|_| through_daemon) {
+        let daemon =
+            modes::SocketRunner::check_daemon(socket, &config.model_name, config.threads, config.start)?;
+        if let Some(seconds) = daemon {
+            progress(Progress::DaemonReloaded { seconds });
         }
     }
     let mut runners = Vec::with_capacity(config.modes.len());
@@ -248,10 +313,10 @@ pub fn run(
             ledger: &ledger,
             budgeted,
             model: &t.model,
+            model_name: &config.model_name,
             session: &session,
-            cost: &t.cost,
-            skip_set: t.skip_set.as_ref(),
             draft_models: &draft_models,
+            socket: config.socket.as_deref(),
         };
         runners.push(modes::open(m, cx)?);
     }
@@ -263,7 +328,7 @@ pub fn run(
         .map(|t| (t.weights.name().to_owned(), t.curve.iter().copied().map(Into::into).collect()))
         .collect();
 
-    if config.warmup {
+    if config.start == Start::Warm {
         let short = prepared.iter().min_by_key(|p| p.tokens.len()).expect("prompts");
         for r in &mut runners {
             run_one(r.as_mut(), short, short.max_tokens.min(WARMUP_TOKENS))?;
@@ -292,11 +357,19 @@ pub fn run(
                 let mem = MemStats::read();
                 let peak = mem.peak_rss_bytes.max(mem.rss_bytes);
                 let mut rec = record(r.as_ref(), p, &out, peak);
-                if !r.accounts_memory() {
-                    rec.generation_memory_bytes += peak.saturating_sub(before);
+                if r.remote() {
+                    // pocketd's memory and CPU are its own: this process's say nothing of it,
+                    // and its threads are the "others" here. Let them go idle before the next.
+                    rec.peak_rss_bytes = 0;
+                    wait_for_quiet(DAEMON_SETTLE_MAX);
+                } else {
+                    if !r.accounts_memory() {
+                        rec.generation_memory_bytes += peak.saturating_sub(before);
+                    }
+                    rec.other_cpu_cores =
+                        cpu_after.zip(cpu_before).and_then(|(a, b)| a.other_cores_since(&b));
                 }
                 rec.round = round;
-                rec.other_cpu_cores = cpu_after.zip(cpu_before).and_then(|(a, b)| a.other_cores_since(&b));
                 runs.push(rec);
                 outputs.push(out.tokens);
                 progress(Progress::Run {
@@ -311,20 +384,20 @@ pub fn run(
 
     let mode_names: Vec<String> = runners.iter().map(|r| r.name().to_owned()).collect();
     let summary = summarize(&runs, &mode_names);
-    let cc = config.cost_curve.clone().unwrap_or_default();
     Ok(BenchResults {
         pocket_version: env!("CARGO_PKG_VERSION").to_owned(),
         machine: Machine {
             cpu: cpu_name(),
             arch: Some(std::env::consts::ARCH.to_owned()),
             threads: config.threads,
-            backend: main.device_name().to_owned(),
+            backend: main.device().to_owned(),
             kernels: Some(main.kernels().to_owned()),
         },
         model: BenchModel {
             name: config.model_name.clone(),
             file_sha256,
-            weights_bytes: main.info().weights_bytes,
+            weights_bytes: main.model().info().weights_bytes,
+            engine: Some(main.engine().name().to_owned()),
         },
         settings: Settings {
             kv: config.kv.name().to_owned(),
@@ -335,9 +408,11 @@ pub fn run(
             n_batch: session.n_batch,
             max_tokens_cap: config.max_tokens_cap,
             workload: config.workload.clone(),
-            cost_curve_context: if config.cost_curve.is_some() { cc.context } else { 0 },
-            cost_curve_repetitions: if config.cost_curve.is_some() { cc.repetitions } else { 0 },
+            cost_curve_context: if config.cost_curve { curve_config.context } else { 0 },
+            cost_curve_repetitions: if config.cost_curve { curve_config.repetitions } else { 0 },
             rounds: config.rounds,
+            start: Some(config.start),
+            socket: config.socket.as_ref().filter(|_| through_daemon).map(|s| s.display().to_string()),
         },
         cost_curve,
         cost_curves_by_weights,
@@ -346,27 +421,28 @@ pub fn run(
     })
 }
 
-/// Tokenize every prompt with our model's tokenizer (so every mode gets the same ids) and
-/// apply the cap.
+/// Render and tokenize every prompt with the pipeline (so every mode in this process gets the
+/// same ids, the ones pocketd would make of the same input) and apply the cap.
 fn prepare<'p>(
-    model: &GgmlModel,
+    model: &LoadedModel,
     prompts: &'p [Prompt],
     cap: Option<usize>,
 ) -> Result<Vec<Prepared<'p>>, Error> {
     prompts
         .iter()
         .map(|prompt| {
-            let tokens = prompt_tokens(model.tokenizer(), prompt).map_err(|e| Error::Prompt {
+            let fail = |error: Error| Error::Prompt {
                 id: prompt.id.clone(),
                 mode: "tokenizer".into(),
-                error: Box::new(e.into()),
-            })?;
+                error: Box::new(error),
+            };
+            let input = match &prompt.input {
+                PromptInput::Messages(m) => Input::Chat(m.clone()),
+                PromptInput::Text(t) => Input::Text(t.clone()),
+            };
+            let tokens = pipeline::render(model.model(), &input).map_err(|e| fail(e.into()))?;
             if tokens.is_empty() {
-                return Err(Error::Prompt {
-                    id: prompt.id.clone(),
-                    mode: "tokenizer".into(),
-                    error: Box::new(Error::Invalid("the prompt has no tokens".into())),
-                });
+                return Err(fail(Error::Invalid("the prompt has no tokens".into())));
             }
             Ok(Prepared {
                 prompt,
@@ -381,13 +457,18 @@ fn prepare<'p>(
 /// its generation (and the cost curve's passes), rounded up, within what the model allows.
 fn session_config(
     config: &BenchConfig,
-    model: &GgmlModel,
+    model: &LoadedModel,
     prepared: &[Prepared<'_>],
 ) -> Result<SessionConfig, Error> {
-    let limit = model.info().n_ctx_train;
+    let info = model.model().info();
+    let limit = info.n_ctx_train;
     let mut needed = 1;
     for p in prepared {
-        let n = p.tokens.len() + p.max_tokens + 1;
+        // An encoder-decoder's context holds the source; its decoder the start and the answer.
+        let n = match info.kind {
+            ModelKind::Decoder => p.tokens.len() + p.max_tokens + 1,
+            ModelKind::EncoderDecoder => p.tokens.len().max(p.max_tokens + 2),
+        };
         if n > limit {
             return Err(Error::Prompt {
                 id: p.prompt.id.clone(),
@@ -401,7 +482,8 @@ fn session_config(
         }
         needed = needed.max(n);
     }
-    if let Some(cc) = &config.cost_curve {
+    if config.cost_curve {
+        let cc = model.model().cost_curve_config();
         needed = needed.max(cc.context + cc.sizes.iter().copied().max().unwrap_or(1));
     }
     let n_ctx = match config.n_ctx {
@@ -427,7 +509,7 @@ fn session_config(
 }
 
 fn run_one(runner: &mut dyn Runner, p: &Prepared<'_>, max_tokens: usize) -> Result<RunOutput, Error> {
-    runner.run(&p.tokens, max_tokens).map_err(|e| Error::Prompt {
+    runner.run(&p.run(max_tokens)).map_err(|e| Error::Prompt {
         id: p.prompt.id.clone(),
         mode: runner.name().to_owned(),
         error: Box::new(e),

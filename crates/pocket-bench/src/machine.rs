@@ -23,6 +23,27 @@ pub(crate) fn cpu_name() -> String {
         .unwrap_or_else(|| std::env::consts::ARCH.to_owned())
 }
 
+/// The sha256 of the model at `path`, hex: of the file, or for a model directory (ONNX), of
+/// its files' names and hashes in name order.
+pub(crate) fn sha256_model(path: &Path) -> Result<String, Error> {
+    if !path.is_dir() {
+        return sha256_file(path);
+    }
+    let io = |error| Error::Io { action: "list the model directory", path: path.to_owned(), error };
+    let mut files: Vec<_> = std::fs::read_dir(path)
+        .map_err(io)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let mut hasher = Sha256::new();
+    for file in files {
+        hasher.update(file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+        hasher.update(sha256_file(&file)?);
+    }
+    Ok(hex(&hasher.finalize()))
+}
+
 /// The sha256 of the file at `path`, hex.
 pub(crate) fn sha256_file(path: &Path) -> Result<String, Error> {
     let io = |error| Error::Io { action: "hash the model file", path: path.to_owned(), error };

@@ -1,5 +1,6 @@
-//! This process's memory, from `/proc/self/status`: what `--json` and the benchmark report,
-//! and the ledger of `--memory-budget`.
+//! This process's memory, from `/proc/self/status`: what `pocket run --json` and the
+//! benchmark report, and the ledger of a memory budget with the process's own memory paid
+//! for first.
 
 use pocket_core::memory::{BudgetSpec, Ledger, MemoryLimits, Reservation};
 use serde::Serialize;
@@ -66,7 +67,7 @@ pub const PROCESS_MARGIN: u64 = 32 << 20;
 /// The ledger for `--memory-budget`, with the process's own memory (resident now, plus
 /// [`PROCESS_MARGIN`]) reserved first; keep the reservation for as long as the ledger is
 /// used. Without a budget, an unlimited ledger.
-pub fn budget_ledger(spec: Option<BudgetSpec>) -> anyhow::Result<(Ledger, Option<Reservation>)> {
+pub fn budget_ledger(spec: Option<BudgetSpec>) -> crate::Result<(Ledger, Option<Reservation>)> {
     let Some(spec) = spec else { return Ok((Ledger::unlimited(), None)) };
     let budget = spec.resolve(&MemoryLimits::read());
     let ledger = Ledger::new(budget);

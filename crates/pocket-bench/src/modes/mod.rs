@@ -1,25 +1,31 @@
 //! Benchmark modes: each one a small [`Runner`] that generates greedily from a prompt and
 //! reports its timing the same way, so the only thing that differs between modes is the
-//! engine or drafter under test.
+//! engine, the drafter or the path a request takes.
 //!
 //! Adding a mode is a [`Mode`] variant, a runner type in its own module, and one arm in
 //! [`open`].
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 
-use pocket_core::cost::CostModel;
-use pocket_core::spec::{SkipSet, SpecMode};
+use pocket_core::memory::Ledger;
+use pocket_core::spec::SpecMode;
 use pocket_core::{SessionConfig, Token};
-use pocket_ggml::{GgmlModel, WeightFormat};
+use pocket_ggml::WeightFormat;
+use pocket_runtime::LoadedModel;
 
 use super::Error;
+use super::workload::PromptInput;
 
 mod llama_cpp;
-mod spec;
+mod pipeline;
+mod socket;
 
 pub use llama_cpp::LlamaCppRunner;
-pub use spec::SpecRunner;
+pub use pipeline::PipelineRunner;
+pub use socket::SocketRunner;
 
 /// How a prompt is run.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -43,8 +49,17 @@ pub enum Mode {
 
 impl Mode {
     /// The modes that can be run, by name.
-    pub const KNOWN: [&'static str; 8] =
-        ["llama.cpp", "vanilla", "suffix", "layerskip", "draft:MODEL", "auto", "inputcopy", "naive:MODE"];
+    pub const KNOWN: [&'static str; 9] = [
+        "llama.cpp",
+        "vanilla",
+        "suffix",
+        "layerskip",
+        "draft:MODEL",
+        "auto",
+        "inputcopy",
+        "naive:MODE",
+        "socket:MODE",
+    ];
 
     /// The name used on the command line and in results.
     pub fn name(&self) -> String {
@@ -98,11 +113,12 @@ impl FromStr for Mode {
     }
 }
 
-/// A mode and the weight format our engine holds the model in for it: `suffix`, or
-/// `suffix@q8_0` for the model's matrices widened to Q8_0 at load
-/// ([`pocket_ggml::WeightFormat`]), so both can be compared in one run; `naive:` before our
-/// engine's mode holds every KV cache (the draft model's too) for the whole context from the
-/// start, as a plain two-model setup does, and is not held to a memory budget.
+/// A mode and where and how it runs: `suffix`, or `suffix@q8_0` for the model's matrices
+/// widened to Q8_0 at load ([`pocket_ggml::WeightFormat`]), so both can be compared in one run;
+/// `naive:` before our engine's mode holds every KV cache (the draft model's too) for the whole
+/// context from the start, as a plain two-model setup does, and is not held to a memory
+/// budget; `socket:` before it sends the prompt to a running pocketd instead of generating in
+/// this process.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RunMode {
     /// The mode.
@@ -111,24 +127,39 @@ pub struct RunMode {
     pub weights: WeightFormat,
     /// Whether the KV caches are allocated for the whole context up front.
     pub naive: bool,
+    /// Whether it runs through a running pocketd (HTTP on its socket).
+    pub socket: bool,
 }
 
 /// The prefix of a naive mode's name.
 pub const NAIVE_PREFIX: &str = "naive:";
 
+/// The prefix of a mode that runs through pocketd.
+pub const SOCKET_PREFIX: &str = "socket:";
+
 impl RunMode {
     /// The name used on the command line and in results.
     pub fn name(&self) -> String {
-        let prefix = if self.naive { NAIVE_PREFIX } else { "" };
+        let prefix = match (self.naive, self.socket) {
+            (true, _) => NAIVE_PREFIX,
+            (_, true) => SOCKET_PREFIX,
+            _ => "",
+        };
         match self.weights {
             WeightFormat::AsStored => format!("{prefix}{}", self.mode.name()),
             w => format!("{prefix}{}@{w}", self.mode.name()),
         }
     }
 
-    /// The name of plain decoding on the same weights: what this mode's output must equal.
+    /// The name of plain decoding in this process on the same weights: what this mode's
+    /// output must equal.
     pub fn vanilla_name(&self) -> String {
-        RunMode { mode: Mode::Vanilla, weights: self.weights, naive: false }.name()
+        RunMode { mode: Mode::Vanilla, weights: self.weights, naive: false, socket: false }.name()
+    }
+
+    /// The same mode in this process (itself if it is one).
+    pub fn in_process(&self) -> RunMode {
+        RunMode { socket: false, ..self.clone() }
     }
 
     /// Parse a comma-separated list of modes (`llama.cpp,vanilla,suffix@q8_0`); unknown or
@@ -143,7 +174,7 @@ impl RunMode {
         let mut modes: Vec<RunMode> = Vec::new();
         for name in list.split(',').map(str::trim) {
             let mut mode: RunMode = name.parse()?;
-            if !name.contains('@') && mode.mode != Mode::LlamaCpp {
+            if !name.contains('@') && mode.mode != Mode::LlamaCpp && !mode.socket {
                 mode.weights = weights;
             }
             if modes.contains(&mode) {
@@ -157,7 +188,7 @@ impl RunMode {
 
 impl From<Mode> for RunMode {
     fn from(mode: Mode) -> Self {
-        RunMode { mode, weights: WeightFormat::AsStored, naive: false }
+        RunMode { mode, weights: WeightFormat::AsStored, naive: false, socket: false }
     }
 }
 
@@ -171,9 +202,23 @@ impl FromStr for RunMode {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self, Error> {
+        if let Some(rest) = s.strip_prefix(SOCKET_PREFIX) {
+            let mode: RunMode = rest.parse()?;
+            if mode.naive
+                || mode.socket
+                || mode.mode == Mode::LlamaCpp
+                || mode.weights != WeightFormat::AsStored
+            {
+                return Err(Error::Invalid(format!(
+                    "mode {s:?}: `socket:` goes before one of our engine's modes on the weights as stored \
+                     (socket:auto, socket:draft:MODEL): pocketd serves models as stored"
+                )));
+            }
+            return Ok(RunMode { socket: true, ..mode });
+        }
         if let Some(rest) = s.strip_prefix(NAIVE_PREFIX) {
             let mode: RunMode = rest.parse()?;
-            if mode.naive || mode.mode == Mode::LlamaCpp {
+            if mode.naive || mode.socket || mode.mode == Mode::LlamaCpp {
                 return Err(Error::Invalid(format!(
                     "mode {s:?}: `naive:` goes before one of our engine's modes (naive:suffix, \
                      naive:draft:MODEL)"
@@ -190,7 +235,7 @@ impl FromStr for RunMode {
                 "mode {s:?}: llama.cpp runs the file as stored; weight formats are for our engine's modes"
             )));
         }
-        Ok(RunMode { mode, weights, naive: false })
+        Ok(RunMode { mode, weights, naive: false, socket: false })
     }
 }
 
@@ -200,7 +245,8 @@ impl FromStr for RunMode {
 pub struct RunOutput {
     /// Generated tokens, the end token not included.
     pub tokens: Vec<Token>,
-    /// Seconds from the start of the prompt's decode until the first token was chosen.
+    /// Seconds from the start of the prompt's decode until the first token was chosen
+    /// (through pocketd: from sending the request until its first text arrived).
     pub prefill_seconds: f64,
     /// Seconds from the first token's choice until the last token's: the span in which
     /// `tokens[1..]` were produced.
@@ -215,15 +261,27 @@ pub struct RunOutput {
     /// What the drafter did, in a line (`None` without speculation).
     pub drafter: Option<String>,
     /// Bytes the run's generation state held at its peak, as its engine accounts them (see
-    /// [`crate::bench::results::RunRecord::generation_memory_bytes`]).
+    /// [`crate::results::RunRecord::generation_memory_bytes`]).
     pub generation_memory_bytes: u64,
     /// What the session was given under the memory budget (`None` without one).
     pub plan: Option<pocket_core::memory::Plan>,
 }
 
+/// A prompt as every mode gets it: the input (what a client sends pocketd) and its tokens
+/// (rendered once by the pipeline, the same for every mode in this process).
+#[derive(Debug, Clone, Copy)]
+pub struct PromptRun<'a> {
+    /// What the model is given.
+    pub input: &'a PromptInput,
+    /// Its tokens.
+    pub tokens: &'a [Token],
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+}
+
 /// Runs prompts in one mode. Made once per benchmark (models loaded up front); each
 /// [`Runner::run`] starts from an empty context and, before returning, frees what it only
-/// needed for that prompt (a growing KV cache), so the next run's memory peak — often another
+/// needed for that prompt (its session), so the next run's memory peak — often another
 /// mode's — does not include it.
 pub trait Runner {
     /// The mode's name, as results show it.
@@ -239,9 +297,15 @@ pub trait Runner {
         false
     }
 
-    /// Generate greedily from `prompt` (token ids), at most `max_tokens` tokens, stopping
-    /// early at an end token.
-    fn run(&mut self, prompt: &[Token], max_tokens: usize) -> Result<RunOutput, Error>;
+    /// Whether the run happens in another process (pocketd), so that this process's resident
+    /// memory says nothing about it.
+    fn remote(&self) -> bool {
+        false
+    }
+
+    /// Generate greedily from `prompt`, at most `prompt.max_tokens` tokens, stopping early at
+    /// an end token.
+    fn run(&mut self, prompt: &PromptRun<'_>) -> Result<RunOutput, Error>;
 }
 
 /// What every runner is built from: our engine's model (its tokenizer decides end tokens
@@ -249,34 +313,42 @@ pub trait Runner {
 #[derive(Clone, Copy)]
 pub struct RunnerContext<'a> {
     /// What the models were paid for in: the memory budget, or an unlimited ledger.
-    pub ledger: &'a pocket_core::memory::Ledger,
+    pub ledger: &'a Ledger,
     /// Whether `ledger` is a memory budget that each run is planned under.
     pub budgeted: bool,
-    /// Our engine's model.
-    pub model: &'a GgmlModel,
+    /// Our engine's model, in the mode's weight format.
+    pub model: &'a Arc<LoadedModel>,
+    /// The model's name (pocketd serves it under this name).
+    pub model_name: &'a str,
     /// Context length, batch, threads and KV type.
     pub session: &'a SessionConfig,
-    /// The device's cost model, for the drafters.
-    pub cost: &'a CostModel,
-    /// The layer-skip set (found or cached before the runs).
-    pub skip_set: Option<&'a SkipSet>,
-    /// Draft models by name, loaded before the runs.
-    pub draft_models: &'a [(String, GgmlModel)],
+    /// Draft models by name, opened before the runs.
+    pub draft_models: &'a [(String, Arc<LoadedModel>)],
+    /// pocketd's socket, for `socket:` modes.
+    pub socket: Option<&'a Path>,
 }
 
 /// Make the runner for `mode`; `cx` holds the target model in `mode.weights`.
 pub fn open(mode: &RunMode, cx: RunnerContext<'_>) -> Result<Box<dyn Runner>, Error> {
+    let spec = mode.mode.spec().unwrap_or_default();
+    let draft_name = match &mode.mode {
+        Mode::Draft(name) => Some(name.clone()),
+        _ => None,
+    };
+    if mode.socket {
+        let socket = cx.socket.ok_or_else(|| {
+            Error::Invalid(format!("mode {mode} runs through pocketd: give its socket (--socket PATH)"))
+        })?;
+        return Ok(Box::new(SocketRunner::new(mode, spec, draft_name, socket, cx)?));
+    }
     Ok(match &mode.mode {
         Mode::LlamaCpp => Box::new(LlamaCppRunner::load(cx)?),
         Mode::Draft(name) => {
             let draft = cx.draft_models.iter().find(|(n, _)| n == name).map(|(_, m)| m.clone());
             let draft = draft.ok_or_else(|| Error::Invalid(format!("draft model {name} was not loaded")))?;
-            Box::new(SpecRunner::new(mode, SpecMode::Draft, Some(draft), cx)?)
+            Box::new(PipelineRunner::new(mode, SpecMode::Draft, Some(draft), cx)?)
         }
-        m => {
-            let spec = m.spec().unwrap_or_default();
-            Box::new(SpecRunner::new(mode, spec, None, cx)?)
-        }
+        _ => Box::new(PipelineRunner::new(mode, spec, None, cx)?),
     })
 }
 
@@ -325,6 +397,14 @@ mod tests {
         );
         assert!(RunMode::parse_list("naive:llama.cpp").is_err());
         assert!(RunMode::parse_list("naive:naive:suffix").is_err());
+        let socket = RunMode::parse_list("socket:vanilla,socket:draft:qwen,vanilla").unwrap();
+        assert!(socket[0].socket && socket[1].socket && !socket[2].socket);
+        assert_eq!(socket[1].name(), "socket:draft:qwen");
+        assert_eq!(socket[0].in_process(), socket[2]);
+        for bad in ["socket:llama.cpp", "socket:naive:suffix", "naive:socket:suffix", "socket:suffix@q8_0"] {
+            let e = RunMode::parse_list(bad).unwrap_err().to_string();
+            assert!(e.contains(bad), "{e}");
+        }
         let defaulted =
             RunMode::parse_list_with("llama.cpp,vanilla,suffix@stored", WeightFormat::Q8_0).unwrap();
         let names: Vec<String> = defaulted.iter().map(RunMode::name).collect();

@@ -1,16 +1,23 @@
-//! The benchmark: our engine against llama.cpp (and, later, each drafter) on a workload.
+//! The benchmark: our engine against llama.cpp, each drafter against plain decoding, in
+//! this process or through a running pocketd, on a workload.
 //!
-//! [`suite::run`] loads the model once per mode, measures our engine's verification cost
-//! curve, then runs every prompt of a [`workload`] in every [`RunMode`] (a [`Mode`] on a
-//! weight format), alternating per prompt (A B A B …) so a drifting machine affects all
-//! modes alike. Each run is timed the
-//! same way in every mode (prefill: prompt tokens over the time to the first token; decode:
-//! tokens after the first over the time after the first) and measured for memory. The
-//! [`results`] document follows `shared/bench/README.md`; [`report`] prints it as a table
-//! and [`chart`] draws it.
+//! Every mode of our engine runs through the one request pipeline ([`pocket_runtime`]) that
+//! `pocket run` and the daemon use, so the benchmark measures what a user gets: the same
+//! rendering, plan, drafter choice and knowledge of the device. [`suite::run`] opens the model
+//! once per weight format, measures the verification cost curve for the report, learns what
+//! the modes need (cost curves, a skip set) the way `pocket tune` does, then runs every prompt
+//! of a [`workload`] in every [`RunMode`], alternating per prompt (A B A B …) so a drifting
+//! machine affects all modes alike. Runs start cold — no unrecorded warm-up run before the
+//! first measured one — unless [`BenchConfig::start`] says [`Start::Warm`]. `socket:` modes
+//! send the same prompts to a running pocketd over HTTP, so that the scheduler, the plan and
+//! the transport are in the figures, and the report shows the gap to the same mode in
+//! process. Each run is timed the same way in every mode (prefill: prompt tokens over the time
+//! to the first token; decode: tokens after the first over the time after the first) and
+//! measured for memory. The [`results`] document follows `shared/bench/README.md`; [`report`]
+//! prints it as a table and [`chart`] draws it.
 //!
 //! ```no_run
-//! use pocketd::bench::{self, BenchConfig, Mode};
+//! use pocket_bench::{self as bench, BenchConfig, Mode};
 //!
 //! let prompts = bench::workload::load("benches/workload.jsonl".as_ref())?;
 //! let mut config = BenchConfig::new("model.gguf".into(), "smollm2-135m".into());
@@ -19,6 +26,7 @@
 //! print!("{}", bench::report::table(&results));
 //! # Ok::<(), bench::Error>(())
 //! ```
+#![deny(missing_docs)]
 
 use std::path::PathBuf;
 
@@ -34,7 +42,7 @@ pub mod workload;
 
 pub use modes::{Mode, RunMode, RunOutput, Runner};
 pub use results::BenchResults;
-pub use suite::{BenchConfig, Progress};
+pub use suite::{BenchConfig, Progress, Start};
 pub use workload::{Kind, Prompt, PromptInput, WorkloadError};
 
 /// What can go wrong running a benchmark.
@@ -76,12 +84,12 @@ pub enum Error {
         /// What went wrong.
         error: Box<Error>,
     },
-    /// The engine failed.
+    /// Opening, planning or running a model failed.
     #[error(transparent)]
-    Engine(#[from] pocket_core::Error),
-    /// Loading or running a model on ggml failed.
-    #[error(transparent)]
-    Ggml(#[from] pocket_ggml::Error),
+    Runtime(#[from] pocket_runtime::Error),
+    /// Talking to pocketd failed (`socket:` modes).
+    #[error("through pocketd: {0}")]
+    Daemon(#[from] pocket_api::client::ClientError),
     /// The chart could not be drawn.
     #[error("cannot draw the chart {path}: {message}")]
     Chart {
@@ -98,7 +106,10 @@ pub enum Error {
 /// The `main` of a `cargo bench` target built without libtest's harness: `--list` (which
 /// `cargo bench` passes to harnesses) names the bench `name` without running it; otherwise
 /// `run` runs, and an error is printed with its causes.
-pub fn cargo_bench_main(name: &str, run: impl FnOnce() -> anyhow::Result<()>) -> std::process::ExitCode {
+pub fn cargo_bench_main<E: std::fmt::Display>(
+    name: &str,
+    run: impl FnOnce() -> Result<(), E>,
+) -> std::process::ExitCode {
     if std::env::args().any(|a| a == "--list") {
         println!("{name}: bench");
         return std::process::ExitCode::SUCCESS;
@@ -109,5 +120,11 @@ pub fn cargo_bench_main(name: &str, run: impl FnOnce() -> anyhow::Result<()>) ->
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+impl From<pocket_core::Error> for Error {
+    fn from(e: pocket_core::Error) -> Self {
+        Error::Runtime(e.into())
     }
 }

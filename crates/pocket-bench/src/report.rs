@@ -22,6 +22,20 @@ pub fn table(r: &BenchResults) -> String {
         r.machine.arch.as_deref().map(|a| format!(" {a}")).unwrap_or_default(),
         r.machine.kernels.as_deref().unwrap_or("ggml"),
     );
+    let _ = writeln!(
+        out,
+        "start {}{}",
+        match r.settings.start {
+            Some(crate::Start::Cold) => "cold: no warm-up run before the first measured one",
+            Some(crate::Start::Warm) => "warm: each mode generated once, unrecorded, first",
+            None => "warm (results from before cold starts were measured)",
+        },
+        r.settings
+            .socket
+            .as_deref()
+            .map(|s| format!("; socket: modes through pocketd at {s}"))
+            .unwrap_or_default()
+    );
     let curve = |points: &[super::results::CostPoint]| -> String {
         let points: Vec<String> = points
             .iter()
@@ -83,7 +97,7 @@ pub fn table(r: &BenchResults) -> String {
                 None => "-".into(),
             },
             s.generation_memory_bytes_median.map_or_else(|| "-".into(), mib),
-            mib(s.peak_rss_bytes_max),
+            if s.peak_rss_bytes_max == 0 { "-".into() } else { mib(s.peak_rss_bytes_max) },
         ]);
     }
     write_rows(&mut out, &rows);
@@ -105,6 +119,30 @@ pub fn table(r: &BenchResults) -> String {
             "\nagainst the KV caches held for the whole context (medians of per-prompt ratios)"
         );
         for line in against_naive {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
+
+    let through_daemon: Vec<String> = modes
+        .iter()
+        .filter_map(|mode| {
+            let s = r.summary.get(*mode)?;
+            let own = mode.strip_prefix(crate::modes::SOCKET_PREFIX)?;
+            Some(format!(
+                "{mode} vs {own}: decode {}, prefill {}, first token {}",
+                ratio(s.decode_vs_in_process),
+                ratio(s.prefill_vs_in_process),
+                s.first_token_gap_ms.map_or_else(|| "-".into(), |g| format!("{g:+.1} ms")),
+            ))
+        })
+        .collect();
+    if !through_daemon.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nthrough pocketd against the same mode in this process (medians of per-prompt ratios; the \
+             gap is the scheduler, the plan and the transport)"
+        );
+        for line in through_daemon {
             let _ = writeln!(out, "  {line}");
         }
     }
@@ -195,7 +233,7 @@ pub(super) fn mib(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::results::tests::sample;
+    use crate::results::tests::sample;
 
     #[test]
     fn the_table_has_a_row_per_mode_in_run_order() {

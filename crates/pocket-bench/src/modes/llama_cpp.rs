@@ -3,11 +3,14 @@
 use std::time::Instant;
 
 use pocket_core::stop::TextStream;
-use pocket_core::{Error as CoreError, Model, Token, argmax};
-use pocket_ggml::{GgmlModel, LlamaCpp};
+use std::sync::Arc;
 
-use super::{RunOutput, Runner, RunnerContext};
-use crate::bench::Error;
+use pocket_core::{Error as CoreError, argmax};
+use pocket_ggml::LlamaCpp;
+use pocket_runtime::{Engine, LoadedModel};
+
+use super::{PromptRun, RunOutput, Runner, RunnerContext};
+use crate::Error;
 
 /// A greedy loop over [`LlamaCpp`]: decode the prompt, then one token at a time.
 ///
@@ -19,7 +22,7 @@ use crate::bench::Error;
 pub struct LlamaCppRunner {
     llama: LlamaCpp,
     /// Our engine's model, for its tokenizer: end tokens and pieces as in `vanilla`.
-    model: GgmlModel,
+    model: Arc<LoadedModel>,
     n_ctx: usize,
     kv_bytes_per_token: u64,
 }
@@ -29,13 +32,21 @@ impl LlamaCppRunner {
     /// as our engine, on the GPU when ours runs on one.
     pub fn load(cx: RunnerContext<'_>) -> Result<Self, Error> {
         let s = cx.session;
-        let gpu = !cx.model.device_name().eq_ignore_ascii_case("cpu");
-        let llama = LlamaCpp::load(cx.model.path(), s.threads, s.n_ctx, s.n_batch, s.kv, gpu, true)?;
+        if cx.model.engine() != Engine::Ggml {
+            return Err(Error::Invalid(format!(
+                "llama.cpp runs GGUF files; {} is an encoder-decoder ONNX model (run vanilla, suffix, inputcopy or \
+                 auto on it)",
+                cx.model_name
+            )));
+        }
+        let llama =
+            LlamaCpp::load(cx.model.path(), s.threads, s.n_ctx, s.n_batch, s.kv, cx.model.on_gpu(), true)
+                .map_err(pocket_runtime::Error::from)?;
         Ok(LlamaCppRunner {
             llama,
+            kv_bytes_per_token: cx.model.kv_bytes_per_token(s)?,
             model: cx.model.clone(),
             n_ctx: s.n_ctx,
-            kv_bytes_per_token: cx.model.kv_bytes_per_token(s.kv) as u64,
         })
     }
 }
@@ -49,7 +60,8 @@ impl Runner for LlamaCppRunner {
         self.kv_bytes_per_token
     }
 
-    fn run(&mut self, prompt: &[Token], max_tokens: usize) -> Result<RunOutput, Error> {
+    fn run(&mut self, prompt: &PromptRun<'_>) -> Result<RunOutput, Error> {
+        let (prompt, max_tokens) = (prompt.tokens, prompt.max_tokens);
         if prompt.is_empty() {
             return Err(CoreError::invalid("the prompt is empty; it needs at least one token").into());
         }
@@ -62,13 +74,13 @@ impl Runner for LlamaCppRunner {
             .into());
         }
         self.llama.clear();
-        let tokenizer = self.model.tokenizer();
+        let tokenizer = self.model.model().tokenizer();
         let mut stream = TextStream::new(&[]);
         let mut text = String::new();
         let mut tokens = Vec::with_capacity(max_tokens.min(self.n_ctx - prompt.len() + 1));
 
         let start = Instant::now();
-        let mut next = argmax(self.llama.decode(prompt, false)?);
+        let mut next = argmax(self.llama.decode(prompt, false).map_err(pocket_runtime::Error::from)?);
         let first_at = Instant::now();
         let mut sampled_at = first_at;
         let mut last_at = first_at;
@@ -80,7 +92,7 @@ impl Runner for LlamaCppRunner {
             if tokens.len() >= max_tokens || prompt.len() + tokens.len() > self.n_ctx {
                 break;
             }
-            next = argmax(self.llama.decode(&[next], false)?);
+            next = argmax(self.llama.decode(&[next], false).map_err(pocket_runtime::Error::from)?);
             sampled_at = Instant::now();
         }
         text.push_str(stream.finish().text);

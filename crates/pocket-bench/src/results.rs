@@ -72,6 +72,10 @@ pub struct BenchModel {
     pub file_sha256: String,
     /// Bytes of the model file.
     pub weights_bytes: u64,
+    /// The engine that ran our modes (`ggml`, `tract`); results written before there was the
+    /// field lack it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 /// How the benchmark was run.
@@ -99,6 +103,13 @@ pub struct Settings {
     pub cost_curve_repetitions: usize,
     /// Passes over the workload; each prompt runs once per mode in each.
     pub rounds: usize,
+    /// How the measured runs started: `cold` (no warm-up run) or `warm`; results written
+    /// before there was the field warmed up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<crate::Start>,
+    /// pocketd's socket, when `socket:` modes ran through it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
 }
 
 /// One point of the cost curve.
@@ -224,6 +235,17 @@ pub struct ModeSummary {
     pub memory_vs_naive: Option<f64>,
     /// Median over runs of the CPU cores other processes kept busy.
     pub other_cpu_cores_median: Option<f64>,
+    /// For a mode run through pocketd beside the same mode in process (`socket:auto` and
+    /// `auto`): the median over prompts of its decode tok/s over the in-process one's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_vs_in_process: Option<f64>,
+    /// The same for prefill tok/s (the time to the first token, seen by the client).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_vs_in_process: Option<f64>,
+    /// The same as a difference: the median over prompts of its time to the first token
+    /// minus the in-process one's, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token_gap_ms: Option<f64>,
 }
 
 /// The summary of one mode over the prompts of one kind.
@@ -247,8 +269,8 @@ pub(crate) mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::bench::summary::tests::run;
-    use crate::bench::summary::{compare_outputs, summarize};
+    use crate::summary::tests::run;
+    use crate::summary::{compare_outputs, summarize};
 
     /// A small but complete document: two modes, two prompts of two kinds.
     pub(crate) fn sample() -> BenchResults {
@@ -273,6 +295,7 @@ pub(crate) mod tests {
                 name: "smollm2-135m".into(),
                 file_sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53".into(),
                 weights_bytes: 98362432,
+                engine: Some("ggml".into()),
             },
             settings: Settings {
                 kv: "f16".into(),
@@ -286,6 +309,8 @@ pub(crate) mod tests {
                 cost_curve_context: 128,
                 cost_curve_repetitions: 9,
                 rounds: 1,
+                start: Some(crate::Start::Cold),
+                socket: None,
             },
             cost_curve: [(1, 0.0071, 1.0), (2, 0.0093, 1.31), (4, 0.0140, 1.97)]
                 .map(|(n, seconds, relative)| CostPoint { n, seconds, relative })

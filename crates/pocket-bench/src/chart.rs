@@ -274,7 +274,7 @@ fn draw_cost_curves(area: &Area<'_>, curves: &[Curve<'_>], context: usize) -> Dr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::results::tests::sample;
+    use crate::results::tests::sample;
 
     #[test]
     fn renders_bars_labels_and_the_cost_curve() {
@@ -292,7 +292,7 @@ mod tests {
 
     #[test]
     fn a_comparison_draws_both_sides_bars_and_curves() {
-        use crate::bench::compare::{Side, compare};
+        use crate::compare::{Side, compare};
         let mut b = sample();
         b.machine.backend = "Vulkan0".into();
         let c = compare(

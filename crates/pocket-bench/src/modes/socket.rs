@@ -1,0 +1,219 @@
+//! `socket:MODE`: the prompt sent to a running pocketd over HTTP on its Unix socket, as an app
+//! would send it, so that the figures include the scheduler, the plan and the transport.
+
+use std::path::Path;
+use std::time::Instant;
+
+use pocket_api::client::Client;
+use pocket_api::{ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationOptions, Timings, Usage};
+use pocket_core::spec::SpecMode;
+use serde::Deserialize;
+
+use super::{PromptRun, RunMode, RunOutput, Runner, RunnerContext};
+use crate::workload::PromptInput;
+use crate::{Error, Start};
+
+/// Sends each prompt to pocketd — chat messages to `/v1/chat/completions`, text to
+/// `/v1/completions` — streamed, greedy, with the mode's `spec` (and `draft_model`), the
+/// benchmark's KV type and `return_tokens`, and times it from this side: prefill until the
+/// first text arrives, decode from there to the last text.
+pub struct SocketRunner {
+    name: String,
+    spec: SpecMode,
+    client: Client,
+    model: String,
+    draft_model: Option<String>,
+    kv: pocket_core::KvType,
+    runtime: tokio::runtime::Runtime,
+    kv_bytes_per_token: u64,
+}
+
+impl SocketRunner {
+    /// A runner for `mode` (`spec` its speculation, `draft_model` its draft model's name)
+    /// through the pocketd at `socket`.
+    pub fn new(
+        mode: &RunMode,
+        spec: SpecMode,
+        draft_model: Option<String>,
+        socket: &Path,
+        cx: RunnerContext<'_>,
+    ) -> Result<Self, Error> {
+        let runtime = runtime()?;
+        Ok(SocketRunner {
+            name: mode.name(),
+            spec,
+            client: Client::new(socket),
+            model: cx.model_name.to_owned(),
+            draft_model,
+            kv: cx.session.kv,
+            runtime,
+            kv_bytes_per_token: cx.model.kv_bytes_per_token(cx.session)?,
+        })
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Invalid(format!("cannot start an async runtime for the socket: {e}")))
+}
+
+impl SocketRunner {
+    /// Check that pocketd answers at `socket`, generates on `threads` threads as this
+    /// benchmark does (otherwise the two would not be compared on the same cores), and serves
+    /// `model`, loading it. For a cold start the model is unloaded and loaded again, so that
+    /// the first measured request is its first since it was loaded; the seconds that load
+    /// took are returned.
+    pub fn check_daemon(
+        socket: &Path,
+        model: &str,
+        threads: usize,
+        start: Start,
+    ) -> Result<Option<f64>, Error> {
+        let client = Client::new(socket);
+        runtime()?.block_on(async {
+            let status: pocket_api::Status = client.get("/v1/status").await?;
+            if let Some(theirs) = status.threads.filter(|t| *t != threads) {
+                return Err(Error::Invalid(format!(
+                    "pocketd at {} generates on {theirs} threads and this benchmark on {threads}: give --threads \
+                     {theirs} (or start pocketd with --threads {threads}) so that both run on the same cores",
+                    socket.display()
+                )));
+            }
+            let action = |verb: &str| format!("/v1/models/{model}/{verb}");
+            let empty = serde_json::json!({});
+            let mut reloaded = None;
+            if start == Start::Cold {
+                let _: pocket_api::ModelAction = client.post(&action("unload"), &empty).await?;
+                let t0 = Instant::now();
+                let _: pocket_api::ModelAction = client.post(&action("load"), &empty).await?;
+                reloaded = Some(t0.elapsed().as_secs_f64());
+            } else {
+                let _: pocket_api::ModelAction = client.post(&action("load"), &empty).await?;
+            }
+            Ok(reloaded)
+        })
+    }
+}
+
+/// What a streamed chunk may carry, of either shape (chat or text).
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<ChunkChoice>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    timings: Option<Timings>,
+    #[serde(default)]
+    tokens: Option<Vec<u32>>,
+    #[serde(default)]
+    error: Option<pocket_api::ErrorObject>,
+}
+
+#[derive(Deserialize)]
+struct ChunkChoice {
+    #[serde(default)]
+    delta: Option<Delta>,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+}
+
+impl Runner for SocketRunner {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kv_bytes_per_token(&self) -> u64 {
+        self.kv_bytes_per_token
+    }
+
+    fn accounts_memory(&self) -> bool {
+        true
+    }
+
+    fn remote(&self) -> bool {
+        true
+    }
+
+    fn run(&mut self, prompt: &PromptRun<'_>) -> Result<RunOutput, Error> {
+        let options = GenerationOptions {
+            max_tokens: Some(u32::try_from(prompt.max_tokens).unwrap_or(u32::MAX)),
+            temperature: Some(0.0),
+            stream: true,
+            spec: Some(self.spec.name().to_owned()),
+            draft_model: self.draft_model.clone(),
+            kv: Some(self.kv.name().to_owned()),
+            return_tokens: true,
+            ..GenerationOptions::default()
+        };
+        let model = Some(self.model.clone());
+        let (path, body) = match prompt.input {
+            PromptInput::Messages(messages) => {
+                let messages = messages
+                    .iter()
+                    .map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone() })
+                    .collect();
+                let body = serde_json::to_value(ChatCompletionRequest { model, messages, options });
+                ("/v1/chat/completions", body)
+            }
+            PromptInput::Text(text) => {
+                let body = serde_json::to_value(CompletionRequest { model, prompt: text.clone(), options });
+                ("/v1/completions", body)
+            }
+        };
+        let body = body.map_err(|e| Error::Invalid(format!("cannot encode the request: {e}")))?;
+        let (mut first, mut last) = (None, None);
+        let mut end: Option<Chunk> = None;
+        let start = Instant::now();
+        let client = &self.client;
+        self.runtime.block_on(client.stream(path, &body, &mut |data| {
+            let chunk: Chunk = serde_json::from_str(data)?;
+            if let Some(e) = &chunk.error {
+                return Err(format!("pocketd failed mid-stream: {}", e.message).into());
+            }
+            let text = chunk
+                .choices
+                .first()
+                .and_then(|c| c.delta.as_ref().and_then(|d| d.content.clone()).or_else(|| c.text.clone()));
+            if text.is_some_and(|t| !t.is_empty()) {
+                let now = Instant::now();
+                first.get_or_insert(now);
+                last = Some(now);
+            }
+            if chunk.timings.is_some() {
+                end = Some(chunk);
+            }
+            Ok(())
+        }))?;
+        let end =
+            end.ok_or_else(|| Error::Invalid("pocketd's stream ended without its statistics".into()))?;
+        let timings = end.timings.unwrap_or_default();
+        let tokens = end.tokens.ok_or_else(|| {
+            Error::Invalid(
+                "pocketd did not return the tokens (`return_tokens`); is it an older version?".into(),
+            )
+        })?;
+        let generated = end.usage.map_or(tokens.len(), |u| u.completion_tokens as usize);
+        debug_assert_eq!(generated, tokens.len());
+        let first = first.unwrap_or(start);
+        Ok(RunOutput {
+            tokens,
+            prefill_seconds: first.duration_since(start).as_secs_f64(),
+            decode_seconds: last.map_or(0.0, |l| l.duration_since(first).as_secs_f64()),
+            drafted: timings.drafted,
+            accepted: timings.accepted,
+            draft_steps: 0,
+            drafter: timings.drafter,
+            generation_memory_bytes: timings.peak_bytes,
+            plan: None,
+        })
+    }
+}

@@ -1,0 +1,212 @@
+//! Opening a model file on the engine that runs it: GGUF files on our ggml graph, ONNX
+//! encoder-decoder directories on tract.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use pocket_core::memory::Ledger;
+use pocket_core::spec::{LayerSkipDrafter, SpecMode};
+use pocket_core::{Model, SessionConfig};
+use pocket_ggml::{DeviceChoice, GgmlModel, LoadOptions, WeightFormat};
+use pocket_tract::TractModel;
+
+use crate::{Error, Knowledge, Result};
+
+/// Which engine runs a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// Our transformer graph on ggml (GGUF decoders).
+    Ggml,
+    /// tract (ONNX encoder-decoders).
+    Tract,
+}
+
+impl Engine {
+    /// The engine that runs the model at `path` (without opening it).
+    pub fn for_path(path: &Path) -> Engine {
+        if is_onnx(path) { Engine::Tract } else { Engine::Ggml }
+    }
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Ggml => "ggml",
+            Engine::Tract => "tract",
+        }
+    }
+
+    /// The speculation modes its models offer ([`Model::drafters`]), known before a model is
+    /// opened so that a request can be refused before anything is loaded.
+    pub fn drafters(self) -> &'static [SpecMode] {
+        match self {
+            Engine::Ggml => GgmlModel::DRAFTERS,
+            Engine::Tract => TractModel::DRAFTERS,
+        }
+    }
+
+    /// The kind of model it runs.
+    pub fn kind(self) -> pocket_core::ModelKind {
+        match self {
+            Engine::Ggml => pocket_core::ModelKind::Decoder,
+            Engine::Tract => pocket_core::ModelKind::EncoderDecoder,
+        }
+    }
+}
+
+/// Whether `path` names an encoder-decoder model for tract (a directory of ONNX graphs, or one
+/// of its `.onnx` files) rather than a GGUF file.
+pub fn is_onnx(path: &Path) -> bool {
+    path.is_dir() || path.extension().is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+}
+
+/// How to open a model.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// The device (ggml; tract runs on the CPU).
+    pub device: DeviceChoice,
+    /// The format the weight matrices are held in (ggml; tract keeps its graphs as stored).
+    pub weights: WeightFormat,
+    /// The ledger the weights are paid for in, for as long as the model is open (none: no
+    /// budget).
+    pub ledger: Option<Ledger>,
+    /// Where what is learned about the model is kept (none: [`crate::cache_dir`]).
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// A model open on its engine, with what is known about it on this device.
+pub struct LoadedModel {
+    model: Arc<dyn Model>,
+    engine: Engine,
+    path: PathBuf,
+    device: String,
+    kernels: String,
+    weights: WeightFormat,
+    knowledge: Knowledge,
+    /// A skip-set search that a request interrupted, resumed when learning resumes.
+    pub(crate) search: Mutex<Option<LayerSkipDrafter>>,
+}
+
+impl LoadedModel {
+    /// Open the model at `path` on its engine.
+    pub fn open(path: &Path, options: &OpenOptions) -> Result<Self> {
+        Self::open_with_progress(path, options, &mut |_, _| {})
+    }
+
+    /// [`LoadedModel::open`], calling `progress(done, total)` as ggml places the weights.
+    pub fn open_with_progress(
+        path: &Path,
+        options: &OpenOptions,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self> {
+        let ledger = options.ledger.clone().unwrap_or_else(Ledger::unlimited);
+        if is_onnx(path) {
+            if options.weights != WeightFormat::AsStored {
+                return Err(Error::invalid(
+                    "weights",
+                    format!(
+                        "{} is an encoder-decoder ONNX model; weight formats ({}) are for GGUF models",
+                        path.display(),
+                        options.weights
+                    ),
+                ));
+            }
+            if !matches!(options.device, DeviceChoice::Auto | DeviceChoice::Cpu) {
+                return Err(Error::invalid(
+                    "device",
+                    format!("{} is an encoder-decoder ONNX model, which runs on the CPU", path.display()),
+                ));
+            }
+            let dir = if path.is_dir() { path } else { path.parent().unwrap_or(path) };
+            let model = TractModel::load_in(dir, &ledger)?;
+            let model = Arc::new(model);
+            return Ok(Self::new(model, Engine::Tract, dir, "CPU", "tract", WeightFormat::AsStored, options));
+        }
+        let load = LoadOptions {
+            device: options.device.clone(),
+            weights: options.weights,
+            ledger: Some(ledger),
+            ..LoadOptions::default()
+        };
+        let model = GgmlModel::load_with_progress(path, &load, progress)?;
+        let (device, kernels) = (model.device_name().to_owned(), model.kernels());
+        Ok(Self::new(Arc::new(model), Engine::Ggml, path, &device, &kernels, options.weights, options))
+    }
+
+    fn new(
+        model: Arc<dyn Model>,
+        engine: Engine,
+        path: &Path,
+        device: &str,
+        kernels: &str,
+        weights: WeightFormat,
+        options: &OpenOptions,
+    ) -> Self {
+        let dir = options.cache_dir.clone().or_else(crate::cache_dir);
+        let knowledge = Knowledge::open_in(model.cache_key(), dir.as_deref());
+        LoadedModel {
+            model,
+            engine,
+            path: path.to_path_buf(),
+            device: device.to_owned(),
+            kernels: kernels.to_owned(),
+            weights,
+            knowledge,
+            search: Mutex::new(None),
+        }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
+    }
+
+    /// The model, shared.
+    pub fn shared(&self) -> Arc<dyn Model> {
+        self.model.clone()
+    }
+
+    /// The engine it runs on.
+    pub fn engine(&self) -> Engine {
+        self.engine
+    }
+
+    /// The file (GGUF) or directory (ONNX) it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The device it runs on (`CPU`, `Vulkan0`, ...).
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Whether it runs on a GPU.
+    pub fn on_gpu(&self) -> bool {
+        !self.device.eq_ignore_ascii_case("cpu")
+    }
+
+    /// The engine's own kernels its passes use (`q4_1-avx512+attn-avx512`, `ggml`, `tract`).
+    pub fn kernels(&self) -> &str {
+        &self.kernels
+    }
+
+    /// The format its weight matrices are held in.
+    pub fn weights(&self) -> WeightFormat {
+        self.weights
+    }
+
+    /// What is known about it on this device.
+    pub fn knowledge(&self) -> &Knowledge {
+        &self.knowledge
+    }
+
+    /// Whether its sessions can speculate with `mode`.
+    pub fn offers(&self, mode: SpecMode) -> bool {
+        self.model.drafters().contains(&mode)
+    }
+
+    /// KV bytes per token its sessions hold with `config`'s KV type.
+    pub fn kv_bytes_per_token(&self, config: &SessionConfig) -> Result<u64> {
+        Ok(self.model.footprint(config)?.kv_bytes_per_token)
+    }
+}

@@ -1,0 +1,140 @@
+//! What can go wrong on the request path, typed so that transports can choose a status and a
+//! message from the data rather than from text.
+
+/// A request's or a model's failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A request's setting is wrong; `param` names the field at fault where one is.
+    #[error("{message}")]
+    Invalid {
+        /// The request field (`spec`, `messages`, `draft_model`, ...).
+        param: Option<&'static str>,
+        /// What was wrong and what is allowed.
+        message: String,
+    },
+    /// An error of the engine boundary, with its data (a context overflow with its numbers, an
+    /// allocation over the budget with its bytes, a cancellation, ...).
+    #[error(transparent)]
+    Core(pocket_core::Error),
+    /// A GGUF model ggml cannot serve (not GGUF, damaged, an architecture we do not build), or
+    /// ggml itself failing.
+    #[error(transparent)]
+    Ggml(pocket_ggml::Error),
+    /// An ONNX model directory tract cannot serve.
+    #[error(transparent)]
+    Tract(pocket_tract::Error),
+}
+
+/// What kind of failure an [`Error`] is, for a transport to answer with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is wrong: a field's value, an empty prompt, a mode the model lacks.
+    Invalid,
+    /// The prompt does not fit the context.
+    TooLarge,
+    /// The memory budget cannot hold what is asked for.
+    OverBudget,
+    /// The request was cancelled.
+    Cancelled,
+    /// The model's file cannot be served (missing, damaged, unsupported): the operator's to fix.
+    BadModel,
+    /// The engine failed; the message is for the logs, not for clients.
+    Internal,
+}
+
+/// Results of the pipeline.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An [`Error::Invalid`] about the request field `param`.
+    pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
+        Error::Invalid { param: Some(param), message: message.into() }
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> ErrorKind {
+        use pocket_core::Error as Core;
+        match self {
+            Error::Invalid { .. } => ErrorKind::Invalid,
+            Error::Core(e) => match e {
+                Core::ContextOverflow { .. } => ErrorKind::TooLarge,
+                Core::OverBudget { .. } => ErrorKind::OverBudget,
+                Core::Cancelled => ErrorKind::Cancelled,
+                Core::Engine(_) => ErrorKind::Internal,
+                _ => ErrorKind::Invalid,
+            },
+            Error::Ggml(e) => match e {
+                pocket_ggml::Error::Ggml(_) => ErrorKind::Internal,
+                pocket_ggml::Error::NoDevice { .. } => ErrorKind::Invalid,
+                _ => ErrorKind::BadModel,
+            },
+            Error::Tract(_) => ErrorKind::BadModel,
+        }
+    }
+
+    /// The request field at fault, where one is.
+    pub fn param(&self) -> Option<&'static str> {
+        match self {
+            Error::Invalid { param, .. } => *param,
+            _ => None,
+        }
+    }
+
+    /// The engine-boundary error inside, if this is one.
+    pub fn core(&self) -> Option<&pocket_core::Error> {
+        match self {
+            Error::Core(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<pocket_core::Error> for Error {
+    fn from(e: pocket_core::Error) -> Self {
+        Error::Core(e)
+    }
+}
+
+impl From<pocket_ggml::Error> for Error {
+    fn from(e: pocket_ggml::Error) -> Self {
+        match e {
+            pocket_ggml::Error::Core(core) => Error::Core(core),
+            other => Error::Ggml(other),
+        }
+    }
+}
+
+impl From<pocket_tract::Error> for Error {
+    fn from(e: pocket_tract::Error) -> Self {
+        match e {
+            pocket_tract::Error::Core(core) => Error::Core(core),
+            other => Error::Tract(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_errors_keep_their_kind_and_data() {
+        let over = pocket_core::Error::OverBudget {
+            what: "a session".into(),
+            needed: 10,
+            available: 1,
+            budget: 100,
+        };
+        let e = Error::from(pocket_ggml::Error::Core(over.clone()));
+        assert_eq!(e.kind(), ErrorKind::OverBudget);
+        assert_eq!(e.core(), Some(&over));
+        let e = Error::from(pocket_core::Error::ContextOverflow { needed: 5, limit: 4, prompt: 4 });
+        assert_eq!(e.kind(), ErrorKind::TooLarge);
+        assert_eq!(Error::from(pocket_core::Error::engine("boom")).kind(), ErrorKind::Internal);
+        let e = Error::from(pocket_ggml::Error::UnsupportedArchitecture { arch: "mamba".into() });
+        assert_eq!(e.kind(), ErrorKind::BadModel);
+        let e = Error::invalid("spec", "no");
+        assert_eq!((e.kind(), e.param()), (ErrorKind::Invalid, Some("spec")));
+    }
+}

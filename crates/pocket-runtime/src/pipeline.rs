@@ -1,0 +1,325 @@
+//! The request pipeline: [`prepare`] (render, tokenize, check, plan under the budget) then
+//! [`run`] (drafter, session, generation), for every entry point alike.
+//!
+//! The two steps are apart so that the daemon can plan without holding a thread for the
+//! generation: when a plan does not fit it makes room (unloading idle models) or waits, and
+//! prepares again. Everything else — which drafter, which cost model, where the encoder runs,
+//! what is remembered afterwards — happens in [`run`], once, for `pocket run`, the daemon and
+//! `pocket bench`.
+
+use std::ops::ControlFlow;
+use std::time::Instant;
+
+use pocket_core::memory::{self, Ledger, ModelCosts, Plan, PlanRequest};
+use pocket_core::spec::SpecMode;
+use pocket_core::{
+    ChatMessage, Event, GenerateRequest, Generation, Model, ModelKind, SamplingConfig, SessionConfig,
+    StopConfig, Token, generate_speculative,
+};
+
+use crate::drafters::{self, Setup};
+use crate::{DEFAULT_MAX_DRAFT, Error, LoadedModel, Result};
+
+/// What a request gives the model.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// Messages, rendered with the model's chat template, the assistant's turn opened.
+    Chat(Vec<ChatMessage>),
+    /// Text given to the model as it is (an encoder-decoder model's source).
+    Text(String),
+    /// Token ids, already encoded (a benchmark tokenizes its prompts once for every mode).
+    Tokens(Vec<Token>),
+}
+
+/// One request: its input and everything that may be asked of its generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// What to generate from.
+    pub input: Input,
+    /// How tokens are chosen.
+    pub sampling: SamplingConfig,
+    /// When to stop (`max_tokens`, stop strings).
+    pub stop: StopConfig,
+    /// The speculation asked for.
+    pub spec: SpecMode,
+    /// The session asked for: KV type, context (capped at the model's training context),
+    /// pass size, threads; `preallocate` for comparing with engines without a budget.
+    pub session: SessionConfig,
+    /// Longest draft asked for.
+    pub max_draft: usize,
+    /// Plan the session under what the ledger has free, giving things up in the designed
+    /// order to fit ([`pocket_core::memory::plan`]); otherwise the settings are taken as they
+    /// are and only the ledger's reservations hold the budget.
+    pub planned: bool,
+}
+
+impl Request {
+    /// A request for `input` with the defaults: greedy, 256 tokens, no speculation, the
+    /// default session, unplanned.
+    pub fn new(input: Input) -> Self {
+        Request {
+            input,
+            sampling: SamplingConfig::default(),
+            stop: StopConfig::default(),
+            spec: SpecMode::Off,
+            session: SessionConfig::default(),
+            max_draft: DEFAULT_MAX_DRAFT,
+            planned: false,
+        }
+    }
+}
+
+/// A request ready to run: its tokens and what it was given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prepared {
+    /// The prompt's tokens (an encoder-decoder model's source).
+    pub tokens: Vec<Token>,
+    /// The session it gets.
+    pub config: SessionConfig,
+    /// The speculation it runs with (the plan may have given it up).
+    pub spec: SpecMode,
+    /// Longest draft.
+    pub max_draft: usize,
+    /// Whether speculation uses the draft model.
+    pub draft_model: bool,
+    /// What the planner gave it, when it was planned.
+    pub plan: Option<Plan>,
+    /// How tokens are chosen.
+    pub sampling: SamplingConfig,
+    /// When to stop.
+    pub stop: StopConfig,
+}
+
+/// Where a running generation reports to.
+pub trait Sink {
+    /// The session exists (its memory is held) and generation starts.
+    fn started(&mut self) {}
+
+    /// One step of progress; [`ControlFlow::Break`] cancels the generation at this token.
+    fn event(&mut self, event: Event<'_>) -> ControlFlow<()>;
+}
+
+/// A [`Sink`] from a closure over events.
+pub struct OnEvent<F>(F);
+
+impl<F: FnMut(Event<'_>) -> ControlFlow<()>> OnEvent<F> {
+    /// A sink calling `f` with every event.
+    pub fn new(f: F) -> Self {
+        OnEvent(f)
+    }
+}
+
+impl<F: FnMut(Event<'_>) -> ControlFlow<()>> Sink for OnEvent<F> {
+    fn event(&mut self, event: Event<'_>) -> ControlFlow<()> {
+        (self.0)(event)
+    }
+}
+
+/// What a finished request produced and what it ran with.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Tokens, text, why it stopped, timings and speculation statistics.
+    pub generation: Generation,
+    /// The speculation it ran with.
+    pub spec: SpecMode,
+    /// What the drafter did, in a line (`None` for plain decoding asked for).
+    pub drafter: Option<String>,
+    /// What the planner gave it, when it was planned.
+    pub plan: Option<Plan>,
+    /// Bytes of KV cache the session held at the end.
+    pub kv_bytes: u64,
+    /// Bytes the session held at the end (KV, compute and logits buffers).
+    pub session_bytes: u64,
+}
+
+/// The tokens of `input` for `model`: chat messages through its chat template (the
+/// assistant's turn opened), text as it is.
+///
+/// The model's BOS is added when its vocabulary asks for one, unless the rendered text
+/// already starts with it: some templates write the BOS themselves (Gemma's), llama.cpp's
+/// built-in ones mostly do not (Llama 3's), and a doubled BOS changes the output.
+pub fn render(model: &dyn Model, input: &Input) -> Result<Vec<Token>> {
+    let info = model.info();
+    let tokenizer = model.tokenizer();
+    let text = match input {
+        Input::Tokens(tokens) => return Ok(tokens.clone()),
+        Input::Chat(_) if info.kind == ModelKind::EncoderDecoder => {
+            return Err(Error::invalid(
+                "messages",
+                format!(
+                    "{} is an encoder-decoder model with no chat template: it takes plain text, not chat \
+                     messages; send the text as a completion prompt",
+                    info.name
+                ),
+            ));
+        }
+        Input::Chat(messages) => tokenizer
+            .apply_chat_template(messages, true)
+            .map_err(|e| Error::invalid("messages", e.to_string()))?,
+        Input::Text(text) => text.clone(),
+    };
+    let encode =
+        |special| tokenizer.encode(&text, special).map_err(|e| Error::invalid("prompt", e.to_string()));
+    let (plain, with_special) = (encode(false)?, encode(true)?);
+    let doubled_bos = with_special.len() == plain.len() + 1
+        && with_special.get(1..) == Some(&plain[..])
+        && plain.first() == with_special.first();
+    Ok(if doubled_bos { plain } else { with_special })
+}
+
+/// Render, tokenize and check `request` for `model` (speculating with `draft` where given),
+/// and plan its session under what `ledger` has free if it asks to be planned.
+///
+/// Errors, before anything is allocated: a mode the model does not offer, `draft` without a
+/// draft model, bad sampling or stop settings, an empty prompt ([`Error::Invalid`]); a prompt
+/// that leaves no room for one generated token ([`pocket_core::Error::ContextOverflow`]); a
+/// plan that cannot fit ([`pocket_core::Error::OverBudget`], with the bytes).
+pub fn prepare(
+    model: &LoadedModel,
+    draft: Option<&LoadedModel>,
+    request: &Request,
+    ledger: &Ledger,
+) -> Result<Prepared> {
+    let target = model.model();
+    let info = target.info();
+    let spec = request.spec;
+    if !model.offers(spec) {
+        return Err(Error::invalid("spec", drafters::not_offered(spec, target)));
+    }
+    if draft.is_some() && !model.offers(SpecMode::Draft) {
+        return Err(Error::invalid(
+            "draft_model",
+            format!("{} takes no draft model; {}", info.name, drafters::not_offered(SpecMode::Draft, target)),
+        ));
+    }
+    if spec == SpecMode::Draft && draft.is_none() {
+        return Err(Error::invalid("draft_model", "spec = draft needs a draft model"));
+    }
+    request.sampling.validate().map_err(|e| param_error("temperature", e))?;
+    request.stop.validate().map_err(|e| param_error("stop", e))?;
+
+    let tokens = render(target, &request.input)?;
+    if tokens.is_empty() {
+        return Err(Error::invalid("prompt", "the prompt is empty; it needs at least one token"));
+    }
+    let n_ctx = request.session.n_ctx.min(info.n_ctx_train.max(16));
+    let seq2seq = info.kind == ModelKind::EncoderDecoder;
+    // A decoder holds the prompt and at least one generated token; an encoder-decoder's
+    // context holds the source, and its decoder the start token and the answer.
+    let (needed, wanted) = if seq2seq {
+        (tokens.len(), tokens.len().max(1 + request.stop.max_tokens))
+    } else {
+        (tokens.len() + 1, tokens.len() + request.stop.max_tokens)
+    };
+    if needed > n_ctx {
+        return Err(pocket_core::Error::ContextOverflow { needed, limit: n_ctx, prompt: tokens.len() }.into());
+    }
+    let mut config = SessionConfig { n_ctx, ..request.session.clone() };
+    let (plan, spec, max_draft, draft_model) = if request.planned {
+        let asked = PlanRequest {
+            tokens: wanted.min(n_ctx),
+            kv: config.kv,
+            spec,
+            max_draft: request.max_draft,
+            n_batch: config.n_batch,
+        };
+        let mut costs = ModelCosts { target, draft: draft.map(|d| d.model()), config: config.clone() };
+        let plan = memory::plan(ledger, &asked, &mut costs)?;
+        plan.apply_to(&mut config);
+        let (spec, max_draft, with_draft) = (plan.spec, plan.max_draft, plan.draft_model);
+        (Some(plan), spec, max_draft, with_draft)
+    } else {
+        let with_draft = draft.is_some() && matches!(spec, SpecMode::Draft | SpecMode::Auto);
+        (None, spec, request.max_draft, with_draft)
+    };
+    Ok(Prepared {
+        tokens,
+        config,
+        spec,
+        max_draft,
+        draft_model,
+        plan,
+        sampling: request.sampling.clone(),
+        stop: request.stop.clone(),
+    })
+}
+
+fn param_error(param: &'static str, e: pocket_core::Error) -> Error {
+    match e {
+        pocket_core::Error::InvalidArgument(message) => Error::invalid(param, message),
+        other => other.into(),
+    }
+}
+
+/// Generate what `prepared` asks for with `model` (and `draft`, if the plan kept it), its
+/// session and drafter paying for their memory in `ledger`, reporting to `sink`.
+///
+/// The drafter is built from what is known about the model on this device; an encoder-decoder
+/// model's source is encoded first (its time counts as prefill). A skip set that a `layerskip`
+/// drafter found during the request is remembered. The session and drafter are dropped before
+/// this returns, so their memory is back in the ledger.
+pub fn run(
+    model: &LoadedModel,
+    draft: Option<&LoadedModel>,
+    prepared: &Prepared,
+    ledger: &Ledger,
+    sink: &mut dyn Sink,
+) -> Result<Outcome> {
+    let p = prepared;
+    let target = model.model();
+    let info = target.info();
+    let known = model.knowledge().known(p.config.threads, p.config.kv);
+    let seq2seq = info.kind == ModelKind::EncoderDecoder;
+    let setup = Setup {
+        model: target,
+        draft_model: draft.filter(|_| p.draft_model).map(|d| d.model()),
+        config: &p.config,
+        known: &known,
+        source: seq2seq.then_some(&p.tokens[..]),
+        max_draft: p.max_draft,
+        seed: p.sampling.seed,
+        ledger,
+    };
+    let mut built = drafters::build(p.spec, &setup)?;
+    let mut session = target.session_in(&p.config, ledger)?;
+    sink.started();
+
+    let start = Instant::now();
+    let prompt = if seq2seq {
+        session.encode(&p.tokens)?;
+        let begin = target.decoder_start().ok_or_else(|| {
+            pocket_core::Error::engine(format!(
+                "{} is an encoder-decoder model without a decoder start",
+                info.name
+            ))
+        })?;
+        vec![begin]
+    } else {
+        p.tokens.clone()
+    };
+    let encode_seconds = start.elapsed().as_secs_f64();
+    let request = GenerateRequest { prompt, sampling: p.sampling.clone(), stop: p.stop.clone() };
+    let drafter = built.as_mut().map(|b| b.as_drafter());
+    let mut generation =
+        generate_speculative(info, session.as_mut(), target.tokenizer(), &request, drafter, &mut |event| {
+            sink.event(event)
+        })?;
+    if seq2seq {
+        generation.prompt_tokens = p.tokens.len();
+        generation.prefill_seconds += encode_seconds;
+    }
+    if let Some(set) = built.as_ref().and_then(drafters::Built::found_skip_set)
+        && model.knowledge().skip_set().as_ref() != Some(&set)
+    {
+        tracing::info!(model = %info.name, skip = ?set.skip, agreement = set.agreement, "found a layer-skip set");
+        model.knowledge().remember_skip_set(set);
+    }
+    Ok(Outcome {
+        spec: p.spec,
+        drafter: drafters::describe(p.spec, built.as_mut()),
+        plan: p.plan.clone(),
+        kv_bytes: session.kv_bytes(),
+        session_bytes: session.memory(),
+        generation,
+    })
+}
