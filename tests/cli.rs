@@ -231,12 +231,25 @@ fn run_with_suffix_speculation_gives_the_plain_text_and_reports_drafts() {
     assert_eq!(spec["spec"]["mode"], "suffix");
     assert_eq!(plain["spec"]["drafted"], 0);
     assert!(spec["spec"]["passes"].as_u64().unwrap() > 0, "{spec}");
-    // The cost curve was measured once and cached for the next run.
+    assert!(
+        spec["spec"]["drafted"].as_u64().unwrap() > 0,
+        "suffix drafts before anything is measured: {spec}"
+    );
+    // A request learns nothing about the device: that is `pocket tune`'s (or the idle
+    // daemon's) work, which the next runs then use.
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 0);
+    let o = pocket_cached(cache.path(), &["tune", "-t", "1", "--weights", "stored"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("cost curve t(n)/t(1) (measured now)"), "{}", stdout(&o));
     assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 1);
+    let o = pocket_cached(cache.path(), &["tune", "-t", "1", "--weights", "stored"]);
+    assert!(stdout(&o).contains("(known)"), "tuning again measures nothing: {}", stdout(&o));
+    let tuned = run("suffix");
+    assert_eq!(tuned["text"], plain["text"]);
 }
 
 #[test]
-fn auto_weights_measure_both_formats_and_speculation_on_the_chosen_one_is_lossless() {
+fn auto_weights_choose_from_tuned_curves_and_speculation_on_the_chosen_one_is_lossless() {
     require_default_model();
     let cache = tempfile::tempdir().unwrap();
     let prompt = "Repeat this line three times: the quick brown fox jumps over the lazy dog";
@@ -247,6 +260,19 @@ fn auto_weights_measure_both_formats_and_speculation_on_the_chosen_one_is_lossle
         assert!(o.status.success(), "{}", stderr(&o));
         serde_json::from_str::<serde_json::Value>(&stdout(&o)).expect("one JSON object")
     };
+    // Before the curves are measured, auto keeps the weights as stored and says how to
+    // measure them; the request does not measure them itself.
+    let o = pocket_cached(cache.path(), &["run", prompt, "-n", "4", "-t", "1", "--spec", "suffix"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("pocket tune"), "{}", stderr(&o));
+    let untuned = run(&["--spec", "suffix"]);
+    assert_eq!(untuned["weights"], "stored");
+    assert!(untuned.get("weight_estimates").is_none(), "{untuned}");
+    // `pocket tune` measures both formats' curves.
+    let o = pocket_cached(cache.path(), &["tune", "-t", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("weights stored") && stdout(&o).contains("weights q8_0"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("--weights auto would choose"), "{}", stdout(&o));
     let spec = run(&["--spec", "suffix"]);
     let estimates = spec["weight_estimates"].as_array().expect("estimates for --weights auto");
     let formats: Vec<&str> = estimates.iter().map(|e| e["weights"].as_str().unwrap()).collect();
@@ -254,10 +280,10 @@ fn auto_weights_measure_both_formats_and_speculation_on_the_chosen_one_is_lossle
     assert!(estimates.iter().all(|e| e["step_seconds"].as_f64().unwrap() > 0.0), "{spec}");
     let chosen = spec["weights"].as_str().unwrap();
     assert!(formats.contains(&chosen), "{spec}");
-    // Both curves were cached: a second run measures nothing.
+    // Both curves are known: a run says nothing of tuning.
     let o = pocket_cached(cache.path(), &["run", prompt, "-n", "4", "-t", "1", "--spec", "suffix"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(!stderr(&o).contains("measuring"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("pocket tune"), "{}", stderr(&o));
     // Plain decoding on the chosen format gives the same text; without speculation, auto
     // keeps the stored weights and measures nothing.
     let plain = run(&["--spec", "off", "--weights", chosen]);

@@ -393,7 +393,7 @@ fn an_encoder_decoder_model_answers_completions_and_refuses_chat() {
     );
     assert_eq!(code, 400, "{r}");
     let m = r["error"]["message"].as_str().unwrap();
-    assert!(m.contains("no chat template") && m.contains("/v1/completions"), "{m}");
+    assert!(m.contains("no chat template") && m.contains("completion prompt"), "{m}");
     let (code, r) =
         d.post("/v1/completions", &json!({"model": "flan-t5-small", "prompt": prompt, "spec": "layerskip"}));
     assert_eq!(code, 400, "{r}");

@@ -16,6 +16,8 @@
 //! ```
 #![deny(missing_docs)]
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod cost;
 mod error;
 mod fingerprint;

@@ -326,6 +326,7 @@ pub trait Session: Send {
     /// Bytes this session holds now (KV cache, compute and logits buffers).
     fn memory(&self) -> u64;
 
-    /// Bytes of KV cache this session holds now (part of [`Session::memory`]).
+    /// Bytes of KV cache this session holds now for the tokens it holds, what
+    /// [`Footprint::kv_bytes`] predicts (part of [`Session::memory`]).
     fn kv_bytes(&self) -> u64;
 }

@@ -221,6 +221,8 @@ impl Session for TractSession {
     }
 
     fn kv_bytes(&self) -> u64 {
-        self.kv.bytes()
+        // The decoder's own cache, what grows with the tokens held; the cross-attention K/V
+        // of the source is held beside it, and the footprint counts it with the compute.
+        TractSession::kv_bytes(self)
     }
 }
