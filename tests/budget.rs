@@ -73,9 +73,17 @@ fn a_long_request_degrades_in_the_designed_order_then_is_refused() {
     }
     let first = &plans[0];
     assert!(first["degraded"].as_array().unwrap().is_empty() && first["kv"] == "f16", "{first}");
-    let said = |what: &str| plans.iter().any(|p| p["degraded"].to_string().contains(what));
-    assert!(said("passes of"), "smaller prompt passes: {plans:?}");
-    assert!(said("q8_0 KV cache") && said("q4_0 KV cache"), "{plans:?}");
+    let gave_up = |what: &str, kv: Option<&str>| {
+        plans.iter().any(|p| {
+            p["degraded"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d["gave_up"] == what && kv.is_none_or(|k| d["kv"] == k))
+        })
+    };
+    assert!(gave_up("smaller_passes", None), "smaller prompt passes: {plans:?}");
+    assert!(gave_up("lower_kv", Some("q8_0")) && gave_up("lower_kv", Some("q4_0")), "{plans:?}");
     assert!(refused.is_some(), "150 MiB cannot hold 3500 tokens");
 }
 

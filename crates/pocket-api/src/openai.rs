@@ -5,16 +5,8 @@
 //! send newer fields still work; fields pocketd cannot honour (`n` > 1, `logprobs`, tools) are
 //! refused by the daemon with a 400 that names them.
 
+pub use pocket_core::{ChatMessage, Role};
 use serde::{Deserialize, Serialize};
-
-/// One message of a chat.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    /// `system`, `user` or `assistant`.
-    pub role: String,
-    /// The text.
-    pub content: String,
-}
 
 /// `stop`: one string or several.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -207,7 +199,7 @@ pub struct ChatCompletion {
 pub struct ChatDelta {
     /// `assistant`, in the first chunk only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub role: Option<String>,
+    pub role: Option<Role>,
     /// Text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,

@@ -42,7 +42,7 @@ pub use model::{
 pub use plan::{LayerPlan, MAX_LAYERS};
 pub use sampling::{Distribution, Sampler, SamplingConfig, argmax};
 pub use stop::{Chunk, StopConfig, StopReason, TextStream};
-pub use tokenizer::{ChatMessage, Tokenizer};
+pub use tokenizer::{ChatMessage, Role, Tokenizer};
 
 /// A token id in a model's vocabulary.
 pub type Token = u32;

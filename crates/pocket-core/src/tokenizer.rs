@@ -4,13 +4,53 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Result, Token};
 
+/// Who says a message in a chat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions to the model (OpenAI's newer `developer` is read as this).
+    #[serde(alias = "developer")]
+    System,
+    /// The person asking.
+    User,
+    /// The model.
+    Assistant,
+    /// The result of a tool call.
+    Tool,
+}
+
+impl Role {
+    /// The name chat templates and the wire use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One message of a chat conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user` or `assistant`.
-    pub role: String,
+    /// Who says it.
+    pub role: Role,
     /// The message text.
     pub content: String,
+}
+
+impl ChatMessage {
+    /// A message of `role` saying `content`.
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        ChatMessage { role, content: content.into() }
+    }
 }
 
 /// A model's tokenizer and chat template.

@@ -133,7 +133,7 @@ impl Tokenizer for Vocab {
             .as_ref()
             .ok_or_else(|| pocket_core::Error::Unsupported("this model has no chat template".into()))?;
         let strings: Vec<(CString, CString)> =
-            messages.iter().map(|m| (cstring(&m.role), cstring(&m.content))).collect();
+            messages.iter().map(|m| (cstring(m.role.as_str()), cstring(&m.content))).collect();
         let msgs: Vec<sys::llama_chat_message> = strings
             .iter()
             .map(|(r, c)| sys::llama_chat_message { role: r.as_ptr(), content: c.as_ptr() })

@@ -13,6 +13,36 @@ use serde::{Deserialize, Serialize};
 /// Where the configuration is read from unless `--config` says otherwise.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/pocketd/pocketd.toml";
 
+/// Permission bits of the socket, written in octal (`"0660"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketMode(pub u32);
+
+impl std::str::FromStr for SocketMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        u32::from_str_radix(s.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|b| *b <= 0o777)
+            .map(SocketMode)
+            .ok_or_else(|| {
+                format!("{s:?} is not a socket mode: expected octal permission bits such as \"0660\"")
+            })
+    }
+}
+
+impl Serialize for SocketMode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{:04o}", self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for SocketMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// Which D-Bus bus to serve on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -33,7 +63,7 @@ pub struct Config {
     /// The Unix socket the HTTP API listens on (ignored when systemd passes a socket).
     pub socket: PathBuf,
     /// Permission bits of the socket, octal (`"0660"`): owner and group may connect.
-    pub socket_mode: String,
+    pub socket_mode: SocketMode,
     /// The group that owns the socket (`None`: the daemon's own group).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub socket_group: Option<String>,
@@ -48,7 +78,7 @@ pub struct Config {
     pub default_model: String,
     /// The memory budget: a size (`"1.5GiB"`) or `"auto"` (the cgroup's `memory.max` — what
     /// systemd's `MemoryMax=` sets — or the memory available at start, less a reserve).
-    pub memory_budget: String,
+    pub memory_budget: BudgetSpec,
     /// CPU threads per generation (0: every core the process may use).
     pub threads: usize,
     /// Generations that run at once; more requests wait in the queue.
@@ -79,13 +109,13 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             socket: PathBuf::from("/run/pocketd/pocketd.sock"),
-            socket_mode: "0660".into(),
+            socket_mode: SocketMode(0o660),
             socket_group: None,
             tcp: None,
             bus: Bus::System,
             models_dir: PathBuf::from("/var/lib/pocketd/models"),
             default_model: pocket_models::default_model().to_owned(),
-            memory_budget: "auto".into(),
+            memory_budget: BudgetSpec::Auto,
             threads: 0,
             parallel: 1,
             queue: 16,
@@ -117,11 +147,8 @@ impl Config {
         Ok(config)
     }
 
-    /// Check what types alone do not: ranges, the socket mode, the budget's form, a TCP
-    /// listener on loopback only.
+    /// Check what types alone do not: ranges, a TCP listener on loopback only.
     pub fn validate(&self) -> anyhow::Result<()> {
-        self.socket_mode_bits()?;
-        self.budget()?;
         anyhow::ensure!(self.parallel >= 1, "parallel must be at least 1");
         anyhow::ensure!(self.max_tokens >= 1, "max_tokens must be at least 1");
         anyhow::ensure!(self.ctx_size >= 16, "ctx_size must be at least 16 tokens, not {}", self.ctx_size);
@@ -133,27 +160,6 @@ impl Config {
             );
         }
         Ok(())
-    }
-
-    /// `socket_mode` as permission bits.
-    pub fn socket_mode_bits(&self) -> anyhow::Result<u32> {
-        let bits = u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
-            .ok()
-            .filter(|b| *b <= 0o777)
-            .with_context(|| {
-                format!(
-                    "socket_mode = {:?}: expected octal permission bits such as \"0660\"",
-                    self.socket_mode
-                )
-            })?;
-        Ok(bits)
-    }
-
-    /// `memory_budget` parsed.
-    pub fn budget(&self) -> anyhow::Result<BudgetSpec> {
-        self.memory_budget
-            .parse::<BudgetSpec>()
-            .map_err(|e| anyhow::anyhow!("memory_budget = {:?}: {e}", self.memory_budget))
     }
 
     /// The configuration as TOML.
@@ -209,7 +215,7 @@ impl Flags {
             c.models_dir = v.clone();
         }
         if let Some(v) = &self.memory_budget {
-            c.memory_budget = v.clone();
+            c.memory_budget = v.parse().map_err(|e| anyhow::anyhow!("memory_budget = {v:?}: {e}"))?;
         }
         if let Some(v) = &self.default_model {
             c.default_model = v.clone();
@@ -246,13 +252,15 @@ mod tests {
         assert!(e.contains("sockt"), "{e}");
         let e = toml::from_str::<Config>("bus = \"sytem\"").unwrap_err().to_string();
         assert!(e.contains("system") && e.contains("session"), "{e}");
-        let c = Config { socket_mode: "rw".into(), ..Config::default() };
-        assert!(c.validate().unwrap_err().to_string().contains("0660"));
-        let c = Config { memory_budget: "lots".into(), ..Config::default() };
-        assert!(c.validate().unwrap_err().to_string().contains("memory_budget"));
+        let e = toml::from_str::<Config>("socket_mode = \"rw\"").unwrap_err().to_string();
+        assert!(e.contains("socket_mode") && e.contains("0660"), "{e}");
+        let e = toml::from_str::<Config>("memory_budget = \"lots\"").unwrap_err().to_string();
+        assert!(e.contains("memory_budget") && e.contains("200MiB") && e.contains("auto"), "{e}");
+        let c: Config = toml::from_str("memory_budget = \"1.5GiB\"\nsocket_mode = \"0600\"").unwrap();
+        assert_eq!((c.memory_budget, c.socket_mode), (BudgetSpec::Bytes(3 << 29), SocketMode(0o600)));
         let c = Config { tcp: Some("0.0.0.0:8077".parse().unwrap()), ..Config::default() };
         assert!(c.validate().unwrap_err().to_string().contains("loopback"));
-        assert_eq!(Config::default().socket_mode_bits().unwrap(), 0o660);
+        assert_eq!(Config::default().socket_mode, SocketMode(0o660));
     }
 
     #[test]

@@ -183,9 +183,9 @@ fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<J
     let input = if chat {
         let mut messages = Vec::new();
         if let Some(s) = system {
-            messages.push(ChatMessage { role: "system".into(), content: s });
+            messages.push(ChatMessage { role: pocket_core::Role::System, content: s });
         }
-        messages.push(ChatMessage { role: "user".into(), content: prompt.to_owned() });
+        messages.push(ChatMessage { role: pocket_core::Role::User, content: prompt.to_owned() });
         Input::Chat(messages)
     } else {
         Input::Text(prompt.to_owned())

@@ -125,13 +125,7 @@ async fn chat_completions(
     }
     let job = Job {
         model: request.model.clone(),
-        input: Input::Chat(
-            request
-                .messages
-                .into_iter()
-                .map(|m| pocket_core::ChatMessage { role: m.role, content: m.content })
-                .collect(),
-        ),
+        input: Input::Chat(request.messages),
         options: JobOptions::from_openai(&request.options)?,
         client: format!("http {}", peer.0),
     };
@@ -148,7 +142,7 @@ async fn chat_completions(
         model,
         choices: vec![ChatChoice {
             index: 0,
-            message: ChatMessage { role: "assistant".into(), content: f.text },
+            message: ChatMessage { role: pocket_core::Role::Assistant, content: f.text },
             finish_reason: f.finish_reason,
         }],
         usage: f.usage,
@@ -223,7 +217,7 @@ impl StreamState {
                 model: self.model.clone(),
                 choices: vec![ChatChunkChoice {
                     index: 0,
-                    delta: ChatDelta { role: role.then(|| "assistant".into()), content: text },
+                    delta: ChatDelta { role: role.then_some(pocket_core::Role::Assistant), content: text },
                     finish_reason,
                 }],
                 usage: end.map(|f| f.usage),

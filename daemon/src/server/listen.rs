@@ -52,7 +52,7 @@ pub fn unix_listener(config: &Config) -> anyhow::Result<Socket> {
     }
     let listener = std::os::unix::net::UnixListener::bind(path)
         .with_context(|| format!("cannot listen on {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(config.socket_mode_bits()?))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(config.socket_mode.0))
         .with_context(|| format!("cannot set the mode of {}", path.display()))?;
     if let Some(group) = &config.socket_group {
         let gid = group_id(group)?;

@@ -25,9 +25,7 @@ use std::time::{Duration, Instant};
 use pocket_api::FinishReason;
 use pocket_core::memory::{Ledger, Plan, Reservation};
 use pocket_core::spec::SpecMode;
-use pocket_core::{
-    ChatMessage, KvType, SamplingConfig, SessionConfig, StopConfig, StopReason, default_threads,
-};
+use pocket_core::{KvType, SamplingConfig, SessionConfig, StopConfig, StopReason, default_threads};
 use pocket_runtime::learn::{self, TuneSettings};
 use pocket_runtime::pipeline::{self, Prepared, Request, Sink};
 use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine};
@@ -38,14 +36,8 @@ use super::error::ServeError;
 use super::metrics::Metrics;
 use super::registry::{Registry, ServedModel};
 
-/// What to generate from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Input {
-    /// Messages, rendered with the model's chat template (and the assistant's turn opened).
-    Chat(Vec<ChatMessage>),
-    /// Text given to the model as it is.
-    Text(String),
-}
+/// What to generate from: chat messages or text (what the pipeline takes).
+pub use pocket_runtime::pipeline::Input;
 
 /// A request's settings; `None` takes the daemon's configured default.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -281,7 +273,7 @@ impl Scheduler {
     /// A scheduler for `config`: its budget's ledger is made now, with this process's own
     /// memory reserved first.
     pub fn new(config: Config) -> anyhow::Result<Arc<Scheduler>> {
-        let (ledger, process) = pocket_runtime::process::budget_ledger(Some(config.budget()?))?;
+        let (ledger, process) = pocket_runtime::process::budget_ledger(Some(config.memory_budget))?;
         let registry = Registry::new(
             config.models_dir.clone(),
             ledger.clone(),
@@ -487,10 +479,7 @@ impl Scheduler {
         tracing::info!(id = %id, client = %job.client, model = %model.name, %spec, "request");
 
         let request = Request {
-            input: match &job.input {
-                Input::Chat(m) => pipeline::Input::Chat(m.clone()),
-                Input::Text(t) => pipeline::Input::Text(t.clone()),
-            },
+            input: job.input.clone(),
             sampling: job.options.sampling.clone(),
             stop: StopConfig { max_tokens, stop: job.options.stop.clone() },
             spec,

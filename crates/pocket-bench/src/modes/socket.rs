@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use pocket_api::client::Client;
-use pocket_api::{ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationOptions, Timings, Usage};
+use pocket_api::{ChatCompletionRequest, CompletionRequest, GenerationOptions, Timings, Usage};
 use pocket_core::spec::SpecMode;
 use serde::Deserialize;
 
@@ -157,10 +157,7 @@ impl Runner for SocketRunner {
         let model = Some(self.model.clone());
         let (path, body) = match prompt.input {
             PromptInput::Messages(messages) => {
-                let messages = messages
-                    .iter()
-                    .map(|m| ChatMessage { role: m.role.clone(), content: m.content.clone() })
-                    .collect();
+                let messages = messages.to_vec();
                 let body = serde_json::to_value(ChatCompletionRequest { model, messages, options });
                 ("/v1/chat/completions", body)
             }

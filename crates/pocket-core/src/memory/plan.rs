@@ -73,7 +73,57 @@ pub struct Plan {
     /// Bytes free in the budget when it was planned.
     pub available: u64,
     /// What was given up to fit, in the order it was given up (empty: nothing).
-    pub degraded: Vec<String>,
+    pub degraded: Vec<Degradation>,
+}
+
+/// One thing a plan gave up to fit the budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "gave_up", rename_all = "snake_case")]
+pub enum Degradation {
+    /// The prompt is processed in smaller passes (a smaller compute buffer).
+    SmallerPasses {
+        /// Tokens per pass now.
+        n_batch: usize,
+        /// Tokens per pass asked for.
+        asked: usize,
+    },
+    /// Drafts are shorter.
+    ShorterDrafts {
+        /// The longest draft now.
+        max_draft: usize,
+        /// The longest draft asked for.
+        asked: usize,
+    },
+    /// Speculation goes on without the draft model (whose session would not fit).
+    WithoutDraftModel {
+        /// The drafter used instead.
+        spec: SpecMode,
+    },
+    /// No speculation.
+    NoSpeculation,
+    /// A lower-bit KV cache.
+    LowerKv {
+        /// The KV type now.
+        kv: KvType,
+        /// The KV type asked for.
+        asked: KvType,
+    },
+}
+
+impl std::fmt::Display for Degradation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Degradation::SmallerPasses { n_batch, asked } => {
+                write!(f, "prompt in passes of {n_batch} tokens instead of {asked}")
+            }
+            Degradation::ShorterDrafts { max_draft, .. } => {
+                write!(f, "drafts shortened to {max_draft} tokens")
+            }
+            Degradation::WithoutDraftModel { spec } => write!(f, "{spec} without the draft model"),
+            Degradation::NoSpeculation => f.write_str("no speculation"),
+            Degradation::LowerKv { kv, asked } => write!(f, "{kv} KV cache instead of {asked}"),
+        }
+    }
 }
 
 impl Plan {
@@ -227,22 +277,20 @@ pub fn plan(ledger: &Ledger, request: &PlanRequest, costs: &mut dyn SessionCosts
                     if bytes <= available {
                         let mut degraded = Vec::new();
                         if n_batch < batches[0] {
-                            degraded.push(format!(
-                                "prompt in passes of {n_batch} tokens instead of {}",
-                                batches[0]
-                            ));
+                            degraded.push(Degradation::SmallerPasses { n_batch, asked: batches[0] });
                         }
                         if k < request.max_draft && spec != SpecMode::Off {
-                            degraded.push(format!("drafts shortened to {k} tokens"));
+                            degraded
+                                .push(Degradation::ShorterDrafts { max_draft: k, asked: request.max_draft });
                         }
                         if id > 0 && spec != SpecMode::Off {
-                            degraded.push(format!("{spec} without the draft model"));
+                            degraded.push(Degradation::WithoutDraftModel { spec });
                         }
                         if spec == SpecMode::Off && request.spec != SpecMode::Off {
-                            degraded.push("no speculation".to_owned());
+                            degraded.push(Degradation::NoSpeculation);
                         }
                         if ik > 0 {
-                            degraded.push(format!("{kv} KV cache instead of {}", request.kv));
+                            degraded.push(Degradation::LowerKv { kv, asked: request.kv });
                         }
                         return Ok(Plan {
                             kv,

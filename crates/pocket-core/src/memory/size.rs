@@ -62,7 +62,7 @@ pub fn format_size(bytes: u64) -> String {
 }
 
 /// A memory budget as configured: a size, or `auto`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BudgetSpec {
     /// This many bytes.
     Bytes(u64),
@@ -89,6 +89,34 @@ impl fmt::Display for BudgetSpec {
             BudgetSpec::Bytes(b) => f.write_str(&format_size(*b)),
             BudgetSpec::Auto => f.write_str("auto"),
         }
+    }
+}
+
+impl BudgetSpec {
+    /// The budget as written in a configuration file: `auto`, or the size with the largest
+    /// unit that holds it exactly to two decimals (`1.5GiB`, `300MiB`), else in bytes.
+    pub fn to_config_string(self) -> String {
+        let BudgetSpec::Bytes(b) = self else { return "auto".into() };
+        for (name, unit) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+            if b >= unit && (b as u128 * 100).is_multiple_of(unit as u128) {
+                let text = format!("{:.2}", b as f64 / unit as f64);
+                return format!("{}{name}", text.trim_end_matches('0').trim_end_matches('.'));
+            }
+        }
+        b.to_string()
+    }
+}
+
+impl Serialize for BudgetSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_config_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for BudgetSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(|e: Error| serde::de::Error::custom(format!("{e}, or auto")))
     }
 }
 
@@ -174,6 +202,21 @@ fn cgroup_limit(proc_cgroup: &str, read: &dyn Fn(&str) -> Option<String>) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn budgets_print_as_written_and_read_back() {
+        for (text, printed) in [
+            ("1.5GiB", "1.5GiB"),
+            ("300M", "300MiB"),
+            ("auto", "auto"),
+            ("1234567", "1234567"),
+            ("64k", "64KiB"),
+        ] {
+            let b: BudgetSpec = text.parse().unwrap();
+            assert_eq!(b.to_config_string(), printed);
+            assert_eq!(printed.parse::<BudgetSpec>().unwrap(), b);
+        }
+    }
 
     #[test]
     fn sizes_parse_in_every_written_form() {
