@@ -66,6 +66,10 @@ struct Setup {
     dbus: bool,
     /// Also serve flan-t5-small (an encoder-decoder on tract).
     flan: bool,
+    /// The daemon's default speculation (`off` unless given).
+    spec: Option<&'static str>,
+    /// Where it keeps what it learns (a directory of its own unless given).
+    cache: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -83,8 +87,10 @@ impl Daemon {
         let bus = setup.dbus.then(Bus::start);
         let config = format!(
             "socket = {socket:?}\nmodels_dir = {models:?}\ndefault_model = \"smollm2\"\nbus = \"{}\"\n\
-             threads = 1\nspec = \"off\"\n{}{}",
+             threads = 1\nspec = {:?}\n{}{}{}",
             if bus.is_some() { "session" } else { "none" },
+            setup.spec.unwrap_or("off"),
+            if setup.extra.contains("tune_when_idle") { "" } else { "tune_when_idle = false\n" },
             if setup.extra.contains("memory_budget") { "" } else { "memory_budget = \"1GiB\"\n" },
             setup.extra
         );
@@ -93,7 +99,7 @@ impl Daemon {
         command
             .arg("--config")
             .arg(dir.path().join("pocketd.toml"))
-            .env("POCKET_CACHE_DIR", dir.path().join("cache"))
+            .env("POCKET_CACHE_DIR", setup.cache.clone().unwrap_or_else(|| dir.path().join("cache")))
             .env_remove("POCKET_MODELS_DIR")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("log")).unwrap());
@@ -850,4 +856,124 @@ fn the_openai_python_client_talks_over_the_socket() {
     assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
     assert!(out.contains("Paris"), "{out}");
     assert!(out.contains("streamed:"), "{out}");
+}
+
+/// `pocket` with its speculation cache in `cache`.
+fn pocket(cache: &Path, args: &[&str]) -> Output {
+    let o = Command::new(env!("CARGO_BIN_EXE_pocket"))
+        .args(args)
+        .env("POCKET_CACHE_DIR", cache)
+        .env("POCKET_MODELS_DIR", Path::new(env!("CARGO_MANIFEST_DIR")).join("models/store"))
+        .output()
+        .expect("the pocket binary runs");
+    assert!(o.status.success(), "pocket {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    o
+}
+
+/// sha256 of token ids as little-endian u32s, hex (as the benchmark's results write it).
+fn sha256_tokens(tokens: &[u64]) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for t in tokens {
+        h.update((*t as u32).to_le_bytes());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn pocket_run_the_daemon_and_pocket_bench_choose_the_same_drafter_and_give_the_same_tokens() {
+    // What `auto` knows about this device (what `pocket tune`, or an idle daemon, learns),
+    // shared by all three through one cache directory.
+    let cache = tempfile::tempdir().unwrap();
+    let model = smollm2();
+    let model = model.to_str().unwrap();
+    pocket(cache.path(), &["tune", "-m", model, "-t", "1", "--weights", "stored"]);
+    let prompt = "Repeat this line three times: the quick brown fox jumps over the lazy dog";
+
+    // `pocket run`.
+    let o = pocket(
+        cache.path(),
+        &[
+            "run",
+            "-m",
+            model,
+            "--chat",
+            prompt,
+            "-n",
+            "48",
+            "-t",
+            "1",
+            "--spec",
+            "auto",
+            "--weights",
+            "stored",
+            "--json",
+        ],
+    );
+    let run: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let run_tokens: Vec<u64> =
+        run["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    let drafter = run["spec"]["drafter"].as_str().unwrap().to_owned();
+    assert!(
+        drafter.starts_with("auto (") && drafter.contains("suffix"),
+        "auto drafts here once tuned: {drafter}"
+    );
+
+    // The daemon, asked over its socket with its default speculation.
+    let d = Daemon::start(Setup {
+        spec: Some("auto"),
+        cache: Some(cache.path().to_path_buf()),
+        ..Setup::default()
+    });
+    let (code, r) = d.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 48, "return_tokens": true}),
+    );
+    assert_eq!(code, 200, "{r}");
+    let daemon_tokens: Vec<u64> =
+        r["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!(daemon_tokens, run_tokens, "the daemon's tokens");
+    assert_eq!(r["timings"]["drafter"], drafter.as_str(), "the daemon's drafter");
+    assert_eq!(r["choices"][0]["message"]["content"], run["text"]);
+
+    // `pocket bench`, in process and through the same daemon (its model as the daemon serves it).
+    let work = tempfile::tempdir().unwrap();
+    let prompts = work.path().join("prompts.jsonl");
+    let line = json!({"id": "repeat", "kind": "edit", "messages": [{"role": "user", "content": prompt}], "max_tokens": 48});
+    std::fs::write(&prompts, format!("{line}\n")).unwrap();
+    let served = d.dir.path().join("models/smollm2.gguf");
+    let results = work.path().join("bench.json");
+    pocket(
+        cache.path(),
+        &[
+            "bench",
+            "-m",
+            served.to_str().unwrap(),
+            "--modes",
+            "vanilla,auto",
+            "--socket",
+            d.socket.to_str().unwrap(),
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "-t",
+            "1",
+            "--no-cost-curve",
+            "--json",
+            results.to_str().unwrap(),
+        ],
+    );
+    let bench: Value = serde_json::from_slice(&std::fs::read(&results).unwrap()).unwrap();
+    assert_eq!(bench["settings"]["start"], "cold");
+    let runs = bench["runs"].as_array().unwrap();
+    let modes: Vec<&str> = runs.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["vanilla", "auto", "socket:vanilla", "socket:auto"]);
+    let sha = sha256_tokens(&run_tokens);
+    for r in runs {
+        assert_eq!(r["output_sha256"], sha.as_str(), "{} gives pocket run's tokens", r["mode"]);
+        assert_eq!(r["identical_to_vanilla"], true, "{}", r["mode"]);
+        if r["mode"].as_str().unwrap().ends_with("auto") {
+            assert_eq!(r["drafter"], drafter.as_str(), "{}'s drafter", r["mode"]);
+        }
+    }
+    assert!(bench["summary"]["socket:auto"]["decode_vs_in_process"].as_f64().is_some(), "{bench}");
 }

@@ -55,6 +55,11 @@ pub struct LoadedModel {
     pub idle_seconds: f64,
     /// Seconds of idleness after which it is unloaded (`null`: kept until memory is needed).
     pub keep_alive_seconds: Option<f64>,
+    /// Whether what speculation needs about it on this device (its cost curve, a skip set
+    /// where one could pay) is known for the daemon's settings; until it is, `auto` decodes
+    /// plainly and the daemon learns it while idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tuned: Option<bool>,
 }
 
 /// A request generating now.

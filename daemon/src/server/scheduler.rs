@@ -372,6 +372,7 @@ impl Scheduler {
                 sessions: Registry::users(&m),
                 idle_seconds: idle.as_secs_f64(),
                 keep_alive_seconds: keep_alive,
+                tuned: Some(!learn::needs_tuning(&m.model, &TuneSettings::new(self.threads, self.config.kv))),
             })
             .collect();
         let sessions = self
