@@ -12,12 +12,12 @@ use pocket_core::{KvType, ModelKind, SessionConfig, Token, default_threads};
 use pocket_ggml::{DeviceChoice, WeightFormat};
 use pocket_runtime::learn::{self, SkipSearch, TuneSettings};
 use pocket_runtime::pipeline::{self, Input};
-use pocket_runtime::process::{MemStats, budget_ledger, reset_peak};
+use pocket_runtime::process::{CpuTimes, MemStats, budget_ledger, reset_peak};
 use pocket_runtime::{LoadedModel, OpenOptions};
 use serde::{Deserialize, Serialize};
 
 use super::Error;
-use super::machine::{CpuTimes, cpu_name, settle, sha256_model, sha256_tokens, wait_for_quiet};
+use super::machine::{cpu_name, settle, sha256_model, sha256_tokens, wait_for_quiet};
 use super::modes::{self, Mode, PromptRun, RunMode, RunOutput, Runner, RunnerContext};
 use super::results::{BenchModel, BenchResults, Machine, RunRecord, Settings};
 use super::summary::{compare_outputs, summarize};

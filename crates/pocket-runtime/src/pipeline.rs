@@ -47,15 +47,17 @@ pub struct Request {
     pub session: SessionConfig,
     /// Longest draft asked for.
     pub max_draft: usize,
-    /// Plan the session under what the ledger has free, giving things up in the designed
-    /// order to fit ([`pocket_core::memory::plan`]); otherwise the settings are taken as they
-    /// are and only the ledger's reservations hold the budget.
+    /// Plan the session ([`pocket_core::memory::plan`]): a context of what the request can
+    /// hold (prompt, `max_tokens`, one draft window) and rows of logits for the drafts it
+    /// verifies, under what the ledger has free, giving things up in the designed order to fit
+    /// (an unlimited ledger gives it all it asks). Every entry point plans; only a benchmark's
+    /// `naive:` modes, which hold the whole context as engines without a budget do, do not.
     pub planned: bool,
 }
 
 impl Request {
     /// A request for `input` with the defaults: greedy, 256 tokens, no speculation, the
-    /// default session, unplanned.
+    /// default session, planned.
     pub fn new(input: Input) -> Self {
         Request {
             input,
@@ -64,7 +66,7 @@ impl Request {
             spec: SpecMode::Off,
             session: SessionConfig::default(),
             max_draft: DEFAULT_MAX_DRAFT,
-            planned: false,
+            planned: true,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! This process's memory, from `/proc/self/status`: what `pocket run --json` and the
 //! benchmark report, and the ledger of a memory budget with the process's own memory paid
-//! for first.
+//! for first; and how busy the rest of the machine keeps the CPU (`/proc/stat`), for learning
+//! only when it is otherwise idle and for benchmarks to say when they competed.
 
 use pocket_core::memory::{BudgetSpec, Ledger, MemoryLimits, Reservation};
 use serde::Serialize;
@@ -76,6 +77,57 @@ pub fn budget_ledger(spec: Option<BudgetSpec>) -> crate::Result<(Ledger, Option<
     Ok((ledger, Some(reservation)))
 }
 
+/// CPU time counters, to tell how much of the machine other processes took during a run: on
+/// a shared machine (or a board running other services) a benchmark competing for its
+/// cores measures the competition, and with spinning thread pools not proportionally.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuTimes {
+    /// Ticks of every CPU, busy or idle (`/proc/stat`, user to steal).
+    total: u64,
+    /// Ticks of every CPU busy, for anyone (steal included: another VM had the core).
+    busy: u64,
+    /// Ticks this process ran (user + system).
+    own: u64,
+    /// CPUs counted in `total`.
+    cpus: u64,
+}
+
+impl CpuTimes {
+    /// Read the counters now; `None` where `/proc` does not have them.
+    pub fn read() -> Option<CpuTimes> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let own = std::fs::read_to_string("/proc/self/stat").ok()?;
+        Self::parse(&stat, &own)
+    }
+
+    fn parse(stat: &str, own: &str) -> Option<CpuTimes> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let f: Vec<u64> = line.split_whitespace().skip(1).map_while(|v| v.parse().ok()).collect();
+        // user nice system idle iowait irq softirq steal (guest time is inside user).
+        let at = |i: usize| f.get(i).copied().unwrap_or(0);
+        let total = (0..8).map(at).sum();
+        let busy = total - at(3) - at(4);
+        let cpus = stat.lines().filter(|l| l.starts_with("cpu") && !l.starts_with("cpu ")).count() as u64;
+        // Fields after the command name (which may contain spaces, hence the last ')'):
+        // state is field 3, utime and stime are fields 14 and 15.
+        let rest = &own[own.rfind(')')? + 1..];
+        let v: Vec<&str> = rest.split_whitespace().collect();
+        let own = v.get(11)?.parse::<u64>().ok()? + v.get(12)?.parse::<u64>().ok()?;
+        Some(CpuTimes { total, busy, own, cpus: cpus.max(1) })
+    }
+
+    /// Cores that other processes kept busy on average since `before`.
+    pub fn other_cores_since(&self, before: &CpuTimes) -> Option<f64> {
+        let total = self.total.checked_sub(before.total)?;
+        if total == 0 {
+            return None;
+        }
+        let busy = self.busy.saturating_sub(before.busy);
+        let own = self.own.saturating_sub(before.own);
+        Some(busy.saturating_sub(own) as f64 / total as f64 * self.cpus as f64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,5 +148,20 @@ mod tests {
         assert!(during.rss_bytes >= before + (60 << 20), "{before} -> {}", during.rss_bytes);
         assert!(during.anon_bytes >= 60 << 20);
         drop(v);
+    }
+
+    #[test]
+    fn other_processes_cpu_share_from_proc_counters() {
+        let stat = |user: u64, idle: u64, steal: u64| {
+            format!("cpu  {user} 0 0 {idle} 0 0 0 {steal} 0 0\ncpu0 1 0 0 1\ncpu1 1 0 0 1\nintr 5\n")
+        };
+        let own = |ticks: u64| format!("42 (my (odd) name) R 1 2 3 4 5 6 7 8 9 10 {ticks} 0 0 0");
+        let a = CpuTimes::parse(&stat(100, 100, 0), &own(50)).unwrap();
+        assert_eq!(a, CpuTimes { total: 200, busy: 100, own: 50, cpus: 2 });
+        // 100 ticks over 2 CPUs: we ran 40, others 30 (10 of them stolen), 30 idle.
+        let b = CpuTimes::parse(&stat(160, 130, 10), &own(90)).unwrap();
+        assert_eq!(b.other_cores_since(&a), Some(0.6));
+        assert_eq!(a.other_cores_since(&a), None);
+        assert!(CpuTimes::read().is_some());
     }
 }

@@ -242,7 +242,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         spec,
         session: SessionConfig { kv: args.kv, n_ctx: args.ctx_size, threads, ..SessionConfig::default() },
         max_draft: DEFAULT_MAX_DRAFT,
-        planned: budgeted,
+        planned: true,
     };
     let prepared = pipeline::prepare(&model, draft.as_ref(), &request, &ledger)?;
     // A plan that gave the draft model up gives its weights back to the budget.
@@ -303,7 +303,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             peak_anon_bytes: peaks.peak_anon_bytes,
             peak_file_bytes: peaks.peak_file_bytes,
             memory_budget_bytes: budgeted.then(|| ledger.budget()),
-            plan: outcome.plan.as_ref(),
+            plan: outcome.plan.as_ref().filter(|_| budgeted),
             spec: SpecReport {
                 mode: outcome.spec,
                 drafter: outcome.drafter.clone().unwrap_or_else(|| "none".into()),

@@ -262,6 +262,9 @@ pub struct Scheduler {
 /// requests from one client comes with gaps far shorter than this.
 const IDLE_GRACE: Duration = Duration::from_millis(1500);
 
+/// Cores other processes may keep busy for the machine still to count as idle.
+const OTHERS_BUSY: f64 = 0.5;
+
 /// How long something that could not be learned is left alone.
 const LEARN_RETRY: Duration = Duration::from_secs(600);
 
@@ -670,6 +673,11 @@ impl Scheduler {
                 }
                 continue;
             };
+            if others_busy().await {
+                // Other processes keep the cores busy: learning would compete with them.
+                tokio::time::sleep(IDLE_GRACE).await;
+                continue;
+            }
             // Announce, then look again: a request that arrived meanwhile either sees the
             // learner running and waits for it (it stops at its first pass), or is seen here.
             self.learning.store(true, Ordering::SeqCst);
@@ -745,6 +753,15 @@ impl Scheduler {
         }
         None
     }
+}
+
+/// Whether other processes kept more than [`OTHERS_BUSY`] cores busy over the last quarter
+/// second (false where `/proc` does not say).
+async fn others_busy() -> bool {
+    let Some(before) = pocket_runtime::process::CpuTimes::read() else { return false };
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let after = pocket_runtime::process::CpuTimes::read();
+    after.and_then(|a| a.other_cores_since(&before)).is_some_and(|cores| cores > OTHERS_BUSY)
 }
 
 /// A request between its arrival and its end; while any is, the learner stays away.

@@ -13,8 +13,8 @@ use pocket_runtime::{DEFAULT_MAX_DRAFT, LoadedModel};
 use super::{PromptRun, RunMode, RunOutput, Runner, RunnerContext};
 use crate::Error;
 
-/// Runs a prompt as `pocket run` and the daemon run a request: [`pipeline::prepare`] (planned
-/// under the budget, when there is one) then [`pipeline::run`], with a new session and drafter
+/// Runs a prompt as `pocket run` and the daemon run a request: [`pipeline::prepare`] (planned,
+/// under the budget when there is one) then [`pipeline::run`], with a new session and drafter
 /// each time, dropped at the end; `vanilla` has no drafter, which is plain decoding.
 ///
 /// Sessions and drafters pay in a ledger of the runner's own (a part of the budget), whose
@@ -27,7 +27,10 @@ pub struct PipelineRunner {
     draft_model: Option<Arc<LoadedModel>>,
     session: SessionConfig,
     ledger: Ledger,
+    /// Planned as every request is (not `naive:`).
     planned: bool,
+    /// Under a memory budget (the plan is then recorded).
+    budgeted: bool,
     kv_bytes_per_token: u64,
 }
 
@@ -50,7 +53,8 @@ impl PipelineRunner {
             draft_model,
             session,
             ledger,
-            planned: cx.budgeted && !mode.naive,
+            planned: !mode.naive,
+            budgeted: cx.budgeted,
         })
     }
 }
@@ -98,7 +102,7 @@ impl Runner for PipelineRunner {
             draft_steps: g.spec.drafts as u64,
             drafter: outcome.drafter,
             generation_memory_bytes: self.ledger.peak(),
-            plan: outcome.plan,
+            plan: outcome.plan.filter(|_| self.budgeted),
         })
     }
 }

@@ -240,13 +240,9 @@ pub fn plan(ledger: &Ledger, request: &PlanRequest, costs: &mut dyn SessionCosts
     let mut memo = Memo { costs, target: HashMap::new(), draft: HashMap::new() };
     let batches = prefill_batches(request.n_batch);
     let start = KvType::ALL.iter().position(|&k| k == request.kv).unwrap_or(0);
-    let mut kv_types = Vec::new();
-    for &kv in &KvType::ALL[start..] {
-        if memo.target(kv, batches[0], request.max_draft + 1)?.is_some() {
-            kv_types.push(kv);
-        }
-    }
-    if kv_types.first() != Some(&request.kv) {
+    if KvType::ALL[start] != request.kv
+        || memo.target(request.kv, batches[0], request.max_draft + 1)?.is_none()
+    {
         return Err(Error::invalid(format!("the engine offers no {} KV cache for this model", request.kv)));
     }
     let has_draft = memo.draft(request.kv, batches[0])?.is_some();
@@ -266,7 +262,12 @@ pub fn plan(ledger: &Ledger, request: &PlanRequest, costs: &mut dyn SessionCosts
         drafters.push((SpecMode::Off, false));
     }
     let mut least = None;
-    for (ik, &kv) in kv_types.iter().enumerate() {
+    // Lower-bit KV types are asked of the engine only when the one asked for does not fit
+    // (measuring a footprint builds a graph).
+    for (ik, &kv) in KvType::ALL[start..].iter().enumerate() {
+        if memo.target(kv, batches[0], request.max_draft + 1)?.is_none() {
+            continue; // not offered by this engine
+        }
         for (id, &(spec, with_draft)) in drafters.iter().enumerate() {
             let mut k = if spec == SpecMode::Off { 0 } else { request.max_draft.max(1) };
             loop {
