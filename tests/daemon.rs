@@ -977,3 +977,49 @@ fn pocket_run_the_daemon_and_pocket_bench_choose_the_same_drafter_and_give_the_s
     }
     assert!(bench["summary"]["socket:auto"]["decode_vs_in_process"].as_f64().is_some(), "{bench}");
 }
+
+#[test]
+fn the_daemon_learns_while_idle_gives_way_to_requests_and_auto_uses_what_it_learned() {
+    let d = Daemon::start(Setup {
+        spec: Some("auto"),
+        extra: "tune_when_idle = true\n".into(),
+        ..Setup::default()
+    });
+    let ask = || {
+        let (code, r) = d.post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Repeat: the quick brown fox jumps over the lazy dog"}],
+                    "max_tokens": 24, "return_tokens": true}),
+        );
+        assert_eq!(code, 200, "{r}");
+        r
+    };
+    // Nothing is known on a fresh daemon: auto decodes plainly, with no drafter at all.
+    let first = ask();
+    assert_eq!(first["timings"]["drafter"], "auto (plain: not measured on this device yet)");
+    // Idle, it learns; a request that comes meanwhile stops the learning and is answered.
+    let start = Instant::now();
+    let mut interrupted = false;
+    loop {
+        let s = d.get("/v1/status");
+        if s["loaded"][0]["tuned"] == true {
+            break;
+        }
+        if s["learning"].is_string() && !interrupted {
+            let during = ask();
+            assert_eq!(during["tokens"], first["tokens"], "greedy tokens are the same whatever is known");
+            interrupted = true;
+        }
+        assert!(start.elapsed() < Duration::from_secs(180), "nothing learned within 3 minutes: {s}\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(interrupted, "the learner was never seen at work:\n{}", d.log());
+    assert!(d.log().contains("learned while idle"), "{}", d.log());
+    // What was learned is used: auto now decides per step from this device's cost curve.
+    let after = ask();
+    let drafter = after["timings"]["drafter"].as_str().unwrap();
+    assert!(drafter.starts_with("auto (") && !drafter.contains("not measured"), "{drafter}");
+    assert_eq!(after["tokens"], first["tokens"]);
+    // And it was remembered where the daemon keeps its cache.
+    assert_eq!(std::fs::read_dir(d.dir.path().join("cache")).unwrap().count(), 1);
+}
