@@ -14,12 +14,12 @@
 //! the ratio is the median over pairs of auto over off. Prints a table and writes
 //! `target/bench/fresh.json`. `POCKET_BENCH_THREADS` sets the threads (default: every core).
 
-use std::path::Path;
-use std::process::{Command, ExitCode, Stdio};
+mod common;
+
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use pocket_api::client::Client;
-use pocket_core::default_threads;
 
 const QUESTIONS: [&str; 10] = [
     "In one sentence, what is a Raspberry Pi?",
@@ -128,40 +128,13 @@ fn print(title: &str, answers: &[Answer], ratios: &[f64]) {
 }
 
 fn run() -> anyhow::Result<()> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let name = pocket_models::default_model();
-    let dir = pocket_models::models_dir(None);
-    pocket_models::resolve(name, &dir).map_err(|e| anyhow::anyhow!("{e}; run `pocket pull {name}` first"))?;
-    let threads = std::env::var("POCKET_BENCH_THREADS")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(default_threads);
-    let work = tempfile::tempdir()?;
-    let socket = work.path().join("pocketd.sock");
-    let config = work.path().join("pocketd.toml");
+    let (name, _) = common::default_model()?;
+    let threads = common::threads();
     // The defaults but for where it listens, its models and its threads.
-    std::fs::write(
-        &config,
-        format!(
-            "socket = {socket:?}\nmodels_dir = {dir:?}\ndefault_model = {name:?}\nbus = \"none\"\nthreads = {threads}\n"
-        ),
-    )?;
-    let log = work.path().join("pocketd.log");
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_pocketd"))
-        .arg("--config")
-        .arg(&config)
-        .env("POCKET_CACHE_DIR", work.path().join("cache"))
-        .stderr(std::fs::File::create(&log)?)
-        .stdout(Stdio::null())
-        .spawn()?;
+    let daemon = common::Daemon::start(threads, "")?;
+    let client = Client::new(&daemon.socket);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let result = (|| {
-        let started = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            anyhow::ensure!(started.elapsed() < Duration::from_secs(30), "pocketd did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let client = Client::new(&socket);
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let fresh = rt.block_on(pairs(&client))?;
         // Idle until the daemon has learned what auto needs (its status says so).
         let idle = Instant::now();
@@ -177,24 +150,21 @@ fn run() -> anyhow::Result<()> {
         let tuned = rt.block_on(pairs(&client))?;
         Ok((fresh, learned_in, tuned))
     })();
-    let _ = Command::new("kill").args(["-TERM", &daemon.id().to_string()]).status();
-    let _ = daemon.wait();
     let ((fresh, fresh_ratios), learned_in, (tuned, tuned_ratios)) =
-        result.map_err(|e| e.context(std::fs::read_to_string(&log).unwrap_or_default()))?;
+        result.map_err(|e: anyhow::Error| e.context(daemon.log()))?;
+    drop(daemon);
     println!(
         "{name}, {threads} threads, a fresh pocketd with the default settings, {MAX_TOKENS} tokens at most\n"
     );
     print("1. fresh: nothing measured on this device yet", &fresh, &fresh_ratios);
     println!("(the daemon learned while idle for {learned_in:.1} s)\n");
     print("2. after learning while idle", &tuned, &tuned_ratios);
-    let out = root.join("target/bench");
-    std::fs::create_dir_all(&out)?;
     let report = serde_json::json!({
         "model": name, "threads": threads, "max_tokens": MAX_TOKENS,
         "fresh": {"answers": fresh, "ratio_median": median(fresh_ratios.clone()), "ratios": fresh_ratios},
         "learned_in_seconds": learned_in,
         "tuned": {"answers": tuned, "ratio_median": median(tuned_ratios.clone()), "ratios": tuned_ratios},
     });
-    std::fs::write(out.join("fresh.json"), serde_json::to_vec_pretty(&report)?)?;
+    std::fs::write(common::out_dir()?.join("fresh.json"), serde_json::to_vec_pretty(&report)?)?;
     Ok(())
 }

@@ -9,14 +9,15 @@
 //! Prints medians and writes `target/bench/ttft.json`. `POCKET_BENCH_REPS` sets the number of
 //! pairs (default 30); `POCKET_BENCH_THREADS` the threads (default: every core).
 
+mod common;
+
 use std::ops::ControlFlow;
-use std::path::Path;
-use std::process::{Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitCode;
+use std::time::Instant;
 
 use pocket_api::client::Client;
 use pocket_core::memory::Ledger;
-use pocket_core::{ChatMessage, SessionConfig, default_threads};
+use pocket_core::{ChatMessage, SessionConfig};
 use pocket_runtime::pipeline::{self, Input, OnEvent, Request};
 use pocket_runtime::{LoadedModel, OpenOptions};
 
@@ -81,66 +82,32 @@ async fn through_socket(client: &Client) -> anyhow::Result<f64> {
 }
 
 fn run() -> anyhow::Result<()> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let name = pocket_models::default_model();
-    let dir = pocket_models::models_dir(None);
-    let path = pocket_models::resolve(name, &dir)
-        .map_err(|e| anyhow::anyhow!("{e}; run `pocket pull {name}` first"))?
-        .path;
-    let threads = std::env::var("POCKET_BENCH_THREADS")
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(default_threads);
+    let (name, path) = common::default_model()?;
+    let threads = common::threads();
     let reps: usize = std::env::var("POCKET_BENCH_REPS").ok().and_then(|t| t.parse().ok()).unwrap_or(30);
-
-    let work = tempfile::tempdir()?;
-    let socket = work.path().join("pocketd.sock");
-    let config = work.path().join("pocketd.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "socket = {socket:?}\nmodels_dir = {dir:?}\ndefault_model = {name:?}\nbus = \"none\"\nthreads = {threads}\n\
-             spec = \"off\"\ntune_when_idle = false\n"
-        ),
-    )?;
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_pocketd"))
-        .arg("--config")
-        .arg(&config)
-        .stderr(Stdio::null())
-        .spawn()?;
-    let result = (|| {
-        let started = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            anyhow::ensure!(started.elapsed() < Duration::from_secs(30), "pocketd did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let model = LoadedModel::open(&path, &OpenOptions::default())?;
-        let client = Client::new(&socket);
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        // Warm both: the daemon loads its model on the first request.
-        rt.block_on(through_socket(&client))?;
-        in_process(&model, threads)?;
-        let (mut local, mut remote) = (Vec::new(), Vec::new());
-        for _ in 0..reps {
-            local.push(in_process(&model, threads)?);
-            remote.push(rt.block_on(through_socket(&client))?);
-        }
-        Ok((median(&mut local), median(&mut remote), local, remote))
-    })();
-    let _ = Command::new("kill").args(["-TERM", &daemon.id().to_string()]).status();
-    let _ = daemon.wait();
-    let (local, remote, all_local, all_remote) = result?;
+    let daemon = common::Daemon::start(threads, "spec = \"off\"\ntune_when_idle = false\n")?;
+    let model = LoadedModel::open(&path, &OpenOptions::default())?;
+    let client = Client::new(&daemon.socket);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // Warm both: the daemon loads its model on the first request.
+    rt.block_on(through_socket(&client))?;
+    in_process(&model, threads)?;
+    let (mut all_local, mut all_remote) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        all_local.push(in_process(&model, threads)?);
+        all_remote.push(rt.block_on(through_socket(&client))?);
+    }
+    drop(daemon);
+    let (local, remote) = (median(&mut all_local.clone()), median(&mut all_remote.clone()));
     println!("time to first token, {name}, {threads} threads, {reps} pairs (median):");
     println!("  in-process        {local:8.2} ms");
     println!("  through pocketd   {remote:8.2} ms");
     println!("  difference        {:+8.2} ms", remote - local);
-    let out = root.join("target/bench");
-    std::fs::create_dir_all(&out)?;
     let report = serde_json::json!({
         "model": name, "threads": threads, "prompt": PROMPT, "reps": reps,
         "in_process_ms_median": local, "socket_ms_median": remote, "difference_ms": remote - local,
         "in_process_ms": all_local, "socket_ms": all_remote,
     });
-    std::fs::write(out.join("ttft.json"), serde_json::to_vec_pretty(&report)?)?;
+    std::fs::write(common::out_dir()?.join("ttft.json"), serde_json::to_vec_pretty(&report)?)?;
     Ok(())
 }

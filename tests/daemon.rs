@@ -1010,7 +1010,11 @@ fn the_daemon_learns_while_idle_gives_way_to_requests_and_auto_uses_what_it_lear
             assert_eq!(during["tokens"], first["tokens"], "greedy tokens are the same whatever is known");
             interrupted = true;
         }
-        assert!(start.elapsed() < Duration::from_secs(180), "nothing learned within 3 minutes: {s}\n{}", d.log());
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "nothing learned within 3 minutes: {s}\n{}",
+            d.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(interrupted, "the learner was never seen at work:\n{}", d.log());
