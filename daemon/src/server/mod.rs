@@ -10,6 +10,7 @@ pub mod config;
 pub mod dbus;
 pub mod error;
 pub mod http;
+pub mod learner;
 pub mod listen;
 pub mod metrics;
 pub mod registry;

@@ -13,10 +13,10 @@
 //! the next token ends the generation, and the session's memory is returned as soon as it does.
 //!
 //! While no request is in flight, the daemon learns what speculation needs about its loaded
-//! models ([`Scheduler::learn_while_idle`]); a request that arrives stops that first, so it
-//! never pays for it.
+//! models (see [`super::learner`]); a request that arrives stops that first, so it never pays
+//! for it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,6 +33,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use super::config::Config;
 use super::error::ServeError;
+use super::learner::Learner;
 use super::metrics::Metrics;
 use super::registry::{Registry, ServedModel};
 
@@ -241,32 +242,14 @@ pub struct Scheduler {
     started: Instant,
     threads: usize,
     /// Requests between their arrival and their end: while any is, nothing is learned.
-    in_flight: AtomicUsize,
+    pub(super) in_flight: AtomicUsize,
     /// When the last request ended (or the daemon started).
-    last_activity: Mutex<Instant>,
+    pub(super) last_activity: Mutex<Instant>,
     /// Woken when a request ends.
-    request_ended: Notify,
-    /// Whether the learner is running now; requests wait for it to stop first.
-    learning: AtomicBool,
-    /// Woken when the learner stops.
-    learning_stopped: Notify,
-    /// What the learner is doing, for `/v1/status`.
-    learning_now: Mutex<Option<String>>,
-    /// The KV types requests asked to speculate with, per model: what is learned for them.
-    speculated: Mutex<HashSet<(String, KvType)>>,
-    /// What could not be learned, and when it failed (not retried for a while).
-    learn_failed: Mutex<HashMap<(String, KvType), Instant>>,
+    pub(super) request_ended: Notify,
+    /// What learns about the loaded models while the daemon is idle.
+    pub(super) learner: Learner,
 }
-
-/// How long the daemon must have been without requests before it starts learning: a burst of
-/// requests from one client comes with gaps far shorter than this.
-const IDLE_GRACE: Duration = Duration::from_millis(1500);
-
-/// Cores other processes may keep busy for the machine still to count as idle.
-const OTHERS_BUSY: f64 = 0.5;
-
-/// How long something that could not be learned is left alone.
-const LEARN_RETRY: Duration = Duration::from_secs(600);
 
 /// How long a request whose plan does not fit waits for running sessions to give memory
 /// back before it is refused.
@@ -302,17 +285,18 @@ impl Scheduler {
             in_flight: AtomicUsize::new(0),
             last_activity: Mutex::new(Instant::now()),
             request_ended: Notify::new(),
-            learning: AtomicBool::new(false),
-            learning_stopped: Notify::new(),
-            learning_now: Mutex::new(None),
-            speculated: Mutex::new(HashSet::new()),
-            learn_failed: Mutex::new(HashMap::new()),
+            learner: Learner::default(),
         }))
     }
 
     /// The effective configuration.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// CPU threads each generation runs on.
+    pub fn threads(&self) -> usize {
+        self.threads
     }
 
     /// The daemon's budget.
@@ -403,7 +387,7 @@ impl Scheduler {
             queued: self.queued(),
             queue_capacity: self.config.queue,
             threads: Some(self.threads),
-            learning: lock(&self.learning_now).clone(),
+            learning: self.learner.doing(),
         }
     }
 
@@ -456,7 +440,7 @@ impl Scheduler {
         }
         let kv = job.options.kv.unwrap_or(self.config.kv);
         if spec != SpecMode::Off {
-            lock(&self.speculated).insert((found.name.clone(), kv));
+            self.learner.want(&found.name, kv);
         }
 
         let place = self
@@ -474,7 +458,7 @@ impl Scheduler {
             }
         };
         // Learning gives the machine back before this request loads or plans anything.
-        self.learner_stopped().await;
+        self.learner.stopped().await;
         let model = self.registry.load(found).await?;
         let draft = match (&job.options.draft_model, spec) {
             (Some(d), SpecMode::Draft | SpecMode::Auto) => Some(self.registry.get(d).await?),
@@ -629,139 +613,6 @@ impl Scheduler {
         }
         self.session_ended.notify_waiters();
     }
-
-    /// Wait until the learner is not running (it stops within a pass once a request is in
-    /// flight).
-    async fn learner_stopped(&self) {
-        loop {
-            let stopped = self.learning_stopped.notified();
-            if !self.learning.load(Ordering::SeqCst) {
-                return;
-            }
-            stopped.await;
-        }
-    }
-
-    /// Learn what speculation needs about the loaded models — cost curves, skip sets — while
-    /// no request is in flight (after [`IDLE_GRACE`] of quiet), stopping within a forward
-    /// pass when one arrives; what was learned is used by the next requests. Runs until the
-    /// daemon stops (or returns at once when `tune_when_idle` is off).
-    pub async fn learn_while_idle(self: Arc<Self>) {
-        if !self.config.tune_when_idle {
-            return;
-        }
-        loop {
-            if self.is_stopping() {
-                return;
-            }
-            let woken = self.request_ended.notified();
-            let loaded = self.registry.loaded_notify.notified();
-            let quiet_for = lock(&self.last_activity).elapsed();
-            if self.in_flight.load(Ordering::SeqCst) > 0 {
-                woken.await;
-                continue;
-            }
-            if quiet_for < IDLE_GRACE {
-                tokio::time::sleep(IDLE_GRACE - quiet_for).await;
-                continue;
-            }
-            let Some((model, settings)) = self.next_to_learn() else {
-                // Nothing to learn until a request asks for speculation or a model loads.
-                tokio::select! {
-                    _ = woken => {}
-                    _ = loaded => {}
-                }
-                continue;
-            };
-            if others_busy().await {
-                // Other processes keep the cores busy: learning would compete with them.
-                tokio::time::sleep(IDLE_GRACE).await;
-                continue;
-            }
-            // Announce, then look again: a request that arrived meanwhile either sees the
-            // learner running and waits for it (it stops at its first pass), or is seen here.
-            self.learning.store(true, Ordering::SeqCst);
-            if self.in_flight.load(Ordering::SeqCst) > 0 || self.is_stopping() {
-                self.stop_learning();
-                continue;
-            }
-            let what = format!("{} ({} KV)", model.name, settings.kv);
-            *lock(&self.learning_now) = Some(what.clone());
-            let me = self.clone();
-            let ledger = self.ledger.sub();
-            let started = Instant::now();
-            let result = tokio::task::spawn_blocking(move || {
-                let cancelled = || me.in_flight.load(Ordering::SeqCst) > 0 || me.is_stopping();
-                let result = learn::tune(&model.model, &settings, &ledger, &cancelled, &mut |p| {
-                    if let learn::Progress::MeasuringCurve | learn::Progress::Searching = p {
-                        let doing =
-                            if matches!(p, learn::Progress::Searching) { "skip set" } else { "cost curve" };
-                        *lock(&me.learning_now) =
-                            Some(format!("{} ({} KV): {doing}", model.name, settings.kv));
-                    }
-                });
-                (model.name.clone(), settings.kv, result)
-            })
-            .await;
-            *lock(&self.learning_now) = None;
-            self.stop_learning();
-            match result {
-                Ok((_, _, Ok(tuned))) => tracing::info!(
-                    what = %what,
-                    seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
-                    curve = tuned.measured_curve,
-                    skip_set = tuned.found_skip_set,
-                    cancelled = tuned.cancelled,
-                    "learned while idle"
-                ),
-                Ok((name, kv, Err(e))) => {
-                    tracing::warn!(what = %what, "could not learn about the model (retried in {LEARN_RETRY:?}): {e}");
-                    lock(&self.learn_failed).insert((name, kv), Instant::now());
-                }
-                Err(e) => tracing::warn!(what = %what, "learning panicked: {e}"),
-            }
-        }
-    }
-
-    fn stop_learning(&self) {
-        self.learning.store(false, Ordering::SeqCst);
-        self.learning_stopped.notify_waiters();
-    }
-
-    /// A loaded model and the settings there is something to learn for: the daemon's KV type
-    /// when it speculates by default, and every KV type requests asked to speculate with.
-    fn next_to_learn(&self) -> Option<(Arc<ServedModel>, TuneSettings)> {
-        let speculated = lock(&self.speculated).clone();
-        let failed = lock(&self.learn_failed).clone();
-        for (model, _) in self.registry.loaded() {
-            let mut kvs: Vec<KvType> =
-                speculated.iter().filter(|(name, _)| *name == model.name).map(|(_, kv)| *kv).collect();
-            if self.config.spec != SpecMode::Off {
-                kvs.push(self.config.kv);
-            }
-            kvs.sort_by_key(|kv| kv.name());
-            kvs.dedup();
-            for kv in kvs {
-                if failed.get(&(model.name.clone(), kv)).is_some_and(|t| t.elapsed() < LEARN_RETRY) {
-                    continue;
-                }
-                let settings = TuneSettings::new(self.threads, kv);
-                if learn::needs_tuning(&model.model, &settings) {
-                    return Some((model, settings));
-                }
-            }
-        }
-        None
-    }
-}
-
-/// Whether other processes kept more than [`OTHERS_BUSY`] cores busy over the last quarter
-/// second (false where `/proc` does not say).
-async fn others_busy() -> bool {
-    let Some(before) = pocket_runtime::process::CpuTimes::read() else { return false };
-    tokio::time::sleep(Duration::from_millis(250)).await;
-    let after = pocket_runtime::process::CpuTimes::read();
-    after.and_then(|a| a.other_cores_since(&before)).is_some_and(|cores| cores > OTHERS_BUSY)
 }
 
 /// A request between its arrival and its end; while any is, the learner stays away.
