@@ -1,0 +1,95 @@
+//! The request pipeline on a real model (SmolLM2): what it refuses and how, what `auto` does
+//! before and after it knows the device, and learning that gives way when cancelled.
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+
+use pocket_core::memory::Ledger;
+use pocket_core::spec::SpecMode;
+use pocket_core::{ChatMessage, Role, SessionConfig};
+use pocket_runtime::learn::{self, TuneSettings};
+use pocket_runtime::pipeline::{self, Input, OnEvent, Outcome, Request};
+use pocket_runtime::{ErrorKind, LoadedModel, OpenOptions};
+
+fn smollm2(cache: &std::path::Path) -> LoadedModel {
+    let dir = pocket_models::models_dir(None);
+    let path: PathBuf = pocket_models::resolve("smollm2-135m", &dir)
+        .unwrap_or_else(|e| panic!("the tests need smollm2-135m (pocket pull smollm2-135m): {e}"))
+        .path;
+    let options = OpenOptions { cache_dir: Some(cache.to_path_buf()), ..OpenOptions::default() };
+    LoadedModel::open(&path, &options).unwrap()
+}
+
+fn request(text: &str, spec: SpecMode) -> Request {
+    let mut r = Request::new(Input::Chat(vec![ChatMessage::new(Role::User, text)]));
+    r.spec = spec;
+    r.stop.max_tokens = 40;
+    r.session = SessionConfig { threads: 1, n_ctx: 512, ..SessionConfig::default() };
+    r
+}
+
+fn run(model: &LoadedModel, r: &Request) -> Outcome {
+    let ledger = Ledger::unlimited();
+    let prepared = pipeline::prepare(model, None, r, &ledger).unwrap();
+    pipeline::run(model, None, &prepared, &ledger, &mut OnEvent::new(|_| ControlFlow::Continue(()))).unwrap()
+}
+
+#[test]
+fn bad_requests_are_refused_before_anything_runs_naming_the_field() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = smollm2(cache.path());
+    let ledger = Ledger::unlimited();
+    let refuse = |r: &Request| pipeline::prepare(&model, None, r, &ledger).unwrap_err();
+    let e = refuse(&request("hi", SpecMode::InputCopy));
+    assert_eq!((e.kind(), e.param()), (ErrorKind::Invalid, Some("spec")));
+    assert!(e.to_string().contains("use suffix"), "{e}");
+    let e = refuse(&request("hi", SpecMode::Draft));
+    assert_eq!(e.param(), Some("draft_model"), "{e}");
+    let mut r = request("hi", SpecMode::Off);
+    r.input = Input::Text(String::new());
+    let e = refuse(&r);
+    assert_eq!(e.param(), Some("prompt"), "{e}");
+    let mut r = request(&"word ".repeat(400), SpecMode::Off);
+    r.session.n_ctx = 128;
+    let e = refuse(&r);
+    assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
+    assert!(matches!(e.core(), Some(pocket_core::Error::ContextOverflow { limit: 128, .. })), "{e}");
+    let mut r = request("hi", SpecMode::Off);
+    r.sampling.temperature = -1.0;
+    assert_eq!(refuse(&r).param(), Some("temperature"));
+    // A budget that cannot hold the session: the plan says so with the numbers.
+    let tiny = Ledger::new(1 << 20);
+    let e = pipeline::prepare(&model, None, &request("hi", SpecMode::Off), &tiny).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OverBudget, "{e}");
+}
+
+#[test]
+fn auto_decodes_plainly_until_the_device_is_measured_and_then_drafts_losslessly() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = smollm2(cache.path());
+    let text = "Repeat this line three times: the quick brown fox jumps over the lazy dog";
+    let plain = run(&model, &request(text, SpecMode::Off));
+    assert_eq!(plain.drafter, None);
+    let untuned = run(&model, &request(text, SpecMode::Auto));
+    assert_eq!(untuned.drafter.as_deref(), Some("auto (plain: not measured on this device yet)"));
+    assert_eq!(untuned.generation.spec.passes, plain.generation.spec.passes, "no drafts at all");
+    assert_eq!(untuned.generation.tokens, plain.generation.tokens);
+
+    // Learning that is cancelled at once learns nothing and says so.
+    let settings = TuneSettings::new(1, pocket_core::KvType::F16);
+    assert!(learn::needs_tuning(&model, &settings));
+    let tuned = learn::tune(&model, &settings, &Ledger::unlimited(), &|| true, &mut |_| {}).unwrap();
+    assert!(tuned.cancelled && tuned.known.curve.is_none());
+    // Learning that runs to its end is remembered, on disk too.
+    let tuned = learn::tune(&model, &settings, &Ledger::unlimited(), &|| false, &mut |_| {}).unwrap();
+    assert!(tuned.measured_curve && !tuned.cancelled);
+    assert!(!learn::needs_tuning(&model, &settings));
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 1);
+    let again = smollm2(cache.path());
+    assert!(!learn::needs_tuning(&again, &settings), "what was learned is read back");
+
+    let auto = run(&model, &request(text, SpecMode::Auto));
+    let drafter = auto.drafter.unwrap();
+    assert!(drafter.starts_with("auto (") && !drafter.contains("not measured"), "{drafter}");
+    assert_eq!(auto.generation.tokens, plain.generation.tokens, "greedy output is plain decoding's");
+}
