@@ -1,7 +1,9 @@
 //! The conformance suite of the engine boundary: what every engine's [`Model`] and
 //! [`Session`] must do for the generation loop, speculation and the memory budget to work on
 //! it. Each engine runs it from its own tests with [`conformance_tests!`](crate::conformance_tests)
-//! on a real model of its own.
+//! on a real model of its own. (It is compiled into the library, small as it is, so that
+//! building the tests does not build pocket-core and everything above it a second time with
+//! other features.)
 //!
 //! ```ignore
 //! fn subject() -> pocket_core::conformance::Subject { /* a loaded model, a prompt */ }

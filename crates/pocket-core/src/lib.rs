@@ -16,7 +16,6 @@
 //! ```
 #![deny(missing_docs)]
 
-#[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod cost;
 mod error;
