@@ -34,6 +34,7 @@ use std::sync::OnceLock;
 
 use llama_cpp_sys_2 as sys;
 
+use crate::ffi::graph::{Ctx, Tensor};
 use crate::kv::KvCache;
 
 /// Lanes of the fixed-width partial sums, and positions per block of converted K and V.
@@ -112,36 +113,16 @@ pub(crate) fn kernel_for(host_memory: bool, head_dim: usize) -> Option<Kernel> {
 
 /// Attention of `q` (`[head_dim, n_head, n_tokens]`, f32, contiguous) over the cached `k` and
 /// `v` (`[head_dim, n_head_kv, n_kv]` f16 views of the cache) under `mask` (`[n_kv, n_tokens]`,
-/// f16, 0 or −∞), scaled by 1/√head_dim: `[head_dim · n_head, n_tokens]` f32, the layout
+/// f16, 0 or −∞), scores scaled by `scale`: `[head_dim · n_head, n_tokens]` f32, the layout
 /// ggml's flash attention gives after its reshape. Call only where [`applies`] holds.
-///
-/// # Safety
-/// `ctx` must be a live context and the tensors live, with the shapes above.
-pub(crate) unsafe fn attend(
-    ctx: *mut sys::ggml_context,
-    q: *mut sys::ggml_tensor,
-    k: *mut sys::ggml_tensor,
-    v: *mut sys::ggml_tensor,
-    mask: *mut sys::ggml_tensor,
-) -> *mut sys::ggml_tensor {
-    let mut args = [q, k, v, mask];
-    // SAFETY: by the caller; the op keeps pointers to its sources.
-    unsafe {
-        debug_assert!((*q).ne[1] % (*k).ne[1] == 0 && (*k).type_ == sys::GGML_TYPE_F16);
-        sys::ggml_custom_4d(
-            ctx,
-            sys::GGML_TYPE_F32,
-            (*q).ne[0] * (*q).ne[1],
-            (*q).ne[2],
-            1,
-            1,
-            args.as_mut_ptr(),
-            args.len() as c_int,
-            Some(compute),
-            -1, // every thread of the pool
-            std::ptr::null_mut(),
-        )
-    }
+pub(crate) fn attend(ctx: &Ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: f32) -> Tensor {
+    debug_assert!(q.ne()[1] % k.ne()[1] == 0 && k.ty() == sys::GGML_TYPE_F16);
+    let ne = [q.ne()[0] * q.ne()[1], q.ne()[2], 1, 1];
+    // The scale travels in the op's user data, as its bits: nothing to keep alive.
+    let userdata = scale.to_bits() as usize as *mut c_void;
+    // SAFETY: `compute` reads sources of exactly these shapes (documented above, checked by
+    // `applies` and the graph) and writes disjoint rows of the destination from each thread.
+    unsafe { ctx.custom(sys::GGML_TYPE_F32, ne, &[q, k, v, mask], Some(compute), userdata) }
 }
 
 /// Per-thread working memory, grown once and reused (ggml's pool keeps its threads).
@@ -168,6 +149,8 @@ struct Shape {
     n_tokens: usize,
     n_head_kv: usize,
     n_kv: usize,
+    /// The scores' scale.
+    scale: f32,
 }
 
 /// One query row: token `t`, head `h`, attending to positions `..limit`.
@@ -178,11 +161,12 @@ struct Query {
     limit: usize,
 }
 
-unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, _: *mut c_void) {
+unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+    let scale = f32::from_bits(userdata as usize as u32);
     if let Some(kernel) = kernel() {
         // SAFETY: ggml calls this with the tensor `attend` built, its sources and destination
         // allocated.
-        unsafe { compute_with(kernel, dst, ith, nth) }
+        unsafe { compute_with(kernel, dst, ith, nth, scale) }
     }
 }
 
@@ -191,7 +175,7 @@ unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int,
 /// # Safety
 /// `dst` is the tensor [`attend`] built, its sources and destination allocated; the CPU has
 /// `kernel`'s instructions.
-unsafe fn compute_with(kernel: Kernel, dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int) {
+unsafe fn compute_with(kernel: Kernel, dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, scale: f32) {
     // SAFETY: by the caller; threads write disjoint rows of dst (each (token, head) belongs
     // to one).
     unsafe {
@@ -202,6 +186,7 @@ unsafe fn compute_with(kernel: Kernel, dst: *mut sys::ggml_tensor, ith: c_int, n
             n_tokens: q.ne[2] as usize,
             n_head_kv: k.ne[1] as usize,
             n_kv: k.ne[2] as usize,
+            scale,
         };
         let group = shape.n_head / shape.n_head_kv;
         // Queries in order of KV head, so that a thread's share is a few runs over one head.
@@ -297,7 +282,7 @@ unsafe fn attend_batch<const F16C: bool>(
 ) {
     let hd = shape.head_dim;
     let n_kv = shape.n_kv;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = shape.scale;
     let longest = batch.iter().map(|b| b.limit).max().unwrap_or(0);
     s.q.resize(BATCH * hd, 0.0);
     s.block.resize(LANES * hd, 0.0);
@@ -563,7 +548,7 @@ mod op_tests {
     #[test]
     fn matches_a_plain_softmax_attention_with_the_same_bits_on_every_kernel() {
         let Some(_) = kernel() else { return };
-        crate::init();
+        crate::ffi::init();
         let (hd, n_head, n_head_kv, n_tokens, n_kv, pos0) =
             (32usize, 4usize, 2usize, 3usize, 256usize, 5usize);
         let held = pos0 + n_tokens;
@@ -604,7 +589,7 @@ mod op_tests {
             for ith in 0..nth {
                 // SAFETY: the tensors above, shaped as `attend` documents; `kernel()` found
                 // AVX2 and FMA (the test returned early otherwise).
-                unsafe { compute_with(kernel, &mut dst, ith, nth) };
+                unsafe { compute_with(kernel, &mut dst, ith, nth, 1.0 / (hd as f32).sqrt()) };
             }
             // Every kernel and thread count gives the same bits.
             match &first {

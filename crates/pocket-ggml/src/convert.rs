@@ -153,7 +153,7 @@ mod tests {
 
     #[test]
     fn q4_1_widens_within_half_a_q8_step() {
-        crate::init();
+        crate::ffi::init();
         let (ne0, ne1) = (64usize, 130usize);
         let original: Vec<f32> = (0..ne0 * ne1).map(|i| ((i * 7919) % 251) as f32 / 50.0 - 2.5).collect();
         // SAFETY: a row size query for a valid type.

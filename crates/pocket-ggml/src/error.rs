@@ -34,6 +34,17 @@ pub enum Error {
         /// The architecture the file names.
         arch: String,
     },
+    /// The architecture is one our graph builds, but the file has a feature its graph does
+    /// not (a RoPE scaling, a tensor it would leave out). llama.cpp itself may run it.
+    #[error("{path}: our {arch} graph does not build {reason}")]
+    Unsupported {
+        /// The file.
+        path: PathBuf,
+        /// The architecture the file names.
+        arch: String,
+        /// What it has that the graph does not build.
+        reason: String,
+    },
     /// A metadata key or tensor that the architecture needs is missing or has the wrong shape.
     #[error("{path}: {reason}")]
     BadModel {
@@ -64,6 +75,14 @@ impl From<Error> for pocket_core::Error {
             Error::Core(core) => core,
             other => pocket_core::Error::Engine(other.to_string()),
         }
+    }
+}
+
+impl Error {
+    /// Whether the file is a model our graph does not build (its architecture, or a feature
+    /// of it), rather than a bad file: llama.cpp may still run it.
+    pub fn not_built_here(&self) -> bool {
+        matches!(self, Error::UnsupportedArchitecture { .. } | Error::Unsupported { .. })
     }
 }
 

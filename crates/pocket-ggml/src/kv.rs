@@ -18,8 +18,9 @@ use memmap2::{MmapMut, MmapOptions, UncheckedAdvice};
 use pocket_core::KvType;
 use pocket_core::memory::Reservation;
 
-use crate::device::Device;
-use crate::weights::{Hparams, Tensor};
+use crate::arch::Hparams;
+use crate::ffi::device::Device;
+use crate::ffi::graph::Tensor;
 use crate::{Error, Result};
 
 /// The KV cache grows and shrinks in blocks of this many tokens.
@@ -39,8 +40,11 @@ pub(crate) fn ggml_type(kv: KvType) -> sys::ggml_type {
 
 /// Bytes of one token's K (or V) in one layer.
 pub(crate) fn row_bytes(hp: &Hparams, kv: KvType) -> usize {
-    // SAFETY: a pure size computation.
-    unsafe { sys::ggml_row_size(ggml_type(kv), hp.n_embd_kv() as i64) }
+    // SAFETY: pure size lookups. (ggml_row_size would abort on a row that is not whole
+    // blocks, which a footprint may be asked of before a session refuses it.)
+    let (size, block) =
+        unsafe { (sys::ggml_type_size(ggml_type(kv)), sys::ggml_blck_size(ggml_type(kv)) as usize) };
+    hp.n_embd_kv().div_ceil(block) * size
 }
 
 /// KV bytes per token over all layers, K and V.
@@ -102,6 +106,15 @@ impl KvCache {
         n_ctx: usize,
         mut reservation: Reservation,
     ) -> Result<Self> {
+        // SAFETY: a pure lookup.
+        let block = unsafe { sys::ggml_blck_size(ggml_type(kv)) } as usize;
+        if !hp.head_dim.is_multiple_of(block) {
+            return Err(Error::Core(pocket_core::Error::invalid(format!(
+                "a {kv} KV cache stores heads in blocks of {block} values; this model's heads have {}: \
+                 use kv = \"f16\"",
+                hp.head_dim
+            ))));
+        }
         if !device.is_cpu() {
             reservation.resize((2 * hp.n_layer * n_ctx * row_bytes(hp, kv)) as u64)?;
         }
@@ -124,9 +137,10 @@ impl KvCache {
                 // SAFETY: ctx has room for n_tensors descriptions.
                 let t =
                     unsafe { sys::ggml_new_tensor_2d(ctx.as_ptr(), ty, hp.n_embd_kv() as i64, n_ctx as i64) };
-                list.push(Tensor(
-                    NonNull::new(t).ok_or_else(|| Error::Ggml("ggml_new_tensor failed".into()))?,
-                ));
+                let t = NonNull::new(t).ok_or_else(|| Error::Ggml("ggml_new_tensor failed".into()))?;
+                // SAFETY: a tensor of `ctx`, which the cache frees last, after every graph that
+                // reads it (sessions drop their graphs first).
+                list.push(unsafe { Tensor::from_raw(t) });
             }
         }
         let (buffer, storage) = if device.is_cpu() {

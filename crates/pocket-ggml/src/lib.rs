@@ -21,11 +21,11 @@
 //! ```
 #![deny(missing_docs)]
 
+mod arch;
 mod attention;
 mod convert;
-mod device;
 mod error;
-mod gguf;
+mod ffi;
 mod graph;
 mod kv;
 mod model;
@@ -36,60 +36,12 @@ mod session;
 mod vocab;
 mod weights;
 
+pub use arch::SUPPORTED_ARCHITECTURES;
 pub use convert::WeightFormat;
-pub use device::{DeviceChoice, device_names};
 pub use error::{Error, Result};
+pub use ffi::device::{DeviceChoice, device_names};
 pub use kv::KV_BLOCK_TOKENS;
 pub use model::{AttentionKernel, GgmlModel, LoadOptions};
 pub use reference::LlamaCpp;
 pub use session::{GgmlSession, MAX_LOGIT_ROWS};
 pub use vocab::Vocab;
-pub use weights::SUPPORTED_ARCHITECTURES;
-
-use std::ffi::{CStr, c_char, c_void};
-use std::sync::Once;
-
-use llama_cpp_sys_2 as sys;
-
-/// Initialise llama.cpp's backends once per process and route ggml's and llama.cpp's logs to
-/// `tracing` (they would otherwise print to stderr).
-pub(crate) fn init() {
-    static INIT: Once = Once::new();
-    INIT.call_once(|| {
-        // ggml's tiled K-quant matmul takes over from 8 rows, with other arithmetic than the
-        // 1-row kernel: verification passes (up to MAX_DRAFT + 1 rows) must compute each row
-        // as plain decoding does, so it is off unless the operator asked for it explicitly.
-        // ggml reads the variable once, at its first matmul, which comes after this.
-        if std::env::var_os("GGML_CPU_TILED_MM").is_none() {
-            // SAFETY: set once, at the first use of ggml, before any ggml code runs; Rust
-            // code of this process does not read this variable concurrently.
-            unsafe { std::env::set_var("GGML_CPU_TILED_MM", "0") };
-        }
-        // SAFETY: `log` matches ggml_log_callback and ignores user_data; backend init is
-        // called once, before any other llama.cpp use.
-        unsafe {
-            sys::llama_log_set(Some(log), std::ptr::null_mut());
-            sys::ggml_log_set(Some(log), std::ptr::null_mut());
-            sys::llama_backend_init();
-        }
-    });
-}
-
-unsafe extern "C" fn log(level: sys::ggml_log_level, text: *const c_char, _user: *mut c_void) {
-    if text.is_null() {
-        return;
-    }
-    // SAFETY: ggml passes a NUL-terminated message valid for the call.
-    let msg = unsafe { CStr::from_ptr(text) }.to_string_lossy();
-    let msg = msg.trim_end();
-    if msg.is_empty() {
-        return;
-    }
-    if level == sys::GGML_LOG_LEVEL_ERROR {
-        tracing::warn!(target: "ggml", "{msg}");
-    } else if level == sys::GGML_LOG_LEVEL_WARN {
-        tracing::info!(target: "ggml", "{msg}");
-    } else {
-        tracing::trace!(target: "ggml", "{msg}");
-    }
-}

@@ -10,13 +10,14 @@ use pocket_core::{
 };
 
 use crate::Result;
+use crate::arch::Hparams;
 use crate::convert::WeightFormat;
-use crate::device::{Device, DeviceChoice};
-use crate::gguf::GgufFile;
+use crate::ffi::device::{Device, DeviceChoice};
+use crate::ffi::gguf::GgufFile;
 use crate::kv::{self, KV_BLOCK_TOKENS};
 use crate::session::GgmlSession;
 use crate::vocab::Vocab;
-use crate::weights::{Hparams, Weights};
+use crate::weights::Weights;
 
 /// How to load a model.
 #[derive(Debug, Clone, Default)]
@@ -99,7 +100,7 @@ impl GgmlModel {
         options: &LoadOptions,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self> {
-        crate::init();
+        crate::ffi::init();
         let file = GgufFile::open(path)?;
         let hp = Hparams::read(&file)?;
         let device = Device::select(&options.device, options.repack)?;

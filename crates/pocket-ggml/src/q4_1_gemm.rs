@@ -38,6 +38,8 @@ use std::arch::x86_64::*;
 
 use llama_cpp_sys_2 as sys;
 
+use crate::ffi::graph::{Ctx, Tensor};
+
 /// ggml's `block_q4_1`: 32 weights as 4-bit values `q` meaning `d·q + m`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -89,7 +91,7 @@ pub(crate) fn kernel() -> Option<Kernel> {
         if std::env::var_os("POCKET_GGML_MUL_MAT").is_some_and(|v| v == "1") {
             return None;
         }
-        crate::init();
+        crate::ffi::init();
         // SAFETY: a query of how ggml was compiled.
         let ggml_avx2 = unsafe { sys::ggml_cpu_has_avx2() != 0 && sys::ggml_cpu_has_fma() != 0 };
         if ggml_avx2 { detect() } else { None }
@@ -121,60 +123,44 @@ fn detect() -> Option<Kernel> {
     None
 }
 
-/// Whether the graph computes `w · x` with [`mul_mat`]: a Q4_1 matrix in host memory in
-/// ggml's plain layout, times two or more contiguous f32 rows, on a CPU with a [`Kernel`].
-///
-/// # Safety
-/// `w` and `x` must be live tensors; `w` allocated (its buffer set).
-pub(crate) unsafe fn applies(w: *const sys::ggml_tensor, x: *const sys::ggml_tensor) -> bool {
+/// Whether [`mul_mat`] computes `w · x`: Q4_1 weights in plain host memory (not repacked)
+/// times several f32 rows, on a CPU with one of our kernels.
+pub(crate) fn applies(w: Tensor, x: Tensor) -> bool {
     if kernel().is_none() {
         return false;
     }
-    // SAFETY: live tensors, by the caller; reading their shape and buffer.
-    unsafe {
-        let (w, x) = (&*w, &*x);
-        let k = w.ne[0];
-        w.type_ == sys::GGML_TYPE_Q4_1
-            && x.type_ == sys::GGML_TYPE_F32
-            && k % 32 == 0
-            && x.ne[0] == k
-            && x.ne[1] >= 2
-            && w.ne[2] == 1
-            && w.ne[3] == 1
-            && x.ne[2] == 1
-            && x.ne[3] == 1
-            && w.nb[1] == (k as usize / 32) * size_of::<BlockQ4_1>()
-            && x.nb[0] == size_of::<f32>()
-            && w.extra.is_null()
-            && !w.buffer.is_null()
-            && sys::ggml_backend_buffer_is_host(w.buffer)
-    }
+    let (wn, xn, wb, xb) = (w.ne(), x.ne(), w.nb(), x.nb());
+    let k = wn[0];
+    // SAFETY: live tensors (graph handles); reading where a weight's data lies.
+    let plain_host = unsafe {
+        let raw = &*w.ptr();
+        raw.extra.is_null() && !raw.buffer.is_null() && sys::ggml_backend_buffer_is_host(raw.buffer)
+    };
+    w.ty() == sys::GGML_TYPE_Q4_1
+        && x.ty() == sys::GGML_TYPE_F32
+        && k % 32 == 0
+        && xn[0] == k
+        && xn[1] >= 2
+        && wn[2] == 1
+        && wn[3] == 1
+        && xn[2] == 1
+        && xn[3] == 1
+        && wb[1] == (k as usize / 32) * size_of::<BlockQ4_1>()
+        && xb[0] == size_of::<f32>()
+        && plain_host
 }
 
 /// `w · x` as a ggml custom op: `[w.ne1, x.ne1]` f32, each row what `ggml_mul_mat` gives.
 /// Call only where [`applies`] holds.
-///
-/// # Safety
-/// `ctx` must be a live context; `w` and `x` live tensors for which [`applies`] holds.
-pub(crate) unsafe fn mul_mat(
-    ctx: *mut sys::ggml_context,
-    w: *mut sys::ggml_tensor,
-    x: *mut sys::ggml_tensor,
-) -> *mut sys::ggml_tensor {
-    let mut args = [w, x];
-    // SAFETY: by the caller; the op keeps pointers to w and x as its sources.
+pub(crate) fn mul_mat(ctx: &Ctx, w: Tensor, x: Tensor) -> Tensor {
+    // SAFETY: `compute` reads a Q4_1 matrix and f32 rows of the shapes `applies` checked, and
+    // each thread writes its own rows of the destination.
     unsafe {
-        sys::ggml_custom_4d(
-            ctx,
+        ctx.custom(
             sys::GGML_TYPE_F32,
-            (*w).ne[1],
-            (*x).ne[1],
-            1,
-            1,
-            args.as_mut_ptr(),
-            args.len() as c_int,
+            [w.ne()[1], x.ne()[1], 1, 1],
+            &[w, x],
             Some(compute),
-            -1, // GGML_N_TASKS_MAX: every thread of the pool
             std::ptr::null_mut(),
         )
     }
@@ -737,7 +723,7 @@ mod tests {
 
     #[test]
     fn every_element_is_what_the_one_row_kernel_computes() {
-        crate::init();
+        crate::ffi::init();
         // Every tile width of every kernel, odd and even weight rows.
         let shapes =
             [(64, 1, 576), (37, 9, 576), (16, 17, 1536), (5, 8, 32), (8, 3, 64), (6, 7, 96), (3, 5, 32)];
@@ -766,7 +752,7 @@ mod tests {
     #[test]
     #[ignore = "timing, run by hand: cargo test --release -p pocket-ggml q4_1_gemm -- --ignored --nocapture"]
     fn time_against_the_one_row_kernel() {
-        crate::init();
+        crate::ffi::init();
         let (rows, k) = (1536, 576);
         let nb = k / 32;
         for cols in [1, 2, 4, 8, 9, 16] {

@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 use llama_cpp_sys_2 as sys;
 use pocket_core::{KvType, Token};
 
-use crate::device::cstring;
+use crate::ffi::device::cstring;
 use crate::kv::ggml_type;
 use crate::{Error, Result};
 
@@ -53,7 +53,7 @@ impl LlamaCpp {
         gpu: bool,
         repack: bool,
     ) -> Result<Self> {
-        crate::init();
+        crate::ffi::init();
         let cpath = cstring(&path.to_string_lossy());
         let fail = |what: &str| Error::Ggml(format!("llama.cpp could not {what} {}", path.display()));
         // SAFETY: default parameters adjusted field by field; cpath is a valid C string.

@@ -8,6 +8,7 @@ use llama_cpp_sys_2 as sys;
 use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::{Error as CoreError, LayerPlan, Logits, Rows, Session, SessionConfig, Token};
 
+use crate::ffi::graph::Ctx;
 use crate::graph::{self, PassShape};
 use crate::kv::KvCache;
 use crate::model::Inner;
@@ -24,6 +25,7 @@ struct Compute {
     sched: NonNull<sys::ggml_backend_sched>,
     backends: Vec<NonNull<sys::ggml_backend>>,
     threadpool: NonNull<sys::ggml_threadpool>,
+    /// Memory for the next graph's context, handed back by the last one dropped.
     graph_mem: Vec<u8>,
     compute_bytes: usize,
     /// The compute buffers' bytes in the memory ledger.
@@ -34,7 +36,6 @@ struct Compute {
 }
 
 struct CachedGraph {
-    ctx: NonNull<sys::ggml_context>,
     shape: PassShape,
     plan: LayerPlan,
     graph: graph::Graph,
@@ -105,9 +106,7 @@ impl Compute {
             )
         };
         let sched = NonNull::new(sched).ok_or_else(|| Error::Ggml("cannot create the scheduler".into()))?;
-        // SAFETY: pure size computations.
-        let graph_mem_size =
-            unsafe { sys::ggml_tensor_overhead() * nodes + sys::ggml_graph_overhead_custom(nodes, false) };
+        let graph_mem_size = Ctx::memory_for(nodes);
         let mut compute = Compute {
             sched,
             backends,
@@ -130,15 +129,14 @@ impl Compute {
             model.attention,
         );
         let plan = LayerPlan::full(hp.n_layer).map_err(|e| Error::Ggml(e.to_string()))?;
-        let (ctx, g) = compute.build(model, kv, &plan, worst)?;
+        let g = compute.build(model, kv, &plan, worst)?;
         // Measure the buffers first and pay for them in the ledger, then allocate them.
         let mut sizes = vec![0usize; compute.backends.len()];
         // SAFETY: a graph built for this scheduler's backends, one size per backend.
-        unsafe { sys::ggml_backend_sched_reserve_size(sched.as_ptr(), g.gf, sizes.as_mut_ptr()) };
+        unsafe { sys::ggml_backend_sched_reserve_size(sched.as_ptr(), g.ctx.graph(), sizes.as_mut_ptr()) };
         let measured: usize = sizes.iter().sum();
         let Some(ledger) = ledger else {
-            // SAFETY: created by `build`; nothing refers to it any more.
-            unsafe { sys::ggml_free(ctx.as_ptr()) };
+            compute.graph_mem = g.ctx.into_memory();
             compute.compute_bytes = measured;
             return Ok(compute);
         };
@@ -146,9 +144,8 @@ impl Compute {
         let reservation = ledger.reserve(measured as u64, &what);
         // SAFETY: as above; the graph's context is freed right after, whatever happened.
         let reserved =
-            reservation.is_ok() && unsafe { sys::ggml_backend_sched_reserve(sched.as_ptr(), g.gf) };
-        // SAFETY: created by `build`; nothing refers to it any more.
-        unsafe { sys::ggml_free(ctx.as_ptr()) };
+            reservation.is_ok() && unsafe { sys::ggml_backend_sched_reserve(sched.as_ptr(), g.ctx.graph()) };
+        compute.graph_mem = g.ctx.into_memory();
         compute._reservation = Some(reservation?);
         if !reserved {
             return Err(Error::Ggml("cannot reserve the compute buffer".into()));
@@ -169,21 +166,10 @@ impl Compute {
         kv: &KvCache,
         plan: &LayerPlan,
         shape: PassShape,
-    ) -> Result<(NonNull<sys::ggml_context>, graph::Graph)> {
+    ) -> Result<graph::Graph> {
         debug_assert!(self.cached.is_none());
-        // SAFETY: the context lives in graph_mem, which outlives it (the context is freed before
-        // graph_mem is reused or dropped); the graph references weights and a cache that outlive
-        // it.
-        unsafe {
-            let ctx = sys::ggml_init(sys::ggml_init_params {
-                mem_size: self.graph_mem.len(),
-                mem_buffer: self.graph_mem.as_mut_ptr() as *mut _,
-                no_alloc: true,
-            });
-            let ctx = NonNull::new(ctx).ok_or_else(|| Error::Ggml("ggml_init failed".into()))?;
-            let g = graph::build(ctx.as_ptr(), &model.hp, &model.weights, kv, plan, shape);
-            Ok((ctx, g))
-        }
+        let ctx = Ctx::new(std::mem::take(&mut self.graph_mem), graph::graph_nodes(&model.hp))?;
+        Ok(graph::build(ctx, &model.hp, &model.weights, kv, plan, shape))
     }
 
     /// The graph for `shape` and `plan`, allocated and ready for its inputs: the cached one if
@@ -198,26 +184,24 @@ impl Compute {
         let hit = self.cached.as_ref().is_some_and(|c| c.shape == shape && c.plan == *plan);
         if !hit {
             self.drop_cached();
-            let (ctx, graph) = self.build(model, kv, plan, shape)?;
+            let graph = self.build(model, kv, plan, shape)?;
             // SAFETY: a graph built for this scheduler's backends.
             let ok = unsafe {
                 sys::ggml_backend_sched_reset(self.sched.as_ptr());
-                sys::ggml_backend_sched_alloc_graph(self.sched.as_ptr(), graph.gf)
+                sys::ggml_backend_sched_alloc_graph(self.sched.as_ptr(), graph.ctx.graph())
             };
             if !ok {
-                // SAFETY: the context was created by `build` and nothing else refers to it.
-                unsafe { sys::ggml_free(ctx.as_ptr()) };
+                self.graph_mem = graph.ctx.into_memory();
                 return Err(Error::Ggml("cannot allocate the graph".into()));
             }
-            self.cached = Some(CachedGraph { ctx, shape, plan: *plan, graph });
+            self.cached = Some(CachedGraph { shape, plan: *plan, graph });
         }
         Ok(&self.cached.as_ref().expect("cached just above").graph)
     }
 
     fn drop_cached(&mut self) {
         if let Some(c) = self.cached.take() {
-            // SAFETY: the context was created by `build`; its graph is no longer used.
-            unsafe { sys::ggml_free(c.ctx.as_ptr()) };
+            self.graph_mem = c.graph.ctx.into_memory();
         }
     }
 }
@@ -239,6 +223,7 @@ pub struct GgmlSession {
     /// The logits buffer's bytes in the memory ledger.
     logits_reservation: Reservation,
     mask: Vec<u16>,
+    mask_swa: Vec<u16>,
     scratch_i32: Vec<i32>,
     scratch_i64: Vec<i64>,
     /// Hadamard matrices for a quantized cache (K, V), fed to every pass.
@@ -276,6 +261,7 @@ impl GgmlSession {
             logits: Vec::new(),
             logits_reservation,
             mask: Vec::new(),
+            mask_swa: Vec::new(),
             scratch_i32: Vec::new(),
             scratch_i64: Vec::new(),
             rotations,
@@ -325,59 +311,53 @@ impl GgmlSession {
     ) -> Result<()> {
         let n_vocab = self.model.hp.n_vocab;
         let shape = PassShape::new(pos0, n_tokens, n_out, &self.kv, &self.model.hp, self.model.attention);
-        graph::fill_mask(&mut self.mask, pos0, n_tokens, shape.q_rows, shape.n_kv);
+        graph::fill_mask(&mut self.mask, pos0, n_tokens, shape.q_rows, shape.n_kv, None);
+        if let Some(swa) = &self.model.hp.swa {
+            graph::fill_mask(&mut self.mask_swa, pos0, n_tokens, shape.q_rows, shape.n_kv, Some(swa.window));
+        }
         let sched = self.compute.sched;
         let g = self.compute.graph(&self.model, &self.kv, plan, shape)?;
+        let inp = &g.inputs;
         let scratch = &mut self.scratch_i32;
-        // SAFETY: the graph is allocated on this session's scheduler; every input is set with
-        // exactly the size its tensor was created with; logits are read into n_out rows.
-        unsafe {
+        scratch.clear();
+        scratch.extend(self.tokens[pos0..pos0 + n_tokens].iter().map(|&t| t as i32));
+        inp.tokens.set_data(scratch)?;
+        scratch.clear();
+        scratch.extend((pos0..pos0 + n_tokens).map(|p| p as i32));
+        inp.pos.set_data(scratch)?;
+        self.scratch_i64.clear();
+        self.scratch_i64.extend((pos0..pos0 + n_tokens).map(|p| p as i64));
+        inp.kv_idxs.set_data(&self.scratch_i64)?;
+        // A pass that only fills the cache (n_out 0) with a plan that runs one layer stops
+        // before that layer's attention: the mask is then not in the graph, and not allocated
+        // (nor is the sliding-window mask where no such layer runs).
+        if inp.mask.is_allocated() {
+            inp.mask.set_data(&self.mask)?;
+        }
+        if let Some(mask) = inp.mask_swa.filter(|m| m.is_allocated()) {
+            mask.set_data(&self.mask_swa)?;
+        }
+        if let Some(ids) = inp.out_ids {
             scratch.clear();
-            scratch.extend(self.tokens[pos0..pos0 + n_tokens].iter().map(|&t| t as i32));
-            set_input(g.tokens, scratch);
-            scratch.clear();
-            scratch.extend((pos0..pos0 + n_tokens).map(|p| p as i32));
-            set_input(g.pos, scratch);
-            self.scratch_i64.clear();
-            self.scratch_i64.extend((pos0..pos0 + n_tokens).map(|p| p as i64));
-            set_input(g.kv_idxs, &self.scratch_i64);
-            // A pass that only fills the cache (n_out 0) with a plan that runs one layer stops
-            // before that layer's attention: the mask is then not in the graph, not allocated,
-            // and setting it would abort in ggml.
-            if !(*g.mask).buffer.is_null() {
-                set_input(g.mask, &self.mask);
-            }
-            if let Some(ids) = g.out_ids {
-                scratch.clear();
-                scratch.extend((n_tokens - n_out..n_tokens).map(|i| i as i32));
-                set_input(ids, scratch);
-            }
-            if let Some(r) = g.k_rot {
-                set_input(r, &self.rotations.0);
-            }
-            if let Some(r) = g.v_rot {
-                set_input(r, &self.rotations.1);
-            }
-            let status = sys::ggml_backend_sched_graph_compute(sched.as_ptr(), g.gf);
-            if status != sys::GGML_STATUS_SUCCESS {
-                return Err(Error::Ggml(format!("graph computation failed (status {status})")));
-            }
-            if let Some(out) = g.logits {
-                let dst = &mut self.logits[row_off * n_vocab..(row_off + n_out) * n_vocab];
-                sys::ggml_backend_tensor_get(out, dst.as_mut_ptr() as *mut _, 0, std::mem::size_of_val(dst));
-            }
+            scratch.extend((n_tokens - n_out..n_tokens).map(|i| i as i32));
+            ids.set_data(scratch)?;
+        }
+        if let Some(r) = inp.k_rot {
+            r.set_data(&self.rotations.0)?;
+        }
+        if let Some(r) = inp.v_rot {
+            r.set_data(&self.rotations.1)?;
+        }
+        // SAFETY: the graph is built for and allocated on this session's scheduler.
+        let status = unsafe { sys::ggml_backend_sched_graph_compute(sched.as_ptr(), g.ctx.graph()) };
+        if status != sys::GGML_STATUS_SUCCESS {
+            return Err(Error::Ggml(format!("graph computation failed (status {status})")));
+        }
+        if let Some(out) = g.logits {
+            out.get_data(&mut self.logits[row_off * n_vocab..(row_off + n_out) * n_vocab])?;
         }
         Ok(())
     }
-}
-
-/// Copy `data` into input tensor `t`.
-///
-/// # Safety
-/// `t` must be an allocated tensor of exactly `size_of_val(data)` bytes.
-unsafe fn set_input<T>(t: *mut sys::ggml_tensor, data: &[T]) {
-    // SAFETY: guaranteed by the caller.
-    unsafe { sys::ggml_backend_tensor_set(t, data.as_ptr() as *const _, 0, std::mem::size_of_val(data)) }
 }
 
 impl Session for GgmlSession {

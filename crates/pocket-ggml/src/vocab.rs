@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 use llama_cpp_sys_2 as sys;
 use pocket_core::{ChatMessage, Token, Tokenizer};
 
-use crate::device::cstring;
+use crate::ffi::device::cstring;
 use crate::{Error, Result};
 
 /// A model's vocabulary, loaded by llama.cpp without its weights.
@@ -33,7 +33,7 @@ impl Drop for Vocab {
 impl Vocab {
     /// Load the vocabulary of the GGUF file at `path`.
     pub fn load(path: &Path) -> Result<Self> {
-        crate::init();
+        crate::ffi::init();
         let cpath = cstring(&path.to_string_lossy());
         // SAFETY: default parameters with vocab_only set; cpath is a valid C string.
         let model = unsafe {

@@ -10,150 +10,28 @@ use std::ptr::NonNull;
 use llama_cpp_sys_2 as sys;
 use memmap2::UncheckedAdvice;
 
+use crate::arch::{self, Hparams, Need, Slot};
 use crate::convert::{WeightFormat, convert_matrix};
-use crate::device::{Device, WeightOp, buft_name, cstring};
-use crate::gguf::GgufFile;
+use crate::ffi::device::{Device, WeightOp, buft_name, cstring};
+use crate::ffi::gguf::GgufFile;
+use crate::ffi::graph::Tensor;
 use crate::{Error, Result};
 
-/// The architectures this engine builds graphs for.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2"];
-
-/// Architecture-specific choices of the graph.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Arch {
-    /// Llama family (SmolLM2, Llama 3.x, TinyLlama): rotary "normal" mode.
-    Llama,
-    /// Qwen2 / Qwen2.5: biases on q, k, v; NeoX rotary mode.
-    Qwen2,
-}
-
-impl Arch {
-    /// ggml's rope mode: 0 = normal (adjacent pairs), 2 = NeoX (halves).
-    pub(crate) fn rope_mode(self) -> i32 {
-        match self {
-            Arch::Llama => 0,
-            Arch::Qwen2 => 2,
-        }
-    }
-}
-
-/// Hyperparameters, from the GGUF metadata.
-#[derive(Debug, Clone)]
-pub(crate) struct Hparams {
-    pub(crate) arch: Arch,
-    pub(crate) arch_name: String,
-    pub(crate) name: String,
-    pub(crate) n_layer: usize,
-    pub(crate) n_embd: usize,
-    pub(crate) n_head: usize,
-    pub(crate) n_head_kv: usize,
-    pub(crate) head_dim: usize,
-    pub(crate) n_ff: usize,
-    pub(crate) n_vocab: usize,
-    pub(crate) n_ctx_train: usize,
-    pub(crate) n_rot: usize,
-    pub(crate) rms_eps: f32,
-    pub(crate) rope_base: f32,
-    pub(crate) rope_freq_scale: f32,
-}
-
-impl Hparams {
-    pub(crate) fn read(f: &GgufFile) -> Result<Self> {
-        let bad = |reason: String| Error::BadModel { path: f.path().to_owned(), reason };
-        let arch_name =
-            f.get_str("general.architecture").ok_or_else(|| bad("no general.architecture key".into()))?;
-        let arch = match arch_name.as_str() {
-            "llama" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            _ => return Err(Error::UnsupportedArchitecture { arch: arch_name }),
-        };
-        let a = &arch_name;
-        let req = |key: &str| -> Result<usize> {
-            let key = format!("{a}.{key}");
-            f.get_u64(&key)
-                .map(|v| v as usize)
-                .filter(|&v| v > 0)
-                .ok_or_else(|| bad(format!("missing or zero metadata key {key}")))
-        };
-        let n_layer = req("block_count")?;
-        let n_embd = req("embedding_length")?;
-        let n_head = req("attention.head_count")?;
-        let n_head_kv =
-            f.get_u64(&format!("{a}.attention.head_count_kv")).map(|v| v as usize).unwrap_or(n_head);
-        let head_dim =
-            f.get_u64(&format!("{a}.attention.key_length")).map(|v| v as usize).unwrap_or(n_embd / n_head);
-        let n_vocab = f
-            .get_u64(&format!("{a}.vocab_size"))
-            .map(|v| v as usize)
-            .or_else(|| f.get_arr_len("tokenizer.ggml.tokens"))
-            .ok_or_else(|| bad("no vocabulary size".into()))?;
-        let rope_scale = match f.get_str(&format!("{a}.rope.scaling.type")).as_deref() {
-            None | Some("none") => 1.0,
-            Some("linear") => {
-                1.0 / f.get_f32(&format!("{a}.rope.scaling.factor")).filter(|&x| x > 0.0).unwrap_or(1.0)
-            }
-            Some(other) => return Err(bad(format!("rope scaling {other:?} is not supported yet"))),
-        };
-        let hp = Hparams {
-            arch,
-            name: f.get_str("general.name").unwrap_or_default(),
-            n_layer,
-            n_embd,
-            n_head,
-            n_head_kv,
-            head_dim,
-            n_ff: req("feed_forward_length")?,
-            n_vocab,
-            n_ctx_train: req("context_length")?,
-            n_rot: f.get_u64(&format!("{a}.rope.dimension_count")).map(|v| v as usize).unwrap_or(head_dim),
-            rms_eps: f.get_f32(&format!("{a}.attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
-            rope_base: f.get_f32(&format!("{a}.rope.freq_base")).unwrap_or(10_000.0),
-            rope_freq_scale: rope_scale,
-            arch_name,
-        };
-        if !hp.n_head.is_multiple_of(hp.n_head_kv)
-            || !hp.head_dim.is_multiple_of(32)
-            || hp.n_layer > pocket_core::MAX_LAYERS
-        {
-            return Err(bad(format!(
-                "unsupported shape: {} heads, {} KV heads, head size {}, {} layers",
-                hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_layer
-            )));
-        }
-        Ok(hp)
-    }
-
-    /// Width of one token's K (or V) over all KV heads of a layer.
-    pub(crate) fn n_embd_kv(&self) -> usize {
-        self.head_dim * self.n_head_kv
-    }
-}
-
-/// A tensor placed in a backend buffer. A plain handle: the [`Weights`] that own the buffers
-/// outlive every graph built from it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Tensor(pub(crate) NonNull<sys::ggml_tensor>);
-
-impl Tensor {
-    pub(crate) fn ptr(self) -> *mut sys::ggml_tensor {
-        self.0.as_ptr()
-    }
-}
-
-/// The weights of one layer.
+/// The weights of one layer, by [`Slot`] (those its architecture declares and the file has).
 pub(crate) struct LayerWeights {
-    pub(crate) attn_norm: Tensor,
-    pub(crate) wq: Tensor,
-    pub(crate) wk: Tensor,
-    pub(crate) wv: Tensor,
-    pub(crate) bq: Option<Tensor>,
-    pub(crate) bk: Option<Tensor>,
-    pub(crate) bv: Option<Tensor>,
-    pub(crate) wo: Tensor,
-    pub(crate) ffn_norm: Tensor,
-    pub(crate) ffn_gate: Tensor,
-    pub(crate) ffn_up: Tensor,
-    pub(crate) ffn_down: Tensor,
+    tensors: [Option<Tensor>; Slot::ALL.len()],
+}
+
+impl LayerWeights {
+    /// The tensor in `slot`, if the layer has it.
+    pub(crate) fn get(&self, slot: Slot) -> Option<Tensor> {
+        self.tensors[slot as usize]
+    }
+
+    /// The tensor in `slot`, which the architecture requires (so loading checked it is there).
+    pub(crate) fn req(&self, slot: Slot) -> Tensor {
+        self.get(slot).unwrap_or_else(|| panic!("{} is required, and was checked at load", slot.name()))
+    }
 }
 
 /// All weights of a model, placed in backend buffers.
@@ -200,6 +78,9 @@ struct Wanted {
     file_name: String,
     op: WeightOp,
     required: bool,
+    shape: Vec<usize>,
+    /// Where it goes: a layer's slot, or (None) a whole-model tensor.
+    slot: Option<(usize, Slot)>,
 }
 
 impl Weights {
@@ -212,34 +93,7 @@ impl Weights {
         format: WeightFormat,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Weights> {
-        let mut wanted: Vec<Wanted> = Vec::new();
-        let mut want = |name: String, op, required| wanted.push(Wanted { file_name: name, op, required });
-        want("token_embd.weight".into(), WeightOp::GetRows, true);
-        want("output_norm.weight".into(), WeightOp::Elementwise, true);
-        // Tied embeddings: the output projection reads the embedding table as a matrix, so it
-        // is a second tensor over the same bytes, placed for a matrix product.
-        let output_name =
-            if f.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
-        want(output_name.into(), WeightOp::MulMat, true);
-        want("rope_freqs.weight".into(), WeightOp::Elementwise, false);
-        for i in 0..hp.n_layer {
-            for (n, op, req) in [
-                ("attn_norm.weight", WeightOp::Elementwise, true),
-                ("attn_q.weight", WeightOp::MulMat, true),
-                ("attn_k.weight", WeightOp::MulMat, true),
-                ("attn_v.weight", WeightOp::MulMat, true),
-                ("attn_q.bias", WeightOp::Elementwise, false),
-                ("attn_k.bias", WeightOp::Elementwise, false),
-                ("attn_v.bias", WeightOp::Elementwise, false),
-                ("attn_output.weight", WeightOp::MulMat, true),
-                ("ffn_norm.weight", WeightOp::Elementwise, true),
-                ("ffn_gate.weight", WeightOp::MulMat, true),
-                ("ffn_up.weight", WeightOp::MulMat, true),
-                ("ffn_down.weight", WeightOp::MulMat, true),
-            ] {
-                want(format!("blk.{i}.{n}"), op, req);
-            }
-        }
+        let wanted = wanted(f, hp)?;
 
         // Descriptions of converted matrices (type changed, shape kept) live here until they
         // are copied into their group's context.
@@ -258,7 +112,7 @@ impl Weights {
                 }
                 continue;
             };
-            check_shape(f, &w.file_name, meta, &expected_shape(hp, &w.file_name))?;
+            check_shape(f, &w.file_name, meta, &w.shape)?;
             // SAFETY: a valid description from the GGUF context.
             let (ty, ne) = unsafe { ((*meta.as_ptr()).type_, (*meta.as_ptr()).ne) };
             let target = if w.op == WeightOp::MulMat { format.target(ty, ne[0]) } else { ty };
@@ -410,33 +264,24 @@ impl Weights {
             tracing::debug!(buffer = %buft_name(*buft), tensors = list.len(), in_place, "placed weights");
         }
 
-        let get = |idx: usize| placed[idx].map(Tensor);
-        // Wanted entries were pushed in a fixed order; index arithmetic mirrors it.
-        let req = |idx: usize| get(idx).expect("required tensors were checked above");
-        let layers = (0..hp.n_layer)
-            .map(|l| {
-                let b = 4 + l * 12;
-                LayerWeights {
-                    attn_norm: req(b),
-                    wq: req(b + 1),
-                    wk: req(b + 2),
-                    wv: req(b + 3),
-                    bq: get(b + 4),
-                    bk: get(b + 5),
-                    bv: get(b + 6),
-                    wo: req(b + 7),
-                    ffn_norm: req(b + 8),
-                    ffn_gate: req(b + 9),
-                    ffn_up: req(b + 10),
-                    ffn_down: req(b + 11),
-                }
-            })
-            .collect();
+        // SAFETY: the placed tensors live in `weights_contexts`, which the Weights own and
+        // free last; graph handles to them never outlive the model (see ffi::graph).
+        let handle = |i: usize| placed[i].map(|t| unsafe { Tensor::from_raw(t) });
+        let mut layers: Vec<LayerWeights> =
+            (0..hp.n_layer).map(|_| LayerWeights { tensors: [None; Slot::ALL.len()] }).collect();
+        for (i, w) in wanted.iter().enumerate() {
+            if let Some((il, slot)) = w.slot {
+                layers[il].tensors[slot as usize] = handle(i);
+            }
+        }
+        let global = |name: &str| wanted.iter().position(|w| w.slot.is_none() && w.file_name == name);
+        let req = |i: Option<usize>| i.and_then(handle).expect("required tensors were checked above");
         Ok(Weights {
-            tok_embd: req(0),
-            output_norm: req(1),
-            output: req(2),
-            rope_freqs: get(3),
+            tok_embd: req(Some(0)),
+            output_norm: req(global("output_norm.weight")),
+            // Wanted third, under whichever name holds it (see `wanted`).
+            output: req(Some(2)),
+            rope_freqs: global("rope_freqs.weight").and_then(handle),
             layers,
             copied_bytes,
             mapped_bytes,
@@ -477,27 +322,49 @@ impl Drop for ScratchContext {
     }
 }
 
-/// The shape (ne0, ne1) the graph expects of a weight; a mismatch would make ggml abort, so it
-/// is an error at load time instead.
-fn expected_shape(hp: &Hparams, name: &str) -> Vec<usize> {
-    let q = hp.n_head * hp.head_dim;
-    let kv = hp.n_embd_kv();
-    let base = name.rsplit_once('.').map_or(name, |(b, _)| b);
-    let base = base.rsplit('.').next().unwrap_or(base);
-    let is_bias = name.ends_with(".bias");
-    match (base, is_bias) {
-        ("token_embd", _) | ("output", _) => vec![hp.n_embd, hp.n_vocab],
-        ("output_norm", _) | ("attn_norm", _) | ("ffn_norm", _) => vec![hp.n_embd],
-        ("attn_q", false) => vec![hp.n_embd, q],
-        ("attn_q", true) => vec![q],
-        ("attn_k", false) | ("attn_v", false) => vec![hp.n_embd, kv],
-        ("attn_k", true) | ("attn_v", true) => vec![kv],
-        ("attn_output", _) => vec![q, hp.n_embd],
-        ("ffn_gate", _) | ("ffn_up", _) => vec![hp.n_embd, hp.n_ff],
-        ("ffn_down", _) => vec![hp.n_ff, hp.n_embd],
-        ("rope_freqs", _) => vec![hp.n_rot / 2],
-        _ => vec![],
+/// The tensors the graph of `hp.arch` reads, with their shapes: the token embedding first,
+/// the output projection third. A tensor in the file that is not among them means the file
+/// has something our graph would leave out, which it refuses.
+fn wanted(f: &GgufFile, hp: &Hparams) -> Result<Vec<Wanted>> {
+    let mut wanted = Vec::new();
+    let [embd, norm, freqs] = arch::global_tensors(hp);
+    for (name, op, required, shape) in [embd, norm] {
+        wanted.push(Wanted { file_name: name.into(), op, required, shape, slot: None });
     }
+    // Tied embeddings: the output projection reads the embedding table as a matrix, so it is
+    // a second tensor over the same bytes, placed for a matrix product.
+    let output = if f.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
+    let shape = vec![hp.n_embd, hp.n_vocab];
+    wanted.push(Wanted { file_name: output.into(), op: WeightOp::MulMat, required: true, shape, slot: None });
+    let (name, op, required, shape) = freqs;
+    wanted.push(Wanted { file_name: name.into(), op, required, shape, slot: None });
+    for il in 0..hp.n_layer {
+        let fused = f.tensor(&format!("blk.{il}.{}", Slot::Wqkv.name())).is_some();
+        for &(slot, need) in hp.arch.layer_tensors() {
+            let required = match need {
+                Need::Required => true,
+                Need::Optional => false,
+                Need::UnlessFused => !fused,
+            };
+            let file_name = format!("blk.{il}.{}", slot.name());
+            wanted.push(Wanted {
+                file_name,
+                op: slot.op(),
+                required,
+                shape: slot.shape(hp),
+                slot: Some((il, slot)),
+            });
+        }
+    }
+    let known: std::collections::HashSet<&str> = wanted.iter().map(|w| w.file_name.as_str()).collect();
+    if let Some(extra) = f.tensor_names().into_iter().find(|n| !known.contains(n.as_str())) {
+        return Err(arch::unsupported(
+            f,
+            hp,
+            format!("tensor {extra}, which our {} graph does not use", hp.arch_name),
+        ));
+    }
+    Ok(wanted)
 }
 
 fn check_shape(f: &GgufFile, name: &str, t: NonNull<sys::ggml_tensor>, want: &[usize]) -> Result<()> {

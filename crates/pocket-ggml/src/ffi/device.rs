@@ -52,7 +52,7 @@ unsafe impl Sync for Device {}
 
 /// The names of the devices ggml's registry knows.
 pub fn device_names() -> Vec<String> {
-    crate::init();
+    crate::ffi::init();
     // SAFETY: querying the registry; indices are in range and names are static C strings.
     unsafe { (0..sys::ggml_backend_dev_count()).map(|i| dev_name(sys::ggml_backend_dev_get(i))).collect() }
 }
@@ -66,7 +66,7 @@ impl Device {
     /// The device for `choice`; on the CPU, `repack` lets weights go into ggml's repacking
     /// buffer types (see [`crate::LoadOptions::repack`]).
     pub(crate) fn select(choice: &DeviceChoice, repack: bool) -> Result<Device> {
-        crate::init();
+        crate::ffi::init();
         // SAFETY: registry queries with in-range indices.
         let devices: Vec<sys::ggml_backend_dev_t> =
             unsafe { (0..sys::ggml_backend_dev_count()).map(|i| sys::ggml_backend_dev_get(i)).collect() };

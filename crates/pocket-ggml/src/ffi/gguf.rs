@@ -184,6 +184,30 @@ impl GgufFile {
         }
     }
 
+    /// A boolean array value (GGUF bools are one byte each).
+    pub(crate) fn get_bool_array(&self, key: &str) -> Option<Vec<bool>> {
+        let id = self.key(key)?;
+        let g = self.gguf.as_ptr();
+        // SAFETY: the types are checked before the data is read; the array holds n bytes.
+        unsafe {
+            if sys::gguf_get_kv_type(g, id) != sys::GGUF_TYPE_ARRAY
+                || sys::gguf_get_arr_type(g, id) != sys::GGUF_TYPE_BOOL
+            {
+                return None;
+            }
+            let n = sys::gguf_get_arr_n(g, id);
+            let data = sys::gguf_get_arr_data(g, id).cast::<u8>();
+            Some(std::slice::from_raw_parts(data, n).iter().map(|&b| b != 0).collect())
+        }
+    }
+
+    /// The names of every tensor in the file.
+    pub(crate) fn tensor_names(&self) -> Vec<String> {
+        // SAFETY: valid context.
+        let n = unsafe { sys::gguf_get_n_tensors(self.gguf.as_ptr()) };
+        (0..n).map(|id| self.tensor_name(id)).collect()
+    }
+
     /// The description of tensor `name` (no data attached), if the file has it.
     pub(crate) fn tensor(&self, name: &str) -> Option<NonNull<sys::ggml_tensor>> {
         let cname = CString::new(name).ok()?;

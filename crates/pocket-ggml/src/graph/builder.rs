@@ -1,0 +1,245 @@
+//! The helpers architectures build their layers from — norm, rope, linear, attention, FFN —
+//! each naming what it makes as llama.cpp's graph does (`cb(cur, "attn_norm", il)`), so that
+//! an intermediate can be compared with llama.cpp's by name.
+
+use super::{Inputs, LoneQuery, PassShape};
+use crate::arch::{Hparams, Slot};
+use crate::attention;
+use crate::ffi::graph::{Ctx, Tensor};
+use crate::kv::KvCache;
+use crate::q4_1_gemm;
+use crate::weights::{LayerWeights, Weights};
+
+/// What a layer is built with: the graph's context and inputs, the model and the pass.
+pub(crate) struct Builder<'a> {
+    pub(crate) ctx: &'a Ctx,
+    pub(crate) hp: &'a Hparams,
+    pub(crate) w: &'a Weights,
+    pub(crate) kv: &'a KvCache,
+    pub(crate) shape: PassShape,
+    pub(crate) inp: &'a Inputs,
+    /// The last layer the pass runs (its output rows are cut to the wanted ones).
+    pub(crate) last_layer: usize,
+}
+
+/// The activation of a gated feed-forward block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Act {
+    /// SiLU (SwiGLU).
+    Silu,
+    /// GELU, tanh approximation (GeGLU).
+    Gelu,
+}
+
+impl Builder<'_> {
+    /// Name `t` `name-il`.
+    pub(crate) fn cb(&self, t: Tensor, name: &str, il: usize) -> Tensor {
+        self.ctx.name(t, name, Some(il))
+    }
+
+    /// RMS norm of `x` (over its first dimension) times `weight`.
+    pub(crate) fn norm(&self, x: Tensor, weight: Tensor, name: &str, il: usize) -> Tensor {
+        let y = self.ctx.mul(self.ctx.rms_norm(x, self.hp.rms_eps), weight);
+        self.cb(y, name, il)
+    }
+
+    /// `w · x (+ b)`.
+    pub(crate) fn linear(&self, w: Tensor, b: Option<Tensor>, x: Tensor) -> Tensor {
+        // Q4_1 over several tokens: our multi-row kernel, bitwise what ggml's one-row kernel
+        // gives each row, so verification stays batch-invariant.
+        let y = if q4_1_gemm::applies(w, x) {
+            q4_1_gemm::mul_mat(self.ctx, w, x)
+        } else {
+            self.ctx.mul_mat(w, x)
+        };
+        match b {
+            Some(b) => self.ctx.add(y, b),
+            None => y,
+        }
+    }
+
+    /// Q, K (`[head_dim, heads, n_tokens]`) and V (`[head_dim · kv_heads, n_tokens]`,
+    /// contiguous) from a fused `attn_qkv` or separate projections, biases added (llama.cpp's
+    /// `build_qkv`).
+    pub(crate) fn qkv(&self, lw: &LayerWeights, x: Tensor, il: usize) -> (Tensor, Tensor, Tensor) {
+        let hp = self.hp;
+        let n_tokens = self.shape.n_tokens as i64;
+        let (hd, nh, nkv) = (hp.head_dim as i64, hp.n_head as i64, hp.n_head_kv as i64);
+        let (q, k, v) = if let Some(wqkv) = lw.get(Slot::Wqkv) {
+            let mut qkv = self.cb(self.linear(wqkv, None, x), "wqkv", il);
+            if let Some(b) = lw.get(Slot::Bqkv) {
+                qkv = self.ctx.add(qkv, b);
+            } else if let (Some(bq), Some(bk), Some(bv)) =
+                (lw.get(Slot::Bq), lw.get(Slot::Bk), lw.get(Slot::Bv))
+            {
+                let b = self.ctx.concat(self.ctx.concat(bq, bk, 0), bv, 0);
+                qkv = self.ctx.add(qkv, b);
+            }
+            let row = qkv.nb()[1];
+            let f32s = size_of::<f32>();
+            let q = self.ctx.view(qkv, &[hd, nh, n_tokens], &[hd as usize * f32s, row], 0);
+            let k = self.ctx.view(
+                qkv,
+                &[hd, nkv, n_tokens],
+                &[hd as usize * f32s, row],
+                (hd * nh) as usize * f32s,
+            );
+            let v = self.ctx.view(qkv, &[hd * nkv, n_tokens], &[row], (hd * (nh + nkv)) as usize * f32s);
+            (q, k, self.ctx.cont(v))
+        } else {
+            let q = self.linear(lw.req(Slot::Wq), lw.get(Slot::Bq), x);
+            let k = self.linear(lw.req(Slot::Wk), lw.get(Slot::Bk), x);
+            let v = self.linear(lw.req(Slot::Wv), lw.get(Slot::Bv), x);
+            (self.ctx.reshape(q, &[hd, nh, n_tokens]), self.ctx.reshape(k, &[hd, nkv, n_tokens]), v)
+        };
+        (self.cb(q, "Qcur", il), self.cb(k, "Kcur", il), self.cb(v, "Vcur", il))
+    }
+
+    /// The rotary embedding of layer `il` (its base and scale; Llama 3's `rope_freqs`).
+    pub(crate) fn rope(&self, x: Tensor, il: usize) -> Tensor {
+        let hp = self.hp;
+        let (base, scale) = hp.rope_of(il);
+        self.ctx.rope(
+            x,
+            self.inp.pos,
+            self.w.rope_freqs,
+            hp.n_rot,
+            hp.arch.rope_mode(),
+            hp.n_ctx_train,
+            base,
+            scale,
+        )
+    }
+
+    /// Self-attention of layer `il`: append K and V to the cache, attend over it with scores
+    /// scaled by `kq_scale`, and return `[head_dim · n_head, n_tokens]` (before the output
+    /// projection). `None` when nothing reads this layer's output: the pass only fills the
+    /// cache, and stops here.
+    pub(crate) fn attention(
+        &self,
+        il: usize,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        kq_scale: f32,
+    ) -> Option<Tensor> {
+        let (ctx, hp, kv, shape) = (self.ctx, self.hp, self.kv, self.shape);
+        let (mut q, mut k, mut v) = (q, k, v);
+        if let Some(r) = self.inp.k_rot {
+            q = rotate(ctx, q, r);
+            k = rotate(ctx, k, r);
+        }
+        if let Some(r) = self.inp.v_rot {
+            v = rotate(ctx, v, r);
+        }
+        let (k_cache, v_cache) = (kv.k(il), kv.v(il));
+        let n_tokens = shape.n_tokens as i64;
+        let n_embd_kv = hp.n_embd_kv() as i64;
+        let k_rows = ctx.reshape(k, &[n_embd_kv, n_tokens]);
+        let v_rows = ctx.reshape(v, &[n_embd_kv, n_tokens]);
+        // Added to the graph before the attention that reads the cache, so they run first.
+        ctx.expand(ctx.set_rows(k_cache, k_rows, self.inp.kv_idxs));
+        ctx.expand(ctx.set_rows(v_cache, v_rows, self.inp.kv_idxs));
+        if il == self.last_layer && shape.n_out == 0 {
+            return None;
+        }
+        let mask = if hp.is_swa(il) { self.inp.mask_swa.unwrap_or(self.inp.mask) } else { self.inp.mask };
+        // One cached row holds all KV heads of a token; heads are head_stride bytes apart.
+        let row = kv.row_bytes();
+        let head_stride = row / hp.n_head_kv;
+        let (hd, nkv, n_kv) = (hp.head_dim as i64, hp.n_head_kv as i64, shape.n_kv as i64);
+        let mut attn = if shape.own_attention {
+            let view = |cache| ctx.view(cache, &[hd, nkv, n_kv], &[head_stride, row], 0);
+            attention::attend(ctx, q, view(k_cache), view(v_cache), mask, kq_scale)
+        } else {
+            flash_attention(ctx, q, k_cache, v_cache, mask, hp, row, shape, kq_scale)
+        };
+        if let Some(r) = self.inp.v_rot {
+            attn = rotate(ctx, attn, r);
+        }
+        Some(self.cb(attn, "kqv_out", il))
+    }
+
+    /// In the last layer, keep only the rows whose logits are wanted, of both the branch and
+    /// the residual.
+    pub(crate) fn out_rows(&self, il: usize, cur: Tensor, residual: Tensor) -> (Tensor, Tensor) {
+        match self.inp.out_ids {
+            Some(ids) if il == self.last_layer => {
+                (self.ctx.get_rows(cur, ids), self.ctx.get_rows(residual, ids))
+            }
+            _ => (cur, residual),
+        }
+    }
+
+    /// The gated feed-forward block: `down(act(gate · x) * (up · x))`, with gate and up
+    /// separate or (Phi-3) one matrix whose halves they are.
+    pub(crate) fn ffn(&self, lw: &LayerWeights, x: Tensor, act: Act, il: usize) -> Tensor {
+        let up = self.linear(lw.req(Slot::FfnUp), None, x);
+        let h = match lw.get(Slot::FfnGate) {
+            Some(gate) => {
+                let gate = self.linear(gate, None, x);
+                match act {
+                    Act::Silu => self.cb(self.ctx.swiglu_split(gate, up), "ffn_swiglu", il),
+                    Act::Gelu => self.cb(self.ctx.geglu_split(gate, up), "ffn_geglu", il),
+                }
+            }
+            None => {
+                debug_assert_eq!(act, Act::Silu, "fused gate/up only with SiLU (Phi-3)");
+                self.cb(self.ctx.swiglu(up), "ffn_swiglu", il)
+            }
+        };
+        self.cb(self.linear(lw.req(Slot::FfnDown), None, h), "ffn_out", il)
+    }
+
+    /// `a + b`, named.
+    pub(crate) fn add(&self, a: Tensor, b: Tensor, name: &str, il: usize) -> Tensor {
+        self.cb(self.ctx.add(a, b), name, il)
+    }
+}
+
+/// Rotate every `n`-wide slice of `x` (contiguous) by the Hadamard matrix `rot` (`[n, n]`).
+fn rotate(ctx: &Ctx, x: Tensor, rot: Tensor) -> Tensor {
+    let n = rot.ne()[0];
+    let ne = x.ne();
+    let flat = ctx.reshape(x, &[n, x.nelements() / n]);
+    let y = ctx.mul_mat_hadamard(rot, flat);
+    ctx.reshape(y, &ne)
+}
+
+/// ggml's flash attention of `q` (`[head_dim, n_head, n_tokens]`) over the cached K and V,
+/// `[head_dim · n_head, n_tokens]`: for caches our own [`attention`] does not take.
+#[allow(clippy::too_many_arguments)]
+fn flash_attention(
+    ctx: &Ctx,
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    mask: Tensor,
+    hp: &Hparams,
+    row: usize,
+    shape: PassShape,
+    kq_scale: f32,
+) -> Tensor {
+    let (head_dim, n_head, n_head_kv) = (hp.head_dim as i64, hp.n_head as i64, hp.n_head_kv as i64);
+    let (n_tokens, n_kv, q_rows) = (shape.n_tokens as i64, shape.n_kv as i64, shape.q_rows as i64);
+    let head_stride = row / hp.n_head_kv;
+    // [head_dim, heads / g, tokens, g]: g = 1, except that a lone query over a long cache
+    // puts each KV head's group of query heads in dimension 3 (see LoneQuery).
+    let g = if shape.lone_query == LoneQuery::HeadsApart { n_head_kv } else { 1 };
+    let q = if q_rows > n_tokens { ctx.concat(q, q, 2) } else { q };
+    let q = ctx.reshape(q, &[head_dim, n_head / g, q_rows, g]);
+    let kv_view = |cache| {
+        let stride3 = head_stride * (hp.n_head_kv / g as usize);
+        ctx.view(cache, &[head_dim, n_head_kv / g, n_kv, g], &[head_stride, row, stride3], 0)
+    };
+    let perm = [0, 2, 1, 3];
+    let attn = ctx.flash_attn(
+        ctx.permute(q, perm),
+        ctx.permute(kv_view(k_cache), perm),
+        ctx.permute(kv_view(v_cache), perm),
+        mask,
+        kq_scale,
+    );
+    let attn = ctx.reshape(attn, &[head_dim * n_head, q_rows]);
+    if q_rows > n_tokens { ctx.view(attn, &[head_dim * n_head, n_tokens], &[attn.nb()[1]], 0) } else { attn }
+}

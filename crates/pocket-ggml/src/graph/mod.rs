@@ -1,0 +1,244 @@
+//! The decoder's forward graph, built per pass from the layers a [`LayerPlan`] runs.
+//!
+//! It follows llama.cpp's graphs (`src/models/*.cpp`) op for op — each architecture's layer
+//! is in `arch/`, built from the helpers of [`Builder`] — so that our logits can be checked
+//! against llama.cpp's. What differs is what llama.cpp cannot do: a skipped layer is simply
+//! not built (the residual stream passes through), the KV cache is ours, and on the CPU two
+//! kernels are ours (multi-row Q4_1 products and attention over an f16 cache), each computing
+//! a row of a pass independently of the others.
+
+mod builder;
+
+pub(crate) use builder::{Act, Builder};
+
+use llama_cpp_sys_2 as sys;
+use pocket_core::LayerPlan;
+
+use crate::arch::Hparams;
+use crate::attention;
+use crate::ffi::graph::{Ctx, Tensor};
+use crate::kv::KvCache;
+use crate::model::AttentionKernel;
+use crate::weights::Weights;
+
+/// Nodes a graph may hold: about 30 per layer, with room to spare.
+pub(crate) fn graph_nodes(hp: &Hparams) -> usize {
+    (64 * hp.n_layer + 256).next_power_of_two()
+}
+
+/// Attention reads the cache in lengths padded to this many positions (masked past the tokens
+/// held), as llama.cpp does: a decode step's graph then keeps its shape for this many steps and
+/// is reused instead of rebuilt.
+pub(crate) const KV_PAD: usize = 256;
+
+/// The shape of one forward pass: everything the graph's structure depends on. Positions are
+/// inputs, not part of the shape, so consecutive decode steps share a graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PassShape {
+    /// Tokens in the pass.
+    pub(crate) n_tokens: usize,
+    /// Cache positions attention reads: the tokens held after the pass, padded to [`KV_PAD`].
+    pub(crate) n_kv: usize,
+    /// Rows of logits wanted: the last `n_out` tokens of the pass (0 = fill the cache only).
+    pub(crate) n_out: usize,
+    /// Query rows attention computes (the tokens, or two for [`LoneQuery::Duplicated`]).
+    pub(crate) q_rows: usize,
+    /// How a single-token pass keeps off ggml's split-KV path ([`lone_query`]).
+    pub(crate) lone_query: LoneQuery,
+    /// Whether attention is our own ([`attention`]) rather than ggml's flash attention.
+    pub(crate) own_attention: bool,
+}
+
+impl PassShape {
+    /// The shape of a pass of `n_tokens` tokens starting at `pos0` in `kv`, the cache of a
+    /// model with hyperparameters `hp` whose graph attends with `attention`.
+    pub(crate) fn new(
+        pos0: usize,
+        n_tokens: usize,
+        n_out: usize,
+        kv: &KvCache,
+        hp: &Hparams,
+        attention: AttentionKernel,
+    ) -> Self {
+        let n_kv = (pos0 + n_tokens).next_multiple_of(KV_PAD).min(kv.n_ctx());
+        let own_attention = attention == AttentionKernel::Auto && attention::applies(kv, hp.head_dim);
+        let lone_query =
+            if own_attention { LoneQuery::No } else { lone_query(n_tokens, n_kv, kv, hp.n_head_kv) };
+        let q_rows = if lone_query == LoneQuery::Duplicated { 2 } else { n_tokens };
+        PassShape { n_tokens, n_kv, n_out, q_rows, lone_query, own_attention }
+    }
+}
+
+/// The inputs of a graph, set before each computation.
+pub(crate) struct Inputs {
+    pub(crate) tokens: Tensor,
+    pub(crate) pos: Tensor,
+    /// The causal mask, `[n_kv, q_rows]`.
+    pub(crate) mask: Tensor,
+    /// The causal mask of sliding-window layers, where the model has them.
+    pub(crate) mask_swa: Option<Tensor>,
+    /// Cache rows the pass writes K and V to (its positions).
+    pub(crate) kv_idxs: Tensor,
+    /// Rows of the last layer whose logits are wanted (none: all of them).
+    pub(crate) out_ids: Option<Tensor>,
+    /// Hadamard rotations applied around a quantized K (and Q) and V cache.
+    pub(crate) k_rot: Option<Tensor>,
+    pub(crate) v_rot: Option<Tensor>,
+}
+
+/// A built graph: its context, inputs and logits.
+pub(crate) struct Graph {
+    pub(crate) ctx: Ctx,
+    pub(crate) inputs: Inputs,
+    pub(crate) logits: Option<Tensor>,
+}
+
+/// Sizes of the Hadamard rotations for a quantized cache, as llama.cpp chooses them: K (and
+/// Q) by the largest power of two ≥ 64 dividing the head size, V by 64. Rotating spreads
+/// outlier channels over the block before quantization, which is most of q4_0's error; the
+/// rotation is orthonormal and its own inverse, so attention scores are unchanged, and the
+/// attention output is rotated back.
+pub(crate) fn rotation_sizes(
+    hp: &Hparams,
+    k_quantized: bool,
+    v_quantized: bool,
+) -> (Option<usize>, Option<usize>) {
+    let k = (k_quantized && hp.head_dim.is_multiple_of(64)).then(|| {
+        let mut n = 64;
+        while hp.head_dim.is_multiple_of(2 * n) {
+            n *= 2;
+        }
+        n
+    });
+    let v = (v_quantized && hp.head_dim.is_multiple_of(64)).then_some(64);
+    (k, v)
+}
+
+/// The orthonormal Walsh-Hadamard matrix of size `n` (a power of two), row-major.
+pub(crate) fn hadamard(n: usize) -> Vec<f32> {
+    let mut h = vec![0.0f32; n * n];
+    h[0] = 1.0 / (n as f32).sqrt();
+    let mut s = 1;
+    while s < n {
+        for i in 0..s {
+            for j in 0..s {
+                let v = h[i * n + j];
+                h[(i + s) * n + j] = v;
+                h[i * n + j + s] = v;
+                h[(i + s) * n + j + s] = -v;
+            }
+        }
+        s *= 2;
+    }
+    h
+}
+
+/// Build the forward graph of `shape` for the layers of `plan` in `ctx`.
+pub(crate) fn build(
+    ctx: Ctx,
+    hp: &Hparams,
+    w: &Weights,
+    kv: &KvCache,
+    plan: &LayerPlan,
+    shape: PassShape,
+) -> Graph {
+    use sys::{GGML_TYPE_F16 as F16, GGML_TYPE_F32 as F32, GGML_TYPE_I32 as I32, GGML_TYPE_I64 as I64};
+    let n_tokens = shape.n_tokens as i64;
+    let (n_kv, q_rows) = (shape.n_kv as i64, shape.q_rows as i64);
+    let (k_rot, v_rot) = rotation_sizes(hp, kv.k_quantized(), kv.v_quantized());
+    let inputs = Inputs {
+        tokens: ctx.input(I32, &[n_tokens], "inp_tokens"),
+        pos: ctx.input(I32, &[n_tokens], "inp_pos"),
+        mask: ctx.input(F16, &[n_kv, q_rows], "kq_mask"),
+        mask_swa: hp.swa.is_some().then(|| ctx.input(F16, &[n_kv, q_rows], "kq_mask_swa")),
+        kv_idxs: ctx.input(I64, &[n_tokens], "kv_idxs"),
+        out_ids: (shape.n_out > 0 && shape.n_out < shape.n_tokens)
+            .then(|| ctx.input(I32, &[shape.n_out as i64], "inp_out_ids")),
+        k_rot: k_rot.map(|n| ctx.input(F32, &[n as i64, n as i64], "k_rot")),
+        v_rot: v_rot.map(|n| ctx.input(F32, &[n as i64, n as i64], "v_rot")),
+    };
+    let last_layer = plan.layers().last().unwrap_or(0);
+    let logits = {
+        let b = Builder { ctx: &ctx, hp, w, kv, shape, inp: &inputs, last_layer };
+        let mut x = ctx.get_rows(w.tok_embd, inputs.tokens);
+        if let Some(s) = hp.embd_scale {
+            x = ctx.scale(x, s);
+        }
+        let mut x = Some(ctx.name(x, "inp_embd", None));
+        for il in plan.layers() {
+            x = x.and_then(|x| hp.arch.build_layer(&b, &w.layers[il], il, x));
+        }
+        x.filter(|_| shape.n_out > 0).map(|x| {
+            let h = ctx.name(ctx.mul(ctx.rms_norm(x, hp.rms_eps), w.output_norm), "result_norm", None);
+            let mut logits = ctx.mul_mat(w.output, h);
+            if let Some(c) = hp.logit_softcap {
+                logits = ctx.scale(ctx.tanh(ctx.scale(logits, 1.0 / c)), c);
+            }
+            let logits = ctx.name(logits, "result_output", None);
+            ctx.output(logits);
+            ctx.expand(logits);
+            logits
+        })
+    };
+    Graph { ctx, inputs, logits }
+}
+
+/// Fill the causal mask of a pass: query `i` (at `p = pos0 + i`) sees cache positions
+/// `0..=p` of the `n_kv` it reads — or, with a sliding `window`, only `p + 1 − window..=p`, as
+/// llama.cpp's `is_masked_swa` has it; the padding past them is masked. Query rows past the
+/// tokens (see [`LoneQuery::Duplicated`]) repeat the last token's row.
+pub(crate) fn fill_mask(
+    mask: &mut Vec<u16>,
+    pos0: usize,
+    n_tokens: usize,
+    n_rows: usize,
+    n_kv: usize,
+    window: Option<usize>,
+) {
+    const ZERO: u16 = 0x0000;
+    const NEG_INF: u16 = 0xFC00; // f16 −∞
+    mask.clear();
+    mask.resize(n_kv * n_rows, NEG_INF);
+    for i in 0..n_rows {
+        let visible = pos0 + i.min(n_tokens.saturating_sub(1)) + 1;
+        let first = window.map_or(0, |w| visible.saturating_sub(w));
+        mask[i * n_kv + first..i * n_kv + visible].fill(ZERO);
+    }
+}
+
+/// Below this many cached positions ggml's CPU flash attention never splits one query's keys
+/// across threads (its `use_split_kv_path`).
+const SPLIT_KV_MIN: usize = 512;
+
+/// How attention keeps a single-token pass off ggml's split-KV path.
+///
+/// ggml's CPU flash attention takes a split-KV path for a lone query (one token, nothing in
+/// dimension 3) over 512 or more f16/f32 positions, whose partial sums round differently from
+/// the per-row path every multi-token pass takes: with two threads a token decoded alone then
+/// differed from its row in a verification pass (max |Δ| 0.5 in logits). Each row of a
+/// verification pass must be exactly what decoding that token alone computes, so such a pass
+/// is shaped to take the per-row path, whose arithmetic for a row does not depend on the
+/// others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LoneQuery {
+    /// Not needed: several tokens, a short cache, or a quantized one.
+    No,
+    /// Query heads laid out by KV head in dimension 3 (`[head_dim, 1, heads per KV head,
+    /// KV heads]`, K and V viewed alike): the same rows, the same memory, no split-KV path.
+    HeadsApart,
+    /// A model with one KV head cannot spread heads apart: the query attends twice and the
+    /// copy is dropped (twice the attention work).
+    Duplicated,
+}
+
+/// Heads are spread apart only where ggml's CPU kernels attend (a cache in host memory):
+/// that is where the layout was measured.
+fn lone_query(n_tokens: usize, n_kv: usize, kv: &KvCache, n_head_kv: usize) -> LoneQuery {
+    if n_tokens != 1 || n_kv < SPLIT_KV_MIN || kv.k_quantized() || kv.v_quantized() {
+        LoneQuery::No
+    } else if n_head_kv >= 2 && kv.in_host_memory() {
+        LoneQuery::HeadsApart
+    } else {
+        LoneQuery::Duplicated
+    }
+}
