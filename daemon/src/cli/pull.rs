@@ -95,5 +95,10 @@ fn list(catalog: &Catalog, dir: &std::path::Path) -> anyhow::Result<()> {
         );
     }
     println!("\n* default model; models directory: {}", dir.display());
+    println!(
+        "\nGGUF decoders of these architectures run on our ggml graph (layer skipping, quantized KV, \
+         our kernels): {}.\nEncoder-decoders (an ONNX directory) run on tract.",
+        pocket_ggml::SUPPORTED_ARCHITECTURES.join(", ")
+    );
     Ok(())
 }
