@@ -437,6 +437,12 @@ fn prepare<'p>(
                 error: Box::new(error),
             };
             let input = match &prompt.input {
+                // A base model (no chat template, as gemma3-270m) is given the messages' text
+                // as a plain prompt, as `pocket run "…"` would be: every mode of this process
+                // gets these same tokens.
+                PromptInput::Messages(m) if !has_chat_template(model) => {
+                    Input::Text(m.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n\n"))
+                }
                 PromptInput::Messages(m) => Input::Chat(m.clone()),
                 PromptInput::Text(t) => Input::Text(t.clone()),
             };
@@ -451,6 +457,14 @@ fn prepare<'p>(
             })
         })
         .collect()
+}
+
+/// Whether a decoder model can render chat messages (an encoder-decoder's refusal is its own
+/// error, kept).
+fn has_chat_template(model: &LoadedModel) -> bool {
+    let probe = [pocket_core::ChatMessage::new(pocket_core::Role::User, "hi")];
+    model.model().info().kind != pocket_core::ModelKind::Decoder
+        || model.model().tokenizer().apply_chat_template(&probe, true).is_ok()
 }
 
 /// One session configuration for every mode: a context that holds the longest prompt plus
