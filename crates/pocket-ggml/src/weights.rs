@@ -340,7 +340,7 @@ fn wanted(f: &GgufFile, hp: &Hparams) -> Result<Vec<Wanted>> {
     wanted.push(Wanted { file_name: name.into(), op, required, shape, slot: None });
     for il in 0..hp.n_layer {
         let fused = f.tensor(&format!("blk.{il}.{}", Slot::Wqkv.name())).is_some();
-        for &(slot, need) in hp.arch.layer_tensors() {
+        for &(slot, need) in arch::QKV.iter().chain(hp.arch.layer_tensors()) {
             let required = match need {
                 Need::Required => true,
                 Need::Optional => false,

@@ -3,7 +3,7 @@
 //! feed-forward as well as before, GeGLU; sliding-window layers (five in six by default) with
 //! a RoPE base of their own; queries scaled before attention rather than the scores.
 
-use super::{Hparams, Need, QKV, Slot, Swa};
+use super::{Hparams, Need, Slot, Swa};
 use crate::Result;
 use crate::ffi::gguf::GgufFile;
 use crate::ffi::graph::Tensor;
@@ -12,14 +12,6 @@ use crate::weights::LayerWeights;
 
 pub(super) const LAYER_TENSORS: &[(Slot, Need)] = &[
     (Slot::AttnNorm, Need::Required),
-    QKV[0],
-    QKV[1],
-    QKV[2],
-    QKV[3],
-    QKV[4],
-    QKV[5],
-    QKV[6],
-    QKV[7],
     (Slot::QNorm, Need::Required),
     (Slot::KNorm, Need::Required),
     (Slot::Wo, Need::Required),

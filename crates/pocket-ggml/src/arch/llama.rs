@@ -3,7 +3,7 @@
 //! scaling as per-dimension factors (`rope_freqs.weight`), which the rotary embedding takes.
 //! Qwen2 and SmolLM3 build their layers here too.
 
-use super::{Hparams, Need, QKV, Slot};
+use super::{Hparams, Need, Slot};
 use crate::Result;
 use crate::ffi::gguf::GgufFile;
 use crate::ffi::graph::Tensor;
@@ -12,14 +12,6 @@ use crate::weights::LayerWeights;
 
 pub(super) const LAYER_TENSORS: &[(Slot, Need)] = &[
     (Slot::AttnNorm, Need::Required),
-    QKV[0],
-    QKV[1],
-    QKV[2],
-    QKV[3],
-    QKV[4],
-    QKV[5],
-    QKV[6],
-    QKV[7],
     (Slot::Wo, Need::Required),
     (Slot::Bo, Need::Optional),
     (Slot::FfnNorm, Need::Required),

@@ -80,7 +80,8 @@ impl Arch {
         }
     }
 
-    /// The tensors of each layer, and whether each must be in the file.
+    /// The tensors of each layer besides its attention projections ([`QKV`], the same for
+    /// every architecture), and whether each must be in the file.
     pub(crate) fn layer_tensors(self) -> &'static [(Slot, Need)] {
         match self {
             Arch::Llama | Arch::SmolLm3 => llama::LAYER_TENSORS,
@@ -233,9 +234,9 @@ pub(crate) fn global_tensors(hp: &Hparams) -> [(&'static str, WeightOp, bool, Ve
     ]
 }
 
-/// The attention projections every architecture takes the same way: fused or separate,
-/// each with an optional bias.
-const QKV: [(Slot, Need); 8] = [
+/// The attention projections every architecture takes the same way, fused or separate, each
+/// with an optional bias (llama.cpp's `create_tensor_qkv`).
+pub(crate) const QKV: [(Slot, Need); 8] = [
     (Slot::Wqkv, Need::Optional),
     (Slot::Bqkv, Need::Optional),
     (Slot::Wq, Need::UnlessFused),

@@ -3,7 +3,7 @@
 //! NeoX RoPE, queries scaled before attention. The 128k-context variants' LongRoPE factors
 //! are not built here (llama.cpp runs those files).
 
-use super::{Hparams, Need, QKV, Slot};
+use super::{Hparams, Need, Slot};
 use crate::Result;
 use crate::ffi::gguf::GgufFile;
 use crate::ffi::graph::Tensor;
@@ -12,14 +12,6 @@ use crate::weights::LayerWeights;
 
 pub(super) const LAYER_TENSORS: &[(Slot, Need)] = &[
     (Slot::AttnNorm, Need::Required),
-    QKV[0],
-    QKV[1],
-    QKV[2],
-    QKV[3],
-    QKV[4],
-    QKV[5],
-    QKV[6],
-    QKV[7],
     (Slot::Wo, Need::Required),
     (Slot::Bo, Need::Optional),
     (Slot::FfnNorm, Need::Required),

@@ -2,21 +2,13 @@
 //! a per-head RMS norm of q and k before RoPE, NeoX RoPE, and a head size of its own
 //! (`attention.key_length`, not n_embd / n_head).
 
-use super::{Need, QKV, Slot};
+use super::{Need, Slot};
 use crate::ffi::graph::Tensor;
 use crate::graph::{Act, Builder};
 use crate::weights::LayerWeights;
 
 pub(super) const LAYER_TENSORS: &[(Slot, Need)] = &[
     (Slot::AttnNorm, Need::Required),
-    QKV[0],
-    QKV[1],
-    QKV[2],
-    QKV[3],
-    QKV[4],
-    QKV[5],
-    QKV[6],
-    QKV[7],
     (Slot::QNorm, Need::Required),
     (Slot::KNorm, Need::Required),
     (Slot::Wo, Need::Required),
