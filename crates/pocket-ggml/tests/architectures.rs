@@ -201,6 +201,24 @@ fn qwen3_head_40_q8_0() {
     check(Synthetic { arch: "qwen3", args: &["--head-dim", "40"], weights: "q8_0" }, false);
 }
 
+/// A quantized cache stores heads in blocks of 32 values: heads of 40 are refused with a
+/// message naming f16, before anything is allocated (ggml would abort on such a row).
+#[test]
+fn a_quantized_cache_on_heads_of_40_is_refused_naming_f16() {
+    let _serial = serial();
+    let path = Synthetic { arch: "qwen3", args: &["--head-dim", "40"], weights: "q8_0" }.path();
+    let model =
+        GgmlModel::load(&path, &LoadOptions { device: pocket_ggml::DeviceChoice::Cpu, ..Default::default() })
+            .expect("load");
+    for kv in [KvType::Q8_0, KvType::Q4_0] {
+        let config = pocket_core::SessionConfig { kv, ..config(256) };
+        model.footprint(&config).expect_err("a footprint of a session that cannot exist");
+        let err = model.session(&config).err().unwrap_or_else(|| panic!("{kv} cache on heads of 40"));
+        let msg = err.to_string();
+        assert!(msg.contains("blocks of 32") && msg.contains("f16"), "{msg}");
+    }
+}
+
 #[test]
 fn qwen3_head_64_q8_0() {
     check(Synthetic { arch: "qwen3", args: &["--head-dim", "64"], weights: "q8_0" }, true);

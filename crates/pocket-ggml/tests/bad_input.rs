@@ -273,3 +273,32 @@ fn more_rows_than_the_batch_is_an_error() {
     assert!(err.to_string().contains("4 rows of a pass of 3 tokens"), "{err}");
     assert!(s.is_empty());
 }
+
+#[test]
+fn a_tensor_our_graph_would_leave_out_is_refused_as_unsupported() {
+    // Loading it would silently drop what the tensor does; llama.cpp itself may run the file.
+    let gguf = tiny_llama().tensor_f32("blk.0.mystery.weight", &[64]);
+    let (_dir, path) = file_with("extra.gguf", &gguf.bytes());
+    let err = load_err(&path);
+    assert!(matches!(&err, Error::Unsupported { arch, .. } if arch == "llama"), "{err:?}");
+    assert!(err.not_built_here(), "{err:?}");
+    assert!(err.to_string().contains("blk.0.mystery.weight"), "{err}");
+}
+
+#[test]
+fn a_rope_scaling_our_graph_does_not_build_is_refused_as_unsupported() {
+    let gguf = tiny_llama().string("llama.rope.scaling.type", "yarn");
+    let (_dir, path) = file_with("yarn.gguf", &gguf.bytes());
+    let err = load_err(&path);
+    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+    assert!(err.to_string().contains("\"yarn\""), "{err}");
+}
+
+#[test]
+fn a_head_size_of_zero_is_a_bad_model() {
+    let gguf = tiny_llama().u32("llama.attention.key_length", 0);
+    let (_dir, path) = file_with("headless.gguf", &gguf.bytes());
+    let err = load_err(&path);
+    assert!(matches!(err, Error::BadModel { .. }), "{err:?}");
+    assert!(err.to_string().contains("head size 0"), "{err}");
+}

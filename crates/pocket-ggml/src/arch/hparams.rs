@@ -115,6 +115,7 @@ impl Hparams {
             ))
         };
         if n_head_kv == 0
+            || head_dim == 0
             || !n_head.is_multiple_of(n_head_kv)
             || head_dim_v != head_dim
             || !head_dim.is_multiple_of(2)

@@ -72,6 +72,13 @@ impl Tensor {
         unsafe { sys::ggml_nbytes(self.ptr()) }
     }
 
+    /// Whether its elements lie one after another, with no gaps (a view of a fused
+    /// projection does not).
+    pub(crate) fn is_contiguous(self) -> bool {
+        // SAFETY: a live tensor.
+        unsafe { sys::ggml_is_contiguous(self.ptr()) }
+    }
+
     /// Whether memory has been allocated for it (a scheduler allocates only what the graph
     /// it computes uses).
     pub(crate) fn is_allocated(self) -> bool {

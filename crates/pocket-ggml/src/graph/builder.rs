@@ -124,7 +124,11 @@ impl Builder<'_> {
         kq_scale: f32,
     ) -> Option<Tensor> {
         let (ctx, hp, kv, shape) = (self.ctx, self.hp, self.kv, self.shape);
-        let (mut q, mut k, mut v) = (q, k, v);
+        // Q and K come here roped (a new, contiguous tensor) unless the layer has no RoPE;
+        // then from a fused projection they are views with gaps, which the reshapes below
+        // (and ggml's) cannot take.
+        let dense = |t: Tensor| if t.is_contiguous() { t } else { ctx.cont(t) };
+        let (mut q, mut k, mut v) = (dense(q), dense(k), v);
         if let Some(r) = self.inp.k_rot {
             q = rotate(ctx, q, r);
             k = rotate(ctx, k, r);
@@ -143,7 +147,10 @@ impl Builder<'_> {
         if il == self.last_layer && shape.n_out == 0 {
             return None;
         }
-        let mask = if hp.is_swa(il) { self.inp.mask_swa.unwrap_or(self.inp.mask) } else { self.inp.mask };
+        let mask = match self.inp.mask_swa {
+            Some(swa) if hp.is_swa(il) => swa,
+            _ => self.inp.mask,
+        };
         // One cached row holds all KV heads of a token; heads are head_stride bytes apart.
         let row = kv.row_bytes();
         let head_stride = row / hp.n_head_kv;

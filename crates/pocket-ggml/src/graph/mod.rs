@@ -168,7 +168,8 @@ pub(crate) fn build(
         for il in plan.layers() {
             x = x.and_then(|x| hp.arch.build_layer(&b, &w.layers[il], il, x));
         }
-        x.filter(|_| shape.n_out > 0).map(|x| {
+        // A pass that only fills the cache has no output: its last layer returned None.
+        x.map(|x| {
             let h = ctx.name(ctx.mul(ctx.rms_norm(x, hp.rms_eps), w.output_norm), "result_norm", None);
             let mut logits = ctx.mul_mat(w.output, h);
             if let Some(c) = hp.logit_softcap {
