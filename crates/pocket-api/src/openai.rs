@@ -289,6 +289,10 @@ pub struct ModelObject {
     pub created: u64,
     /// `pocketd`.
     pub owned_by: String,
+    /// pocketd: the engine that runs it — `ggml` (our graph), `llama.cpp` (llama.cpp's graph,
+    /// for GGUF files ours does not build) or `tract` (ONNX encoder-decoders).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 /// `GET /v1/models`.

@@ -47,6 +47,9 @@ pub struct MemoryStatus {
 pub struct LoadedModel {
     /// Its name.
     pub name: String,
+    /// The engine that runs it: `ggml`, `llama.cpp` or `tract`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
     /// Bytes its weights take in the budget.
     pub bytes: u64,
     /// Sessions using it now.

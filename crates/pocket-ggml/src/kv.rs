@@ -40,11 +40,22 @@ pub(crate) fn ggml_type(kv: KvType) -> sys::ggml_type {
 
 /// Bytes of one token's K (or V) in one layer.
 pub(crate) fn row_bytes(hp: &Hparams, kv: KvType) -> usize {
+    width_bytes(hp.n_embd_kv(), kv)
+}
+
+/// Bytes of `n` values of type `kv`, in whole blocks.
+pub(crate) fn width_bytes(n: usize, kv: KvType) -> usize {
     // SAFETY: pure size lookups. (ggml_row_size would abort on a row that is not whole
     // blocks, which a footprint may be asked of before a session refuses it.)
     let (size, block) =
         unsafe { (sys::ggml_type_size(ggml_type(kv)), sys::ggml_blck_size(ggml_type(kv)) as usize) };
-    hp.n_embd_kv().div_ceil(block) * size
+    n.div_ceil(block) * size
+}
+
+/// Values per block of `kv` (1 for the float types).
+pub(crate) fn block_size(kv: KvType) -> usize {
+    // SAFETY: a pure size lookup.
+    unsafe { sys::ggml_blck_size(ggml_type(kv)) as usize }
 }
 
 /// KV bytes per token over all layers, K and V.

@@ -5,7 +5,10 @@
 //! [`GgmlSession`]s, which implement pocket-core's [`Session`](pocket_core::Session): decode any
 //! subset of layers ([`LayerPlan`](pocket_core::LayerPlan)), logits only for the rows asked,
 //! a KV cache in f16, q8_0 or q4_0 that grows with the tokens held, and `truncate`.
-//! [`LlamaCpp`] runs the same file through llama.cpp itself, as reference and baseline.
+//! [`LlamaCppModel`] runs, behind the same traits, the GGUF files our graph does not build
+//! (other architectures, features of theirs it leaves out) on llama.cpp's own graph;
+//! [`graph_support`] says which of the two a file needs. [`LlamaCpp`] runs a file through
+//! llama.cpp as reference and baseline.
 //!
 //! ```no_run
 //! use pocket_core::{LayerPlan, Model, Rows, Session, SessionConfig, Tokenizer};
@@ -28,20 +31,21 @@ mod error;
 mod ffi;
 mod graph;
 mod kv;
+mod llama_cpp;
 mod model;
 pub mod parity;
 mod q4_1_gemm;
 mod reference;
 mod session;
-mod vocab;
 mod weights;
 
 pub use arch::SUPPORTED_ARCHITECTURES;
 pub use convert::WeightFormat;
 pub use error::{Error, Result};
 pub use ffi::device::{DeviceChoice, device_names};
+pub use ffi::vocab::Vocab;
 pub use kv::KV_BLOCK_TOKENS;
-pub use model::{AttentionKernel, GgmlModel, LoadOptions};
+pub use llama_cpp::{LlamaCppModel, LlamaCppSession};
+pub use model::{AttentionKernel, GgmlModel, GraphSupport, LoadOptions, graph_support};
 pub use reference::LlamaCpp;
 pub use session::{GgmlSession, MAX_LOGIT_ROWS};
-pub use vocab::Vocab;

@@ -14,9 +14,9 @@ use crate::arch::Hparams;
 use crate::convert::WeightFormat;
 use crate::ffi::device::{Device, DeviceChoice};
 use crate::ffi::gguf::GgufFile;
+use crate::ffi::vocab::Vocab;
 use crate::kv::{self, KV_BLOCK_TOKENS};
 use crate::session::GgmlSession;
-use crate::vocab::Vocab;
 use crate::weights::Weights;
 
 /// How to load a model.
@@ -53,6 +53,29 @@ pub enum AttentionKernel {
     /// ggml's flash attention everywhere, as llama.cpp computes it: for checking the rest of
     /// the graph against llama.cpp bit for bit (its f16 accumulation rounds differently).
     Ggml,
+}
+
+/// Which engine of this crate a GGUF file needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GraphSupport {
+    /// Our graph builds it ([`GgmlModel`]).
+    Ours,
+    /// Our graph does not build it, for `reason`; llama.cpp's does ([`crate::LlamaCppModel`]).
+    LlamaCpp {
+        /// What our graph does not build (the architecture, a feature of it).
+        reason: String,
+    },
+}
+
+/// Whether our graph builds the model at `path`, from its metadata and tensor names (nothing
+/// is loaded). Errors: a file that is not a readable GGUF model.
+pub fn graph_support(path: &Path) -> Result<GraphSupport> {
+    let file = GgufFile::open(path)?;
+    match Hparams::read(&file).and_then(|hp| crate::weights::check_tensors(&file, &hp)) {
+        Ok(()) => Ok(GraphSupport::Ours),
+        Err(e) if e.not_built_here() => Ok(GraphSupport::LlamaCpp { reason: e.to_string() }),
+        Err(e) => Err(e),
+    }
 }
 
 /// The parts of a model that sessions share.

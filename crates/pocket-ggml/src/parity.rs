@@ -1,4 +1,6 @@
-//! Parity: our graph against llama.cpp on the same file.
+//! Parity: our engine against llama.cpp on the same file — our graph where it builds the
+//! file, else our llama.cpp engine (which must then give llama.cpp's logits exactly: it is
+//! llama.cpp, driven through our session's batching, rows and rollback).
 //!
 //! llama.cpp generates a greedy continuation; our engine is then fed the very same tokens
 //! (teacher forcing, one token per pass as in generation) so every position compares logits
@@ -13,9 +15,12 @@
 use std::path::Path;
 
 use pocket_core::sampling::argmax;
-use pocket_core::{KvType, LayerPlan, Model, Rows, Session, SessionConfig, Token};
+use pocket_core::{KvType, LayerPlan, Model, Rows, SessionConfig, Token};
 
-use crate::{AttentionKernel, DeviceChoice, GgmlModel, LlamaCpp, LoadOptions, Result};
+use crate::{
+    AttentionKernel, DeviceChoice, GgmlModel, GraphSupport, LlamaCpp, LlamaCppModel, LoadOptions, Result,
+    graph_support,
+};
 
 /// What to compare.
 #[derive(Debug, Clone)]
@@ -75,6 +80,9 @@ pub struct AttentionAgreement {
 /// The result of a parity run.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ParityReport {
+    /// The engine compared with llama.cpp: `ggml` (our graph) or `llama.cpp` (our engine over
+    /// llama.h, for a file our graph does not build).
+    pub engine: String,
     /// The ggml device our graph ran on (`CPU`, `Vulkan0`, ...). llama.cpp runs on the same
     /// kind: the CPU, or with every layer offloaded to the GPUs ggml finds.
     pub device: String,
@@ -130,7 +138,7 @@ fn reference_run(
 
 /// Feed `prompt` then `forced` through our engine and return the logits row of every position.
 fn teacher_forced(
-    model: &GgmlModel,
+    model: &dyn Model,
     prompt: &[Token],
     forced: &[Token],
     threads: usize,
@@ -144,7 +152,7 @@ fn teacher_forced(
         threads,
         ..SessionConfig::default()
     };
-    let mut session = model.new_session(&config)?;
+    let mut session = model.session(&config)?;
     let plan = LayerPlan::full(model.info().n_layers)?;
     let mut rows = Vec::with_capacity(forced.len() * n_vocab);
     rows.extend_from_slice(session.decode(prompt, &plan, Rows::Last)?.last());
@@ -161,10 +169,22 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 /// Compare our engine with llama.cpp on the model at `path`.
 pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
     let device = options.device.clone();
-    let model = GgmlModel::load(
-        path,
-        &LoadOptions { attention: AttentionKernel::Ggml, device: device.clone(), ..Default::default() },
-    )?;
+    let load = LoadOptions { attention: AttentionKernel::Ggml, device: device.clone(), ..Default::default() };
+    // Our graph, kept as such for the report on its own attention kernel.
+    let (model, ours, engine, device_name, on_gpu): (Box<dyn Model>, Option<GgmlModel>, _, String, bool) =
+        match graph_support(path)? {
+            GraphSupport::Ours => {
+                let m = GgmlModel::load(path, &load)?;
+                let (name, gpu) = (m.device_name().to_owned(), m.on_gpu());
+                (Box::new(m.clone()), Some(m), "ggml", name, gpu)
+            }
+            GraphSupport::LlamaCpp { .. } => {
+                let m = LlamaCppModel::load(path, &load)?;
+                let (name, gpu) = (m.device_name().to_owned(), m.on_gpu());
+                (Box::new(m), None, "llama.cpp", name, gpu)
+            }
+        };
+    let model = model.as_ref();
     let n_vocab = model.info().n_vocab;
     let prompt = model.tokenizer().encode(&options.prompt, true)?;
     if prompt.is_empty() {
@@ -173,7 +193,8 @@ pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
     let kv_types = if options.kv_types.is_empty() { vec![KvType::F16] } else { options.kv_types.clone() };
     let n = options.n_tokens;
     let mut report = ParityReport {
-        device: model.device_name().to_owned(),
+        engine: engine.to_owned(),
+        device: device_name,
         prompt_tokens: prompt.len(),
         n,
         positions: Vec::new(),
@@ -188,14 +209,14 @@ pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
     for (k, &kv) in kv_types.iter().enumerate() {
         let forced_tokens = (k > 0).then_some(&forced[..]);
         let (tokens, reference) =
-            reference_run(path, &prompt, forced_tokens, n, options.threads, kv, model.on_gpu())?;
+            reference_run(path, &prompt, forced_tokens, n, options.threads, kv, on_gpu)?;
         if k == 0 {
             forced = tokens;
         }
         if k == 0 && kv == KvType::F16 {
             first_reference = reference.clone();
         }
-        let ours = teacher_forced(&model, &prompt, &forced, options.threads, kv)?;
+        let ours = teacher_forced(model, &prompt, &forced, options.threads, kv)?;
         let mut agree = KvAgreement { kv, top1_vs_llama_cpp: 0, top1_vs_first: 0, max_abs_diff: 0.0 };
         let mut tops = Vec::with_capacity(n);
         for i in 0..n {
@@ -215,7 +236,7 @@ pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
         agree.top1_vs_first = tops.iter().zip(&first_top1).filter(|(a, b)| a == b).count();
         report.kv.push(agree);
     }
-    if !first_reference.is_empty() && model.attention_kernel().is_some() {
+    if !first_reference.is_empty() && ours.as_ref().is_some_and(|m| m.attention_kernel().is_some()) {
         let own = GgmlModel::load(path, &LoadOptions { device, ..LoadOptions::default() })?;
         let ours = teacher_forced(&own, &prompt, &forced, options.threads, kv_types[0])?;
         let mut agree =

@@ -322,6 +322,11 @@ impl Drop for ScratchContext {
     }
 }
 
+/// Whether the graph of `hp.arch` reads every tensor of `f` ([`Error::Unsupported`] if not).
+pub(crate) fn check_tensors(f: &GgufFile, hp: &Hparams) -> Result<()> {
+    wanted(f, hp).map(drop)
+}
+
 /// The tensors the graph of `hp.arch` reads, with their shapes: the token embedding first,
 /// the output projection third. A tensor in the file that is not among them means the file
 /// has something our graph would leave out, which it refuses.

@@ -9,8 +9,7 @@
 mod common;
 
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use common::*;
 use pocket_core::cost::CostModel;
@@ -23,45 +22,6 @@ use pocket_ggml::{GgmlModel, LoadOptions};
 
 /// Tokens of greedy continuation compared per file.
 const N_TOKENS: usize = 48;
-
-/// A synthetic model: the architecture and `make_gguf.py`'s shape arguments.
-struct Synthetic {
-    arch: &'static str,
-    args: &'static [&'static str],
-    weights: &'static str,
-}
-
-impl Synthetic {
-    /// The file, written on first use into `target/synthetic/` (the script writes it
-    /// atomically, so a file that is there is whole).
-    fn path(&self) -> PathBuf {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let dir = root.join("target/synthetic");
-        std::fs::create_dir_all(&dir).expect("target/synthetic");
-        let name = format!("{}{}-{}.gguf", self.arch, self.args.join("").replace("--", "_"), self.weights);
-        let path = dir.join(name);
-        if !path.exists() {
-            let python = root.join("target/pyenv/bin/python");
-            assert!(
-                python.exists(),
-                "the tests need the test venv with llama.cpp's gguf writer; run scripts/test, or: \
-                 python3 -m venv target/pyenv && target/pyenv/bin/pip install gguf==0.19.0 numpy"
-            );
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/synthetic/make_gguf.py");
-            let out = Command::new(python)
-                .arg(script)
-                .args(["--arch", self.arch, "--weights", self.weights, "--out"])
-                .arg(&path)
-                .arg("--tokenizer-from")
-                .arg(model_path(SMOL))
-                .args(self.args)
-                .output()
-                .expect("run make_gguf.py");
-            assert!(out.status.success(), "make_gguf.py: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        path
-    }
-}
 
 /// Parity of our graph with llama.cpp on `path`, for each KV type; returns the report lines.
 fn check_parity(path: &Path, kv_types: Vec<KvType>, tolerance: f32) {

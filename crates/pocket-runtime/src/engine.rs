@@ -1,5 +1,6 @@
-//! Opening a model file on the engine that runs it: GGUF files on our ggml graph, ONNX
-//! encoder-decoder directories on tract.
+//! Opening a model file on the engine that runs it: GGUF files on our ggml graph where it
+//! builds them and on llama.cpp's own graph where it does not, ONNX encoder-decoder
+//! directories on tract.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -7,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use pocket_core::memory::Ledger;
 use pocket_core::spec::{LayerSkipDrafter, SpecMode};
 use pocket_core::{Model, SessionConfig};
-use pocket_ggml::{DeviceChoice, GgmlModel, LoadOptions, WeightFormat};
+use pocket_ggml::{DeviceChoice, GgmlModel, GraphSupport, LlamaCppModel, LoadOptions, WeightFormat};
 use pocket_tract::TractModel;
 
 use crate::{Error, Knowledge, Result};
@@ -15,22 +16,32 @@ use crate::{Error, Knowledge, Result};
 /// Which engine runs a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
-    /// Our transformer graph on ggml (GGUF decoders).
+    /// Our transformer graph on ggml (GGUF decoders of the architectures it builds).
     Ggml,
+    /// llama.cpp's own graph, through llama.h (every other GGUF decoder).
+    LlamaCpp,
     /// tract (ONNX encoder-decoders).
     Tract,
 }
 
 impl Engine {
-    /// The engine that runs the model at `path` (without opening it).
+    /// The engine that runs the model at `path`, from its metadata (nothing is loaded). A
+    /// file that cannot be read is left to our graph, whose loader says what is wrong with it.
     pub fn for_path(path: &Path) -> Engine {
-        if is_onnx(path) { Engine::Tract } else { Engine::Ggml }
+        if is_onnx(path) {
+            return Engine::Tract;
+        }
+        match pocket_ggml::graph_support(path) {
+            Ok(GraphSupport::LlamaCpp { .. }) => Engine::LlamaCpp,
+            _ => Engine::Ggml,
+        }
     }
 
     /// Its name in reports.
     pub fn name(self) -> &'static str {
         match self {
             Engine::Ggml => "ggml",
+            Engine::LlamaCpp => "llama.cpp",
             Engine::Tract => "tract",
         }
     }
@@ -40,6 +51,7 @@ impl Engine {
     pub fn drafters(self) -> &'static [SpecMode] {
         match self {
             Engine::Ggml => GgmlModel::DRAFTERS,
+            Engine::LlamaCpp => LlamaCppModel::DRAFTERS,
             Engine::Tract => TractModel::DRAFTERS,
         }
     }
@@ -47,7 +59,7 @@ impl Engine {
     /// The kind of model it runs.
     pub fn kind(self) -> pocket_core::ModelKind {
         match self {
-            Engine::Ggml => pocket_core::ModelKind::Decoder,
+            Engine::Ggml | Engine::LlamaCpp => pocket_core::ModelKind::Decoder,
             Engine::Tract => pocket_core::ModelKind::EncoderDecoder,
         }
     }
@@ -127,9 +139,44 @@ impl LoadedModel {
             ledger: Some(ledger),
             ..LoadOptions::default()
         };
-        let model = GgmlModel::load_with_progress(path, &load, progress)?;
-        let (device, kernels) = (model.device_name().to_owned(), model.kernels());
-        Ok(Self::new(Arc::new(model), Engine::Ggml, path, &device, &kernels, options.weights, options))
+        let why_not_ours = match pocket_ggml::graph_support(path) {
+            Ok(GraphSupport::Ours) => match GgmlModel::load_with_progress(path, &load, progress) {
+                Ok(model) => {
+                    let (device, kernels) = (model.device_name().to_owned(), model.kernels());
+                    let model = Arc::new(model);
+                    return Ok(Self::new(
+                        model,
+                        Engine::Ggml,
+                        path,
+                        &device,
+                        &kernels,
+                        options.weights,
+                        options,
+                    ));
+                }
+                Err(e) if e.not_built_here() => e.to_string(),
+                Err(e) => return Err(e.into()),
+            },
+            Ok(GraphSupport::LlamaCpp { reason }) => reason,
+            // A file that is not a readable GGUF model (the same reader's words as our loader's).
+            Err(e) => return Err(e.into()),
+        };
+        if options.weights != WeightFormat::AsStored {
+            return Err(Error::invalid(
+                "weights",
+                format!(
+                    "{} runs on llama.cpp's graph ({why_not_ours}), which keeps the weights as stored; \
+                     weight formats ({}) are for the architectures our graph builds",
+                    path.display(),
+                    options.weights
+                ),
+            ));
+        }
+        tracing::info!("{}: {why_not_ours}; running it on llama.cpp's graph", path.display());
+        let model = LlamaCppModel::load(path, &load)?;
+        let device = model.device_name().to_owned();
+        let model = Arc::new(model);
+        Ok(Self::new(model, Engine::LlamaCpp, path, &device, "llama.cpp", WeightFormat::AsStored, options))
     }
 
     fn new(

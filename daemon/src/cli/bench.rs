@@ -94,7 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let resolved = pocket_models::resolve(&args.model.model, &dir)?;
     let engine = Engine::for_path(&resolved.path);
     let mode_list = args.modes.clone().unwrap_or_else(|| match engine {
-        Engine::Ggml => "llama.cpp,vanilla".to_owned(),
+        Engine::Ggml | Engine::LlamaCpp => "llama.cpp,vanilla".to_owned(),
         Engine::Tract => "vanilla,inputcopy,suffix,auto".to_owned(),
     });
     // A benchmark compares formats explicitly (`suffix@q8_0`): `auto` is the stored format here.
@@ -118,7 +118,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let (mut prompts, workload_name) = match (&args.prompts, engine) {
         (Some(path), _) => (workload::load(path)?, path.display().to_string()),
-        (None, Engine::Ggml) => (
+        (None, Engine::Ggml | Engine::LlamaCpp) => (
             workload::parse(workload::DEFAULT_WORKLOAD).context("the built-in workload is broken")?,
             workload::DEFAULT_WORKLOAD_NAME.to_owned(),
         ),

@@ -47,12 +47,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let report = parity(&path, &options)?;
     println!(
-        "{}: {} prompt tokens, {} positions, KV {}, on {} (both engines)",
+        "{}: {} prompt tokens, {} positions, KV {}, on {} (both engines); pocketd's engine for it: {}",
         path.display(),
         report.prompt_tokens,
         report.n,
         args.kv,
-        report.device
+        report.device,
+        report.engine
     );
     println!("{:>5} {:>9} {:>9} {:>12}", "pos", "llama.cpp", "pocketd", "max|Δlogit|");
     for p in &report.positions {

@@ -23,6 +23,7 @@ use pocket_api::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatDelta,
     ChatMessage, Completion, CompletionChoice, CompletionRequest, ModelAction, ModelList, ModelObject,
 };
+use pocket_runtime::Engine;
 use serde::de::DeserializeOwned;
 
 use super::error::ServeError;
@@ -301,6 +302,7 @@ async fn models(State(s): Shared) -> Result<axum::Json<ModelList>, ServeError> {
             object: "model".into(),
             created: a.created,
             owned_by: "pocketd".into(),
+            engine: Some(Engine::for_path(&a.path).name().to_owned()),
         })
         .collect();
     Ok(axum::Json(ModelList { object: "list".into(), data }))

@@ -355,6 +355,7 @@ impl Scheduler {
             .into_iter()
             .map(|(m, idle)| pocket_api::LoadedModel {
                 name: m.name.clone(),
+                engine: Some(m.model.engine().name().to_owned()),
                 bytes: m.bytes(),
                 sessions: Registry::users(&m),
                 idle_seconds: idle.as_secs_f64(),

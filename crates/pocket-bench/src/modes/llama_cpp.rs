@@ -32,7 +32,7 @@ impl LlamaCppRunner {
     /// as our engine, on the GPU when ours runs on one.
     pub fn load(cx: RunnerContext<'_>) -> Result<Self, Error> {
         let s = cx.session;
-        if cx.model.engine() != Engine::Ggml {
+        if cx.model.engine() == Engine::Tract {
             return Err(Error::Invalid(format!(
                 "llama.cpp runs GGUF files; {} is an encoder-decoder ONNX model (run vanilla, suffix, inputcopy or \
                  auto on it)",

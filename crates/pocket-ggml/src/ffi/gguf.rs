@@ -184,6 +184,37 @@ impl GgufFile {
         }
     }
 
+    /// An integer value, or each value of an integer array (a per-layer setting).
+    pub(crate) fn get_u64s(&self, key: &str) -> Option<Vec<u64>> {
+        if let Some(v) = self.get_u64(key) {
+            return Some(vec![v]);
+        }
+        let id = self.key(key)?;
+        let g = self.gguf.as_ptr();
+        // SAFETY: the types are checked before the data is read; the array holds n values of
+        // the element type read.
+        unsafe {
+            if sys::gguf_get_kv_type(g, id) != sys::GGUF_TYPE_ARRAY {
+                return None;
+            }
+            let n = sys::gguf_get_arr_n(g, id);
+            let data = sys::gguf_get_arr_data(g, id);
+            match sys::gguf_get_arr_type(g, id) {
+                sys::GGUF_TYPE_UINT32 => Some(
+                    std::slice::from_raw_parts(data.cast::<u32>(), n).iter().map(|&v| v as u64).collect(),
+                ),
+                sys::GGUF_TYPE_INT32 => Some(
+                    std::slice::from_raw_parts(data.cast::<i32>(), n)
+                        .iter()
+                        .map(|&v| v.max(0) as u64)
+                        .collect(),
+                ),
+                sys::GGUF_TYPE_UINT64 => Some(std::slice::from_raw_parts(data.cast::<u64>(), n).to_vec()),
+                _ => None,
+            }
+        }
+    }
+
     /// A boolean array value (GGUF bools are one byte each).
     pub(crate) fn get_bool_array(&self, key: &str) -> Option<Vec<bool>> {
         let id = self.key(key)?;

@@ -1,11 +1,13 @@
 //! The FFI layer: everything that calls ggml or llama.cpp directly, as safe types —
 //! [`graph`] (building graphs), [`gguf`] (reading GGUF files), [`device`] (devices and buffer
-//! types). Most of the crate's `unsafe` is here; the rest is in the kernels (`attention`,
+//! types), [`llama`] (llama.cpp's own model and context), [`vocab`] (its tokenizer). Most of the crate's `unsafe` is here; the rest is in the kernels (`attention`,
 //! `q4_1_gemm`) and in the code that places weights and the KV cache in backend buffers.
 
 pub(crate) mod device;
 pub(crate) mod gguf;
 pub(crate) mod graph;
+pub(crate) mod llama;
+pub(crate) mod vocab;
 
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::Once;
@@ -46,6 +48,7 @@ unsafe extern "C" fn log(level: sys::ggml_log_level, text: *const c_char, _user:
     if msg.is_empty() {
         return;
     }
+    llama::capture(msg);
     if level == sys::GGML_LOG_LEVEL_ERROR {
         tracing::warn!(target: "ggml", "{msg}");
     } else if level == sys::GGML_LOG_LEVEL_WARN {

@@ -1,7 +1,8 @@
 //! Shared by the integration tests: finding and loading the real models, and small helpers.
 #![allow(dead_code, unreachable_pub)] // each test binary uses a different subset
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 
 use pocket_core::{ChatMessage, LayerPlan, Logits, Model, SessionConfig, Token};
@@ -126,9 +127,14 @@ pub fn chat(model: &GgmlModel, user: &str) -> Vec<Token> {
 
 /// Exactly `n` tokens of English prose (repeated as needed), BOS first if the model uses one.
 pub fn prose(model: &GgmlModel, n: usize) -> Vec<Token> {
+    prose_of(model, n)
+}
+
+/// [`prose`] for a model of any engine.
+pub fn prose_of(model: &dyn Model, n: usize) -> Vec<Token> {
     let mut text = String::from(PROSE);
     loop {
-        let t = tokens(model, &text);
+        let t = model.tokenizer().encode(&text, true).expect("tokenize");
         if t.len() >= n {
             return t[..n].to_vec();
         }
@@ -213,4 +219,43 @@ pub fn collect(logits: &Logits<'_>) -> Vec<f32> {
 pub fn rss_anon() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
     pocket_core::memory::proc_field(&status, "RssAnon").expect("RssAnon in /proc/self/status")
+}
+
+/// A synthetic model: the architecture and `make_gguf.py`'s shape arguments.
+pub struct Synthetic {
+    pub arch: &'static str,
+    pub args: &'static [&'static str],
+    pub weights: &'static str,
+}
+
+impl Synthetic {
+    /// The file, written on first use into `target/synthetic/` (the script writes it
+    /// atomically, so a file that is there is whole).
+    pub fn path(&self) -> PathBuf {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let dir = root.join("target/synthetic");
+        std::fs::create_dir_all(&dir).expect("target/synthetic");
+        let name = format!("{}{}-{}.gguf", self.arch, self.args.join("").replace("--", "_"), self.weights);
+        let path = dir.join(name);
+        if !path.exists() {
+            let python = root.join("target/pyenv/bin/python");
+            assert!(
+                python.exists(),
+                "the tests need the test venv with llama.cpp's gguf writer; run scripts/test, or: \
+                 python3 -m venv target/pyenv && target/pyenv/bin/pip install gguf==0.19.0 numpy"
+            );
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/synthetic/make_gguf.py");
+            let out = Command::new(python)
+                .arg(script)
+                .args(["--arch", self.arch, "--weights", self.weights, "--out"])
+                .arg(&path)
+                .arg("--tokenizer-from")
+                .arg(model_path(SMOL))
+                .args(self.args)
+                .output()
+                .expect("run make_gguf.py");
+            assert!(out.status.success(), "make_gguf.py: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        path
+    }
 }

@@ -2,17 +2,19 @@
 
 use std::ffi::CString;
 use std::path::Path;
-use std::ptr::NonNull;
+use std::sync::Arc;
 
 use llama_cpp_sys_2 as sys;
 use pocket_core::{ChatMessage, Token, Tokenizer};
 
 use crate::ffi::device::cstring;
+use crate::ffi::llama::{LlamaWeights, Load};
 use crate::{Error, Result};
 
-/// A model's vocabulary, loaded by llama.cpp without its weights.
+/// A model's vocabulary: llama.cpp's tokenizer and the chat template the file ships.
 pub struct Vocab {
-    model: NonNull<sys::llama_model>,
+    // Keeps the model the vocabulary belongs to alive.
+    owner: Arc<LlamaWeights>,
     vocab: *const sys::llama_vocab,
     template: Option<CString>,
 }
@@ -23,42 +25,26 @@ unsafe impl Send for Vocab {}
 // SAFETY: as for Send.
 unsafe impl Sync for Vocab {}
 
-impl Drop for Vocab {
-    fn drop(&mut self) {
-        // SAFETY: loaded in `load`, freed once.
-        unsafe { sys::llama_model_free(self.model.as_ptr()) }
-    }
-}
-
 impl Vocab {
-    /// Load the vocabulary of the GGUF file at `path`.
+    /// Load the vocabulary of the GGUF file at `path` (without its weights).
     pub fn load(path: &Path) -> Result<Self> {
-        crate::ffi::init();
-        let cpath = cstring(&path.to_string_lossy());
-        // SAFETY: default parameters with vocab_only set; cpath is a valid C string.
-        let model = unsafe {
-            let mut params = sys::llama_model_default_params();
-            params.vocab_only = true;
-            sys::llama_model_load_from_file(cpath.as_ptr(), params)
-        };
-        let model = NonNull::new(model).ok_or_else(|| Error::BadModel {
+        let owner = LlamaWeights::load(path, Load::VocabOnly).ok_or_else(|| Error::BadModel {
             path: path.to_owned(),
             reason: "llama.cpp could not load its vocabulary".into(),
         })?;
-        // SAFETY: a loaded model; the vocab pointer lives as long as the model.
-        let vocab = unsafe { sys::llama_model_get_vocab(model.as_ptr()) };
-        // SAFETY: a loaded model; the template string, if any, is owned by the model and copied.
-        let template = unsafe {
-            let t = sys::llama_model_chat_template(model.as_ptr(), std::ptr::null());
-            (!t.is_null()).then(|| std::ffi::CStr::from_ptr(t).to_owned())
-        };
-        Ok(Vocab { model, vocab, template })
+        Ok(Self::of(Arc::new(owner)))
+    }
+
+    /// The vocabulary of a model llama.cpp loaded.
+    pub(crate) fn of(owner: Arc<LlamaWeights>) -> Self {
+        let vocab = owner.vocab();
+        let template = owner.chat_template();
+        Vocab { owner, vocab, template }
     }
 
     /// Number of tokens in the vocabulary.
     pub fn n_tokens(&self) -> usize {
-        // SAFETY: valid vocab.
-        unsafe { sys::llama_vocab_n_tokens(self.vocab) }.max(0) as usize
+        self.owner.n_vocab()
     }
 
     /// Whether the model comes with a chat template.

@@ -1,0 +1,337 @@
+//! llama.cpp's own model and context (llama.h), as safe handles: [`LlamaWeights`] (a loaded
+//! `llama_model`, shared by every context and by the vocabulary) and [`LlamaContext`] (one
+//! sequence's KV cache, compute buffers and thread pool).
+
+use std::cell::RefCell;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use llama_cpp_sys_2 as sys;
+use pocket_core::{KvType, Token};
+
+use crate::ffi::device::cstring;
+use crate::kv::ggml_type;
+use crate::{Error, Result};
+
+/// What to load of a GGUF file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Load {
+    /// The vocabulary and metadata only (no tensors).
+    VocabOnly,
+    /// Everything: weights memory-mapped, on the GPU if `gpu`; `repack` is llama.cpp's
+    /// `use_extra_bufts` (its CPU repacking buffer types).
+    Full { gpu: bool, repack: bool },
+}
+
+/// A `llama_model`: weights (or only the vocabulary) and metadata, read-only once loaded.
+pub(crate) struct LlamaWeights {
+    model: NonNull<sys::llama_model>,
+}
+
+// SAFETY: a loaded llama_model is only read afterwards (llama.cpp's server shares one between
+// the contexts of all its slots, on any thread); contexts keep their own mutable state.
+unsafe impl Send for LlamaWeights {}
+// SAFETY: as for Send.
+unsafe impl Sync for LlamaWeights {}
+
+impl Drop for LlamaWeights {
+    fn drop(&mut self) {
+        // SAFETY: loaded in `load` and freed once; every context and vocabulary using it holds
+        // an `Arc` to it, so none outlives it.
+        unsafe { sys::llama_model_free(self.model.as_ptr()) }
+    }
+}
+
+impl LlamaWeights {
+    /// Load `path` as `what` says; `None` when llama.cpp refuses the file (it logs why).
+    pub(crate) fn load(path: &Path, what: Load) -> Option<Self> {
+        crate::ffi::init();
+        let cpath = cstring(&path.to_string_lossy());
+        // SAFETY: default parameters adjusted field by field; cpath is a valid C string.
+        let model = unsafe {
+            let mut p = sys::llama_model_default_params();
+            match what {
+                Load::VocabOnly => p.vocab_only = true,
+                Load::Full { gpu, repack } => {
+                    p.n_gpu_layers = if gpu { 999 } else { 0 };
+                    p.use_extra_bufts = repack;
+                }
+            }
+            sys::llama_model_load_from_file(cpath.as_ptr(), p)
+        };
+        NonNull::new(model).map(|model| LlamaWeights { model })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut sys::llama_model {
+        self.model.as_ptr()
+    }
+
+    /// The vocabulary, alive as long as `self`.
+    pub(crate) fn vocab(&self) -> *const sys::llama_vocab {
+        // SAFETY: a loaded model.
+        unsafe { sys::llama_model_get_vocab(self.model.as_ptr()) }
+    }
+
+    /// Tokens in the vocabulary.
+    pub(crate) fn n_vocab(&self) -> usize {
+        // SAFETY: a loaded model's vocabulary.
+        unsafe { sys::llama_vocab_n_tokens(self.vocab()) }.max(0) as usize
+    }
+
+    /// Layers, embedding width and training context, as llama.cpp read them.
+    pub(crate) fn dims(&self) -> (usize, usize, usize) {
+        let m = self.model.as_ptr();
+        // SAFETY: a loaded model; plain getters.
+        let (layers, embd, ctx) = unsafe {
+            (sys::llama_model_n_layer(m), sys::llama_model_n_embd(m), sys::llama_model_n_ctx_train(m))
+        };
+        (layers.max(0) as usize, embd.max(0) as usize, ctx.max(0) as usize)
+    }
+
+    /// Whether its memory is (partly) a recurrent state rather than a KV cache: such a
+    /// sequence cannot be rolled back to an earlier position.
+    pub(crate) fn is_recurrent(&self) -> bool {
+        // SAFETY: a loaded model; plain getters.
+        unsafe {
+            sys::llama_model_is_recurrent(self.model.as_ptr())
+                || sys::llama_model_is_hybrid(self.model.as_ptr())
+        }
+    }
+
+    /// Whether it has an encoder (T5 and the like), which this engine does not drive.
+    pub(crate) fn has_encoder(&self) -> bool {
+        // SAFETY: a loaded model; plain getter.
+        unsafe { sys::llama_model_has_encoder(self.model.as_ptr()) }
+    }
+
+    /// The chat template the file ships, if any.
+    pub(crate) fn chat_template(&self) -> Option<std::ffi::CString> {
+        // SAFETY: a loaded model; the template string, if any, is owned by the model and copied.
+        unsafe {
+            let t = sys::llama_model_chat_template(self.model.as_ptr(), std::ptr::null());
+            (!t.is_null()).then(|| std::ffi::CStr::from_ptr(t).to_owned())
+        }
+    }
+}
+
+/// How to set up a [`LlamaContext`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ContextParams {
+    /// Tokens of context (llama.cpp rounds it up to 256).
+    pub n_ctx: usize,
+    /// Most tokens of one `llama_decode` (one micro-batch).
+    pub n_batch: usize,
+    /// Most rows of logits one `llama_decode` returns (bounds the compute buffer's logits).
+    pub max_rows: usize,
+    pub threads: usize,
+    pub kv: KvType,
+    /// Flash attention on (as our graph computes it) rather than llama.cpp's choice.
+    pub flash_attn: bool,
+}
+
+/// The buffers llama.cpp allocated for a context, as it reported them.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ContextBuffers {
+    /// KV cache (and recurrent state) bytes.
+    pub kv: u64,
+    /// Compute and output buffers.
+    pub compute: u64,
+}
+
+/// One sequence on a `llama_model`: its KV cache, compute buffers and a thread pool.
+pub(crate) struct LlamaContext {
+    ctx: NonNull<sys::llama_context>,
+    /// A persistent thread pool, as llama-cli attaches one: without it ggml would start and
+    /// join its threads on every decode.
+    threadpool: NonNull<sys::ggml_threadpool>,
+    batch: sys::llama_batch,
+    n_batch: usize,
+    n_vocab: usize,
+    buffers: ContextBuffers,
+    // Dropped after the context (Drop frees the context first).
+    weights: Arc<LlamaWeights>,
+}
+
+// SAFETY: the context, its batch and thread pool belong to this value alone and are used by
+// one thread at a time (`&mut self`); ggml's pool threads do not care which thread submits.
+unsafe impl Send for LlamaContext {}
+
+impl Drop for LlamaContext {
+    fn drop(&mut self) {
+        // SAFETY: all were created in `new` and are freed once: the context before the
+        // thread pool it uses (the model is freed when the last Arc goes, after this).
+        unsafe {
+            sys::llama_batch_free(self.batch);
+            sys::llama_free(self.ctx.as_ptr());
+            sys::ggml_threadpool_free(self.threadpool.as_ptr());
+        }
+    }
+}
+
+thread_local! {
+    /// llama.cpp's log lines on this thread while a context is created, to read the sizes of
+    /// the buffers it allocated (llama.h has no other way to ask).
+    static CAPTURED: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };
+}
+
+/// Called by the log callback: keep `line` if this thread is capturing.
+pub(crate) fn capture(line: &str) {
+    CAPTURED.with(|c| {
+        if let Some(lines) = c.borrow_mut().as_mut() {
+            lines.push(line.to_owned());
+        }
+    });
+}
+
+/// The bytes in llama.cpp's "… buffer size = 12.34 MiB" log lines, KV (and recurrent state)
+/// apart from the rest, rounded up to the printed precision.
+fn buffer_sizes(lines: &[String]) -> ContextBuffers {
+    let mut sizes = ContextBuffers::default();
+    for line in lines {
+        let Some((what, rest)) = line.split_once(" buffer size = ") else { continue };
+        let Some(mib) = rest.trim().strip_suffix("MiB").and_then(|n| n.trim().parse::<f64>().ok()) else {
+            continue;
+        };
+        let bytes = ((mib + 0.005) * 1024.0 * 1024.0).ceil() as u64;
+        if what.ends_with(" KV") || what.ends_with(" RS") {
+            sizes.kv += bytes;
+        } else {
+            sizes.compute += bytes;
+        }
+    }
+    sizes
+}
+
+impl LlamaContext {
+    /// A context of `params` on `weights`.
+    pub(crate) fn new(weights: Arc<LlamaWeights>, params: &ContextParams) -> Result<Self> {
+        let fail = |what: &str| Error::Ggml(format!("llama.cpp could not {what}"));
+        let n_batch = params.n_batch.clamp(1, params.n_ctx.max(1));
+        CAPTURED.with(|c| *c.borrow_mut() = Some(Vec::new()));
+        // SAFETY: default parameters adjusted field by field for a loaded model.
+        let ctx = unsafe {
+            let mut p = sys::llama_context_default_params();
+            p.n_ctx = params.n_ctx as u32;
+            p.n_batch = n_batch as u32;
+            p.n_ubatch = n_batch as u32;
+            p.n_seq_max = 1;
+            p.n_outputs_max = params.max_rows.clamp(1, n_batch) as u32;
+            p.n_threads = params.threads.max(1) as i32;
+            p.n_threads_batch = params.threads.max(1) as i32;
+            if params.flash_attn {
+                p.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_ENABLED;
+            }
+            p.type_k = ggml_type(params.kv);
+            p.type_v = ggml_type(params.kv);
+            // Every layer keeps the whole context: a sliding-window cache of the window's size
+            // could not be rolled back past a rejected draft.
+            p.swa_full = true;
+            p.no_perf = true;
+            sys::llama_init_from_model(weights.as_ptr(), p)
+        };
+        let lines = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
+        let ctx = NonNull::new(ctx).ok_or_else(|| fail("create a context (see the log for why)"))?;
+        // SAFETY: default parameters for `threads` threads; the pool outlives the context (Drop).
+        let threadpool = unsafe {
+            let mut tp = sys::ggml_threadpool_params_default(params.threads.max(1) as i32);
+            NonNull::new(sys::ggml_threadpool_new(&mut tp))
+        };
+        let Some(threadpool) = threadpool else {
+            // SAFETY: created above, not yet owned by a LlamaContext.
+            unsafe { sys::llama_free(ctx.as_ptr()) };
+            return Err(fail("start a thread pool"));
+        };
+        // SAFETY: a live context and pool; the same pool serves single tokens and batches.
+        unsafe { sys::llama_attach_threadpool(ctx.as_ptr(), threadpool.as_ptr(), threadpool.as_ptr()) };
+        // SAFETY: a batch for n_batch tokens of one sequence, freed in Drop.
+        let batch = unsafe { sys::llama_batch_init(n_batch as i32, 0, 1) };
+        let n_vocab = weights.n_vocab();
+        let buffers = buffer_sizes(&lines);
+        Ok(LlamaContext { ctx, threadpool, batch, n_batch, n_vocab, buffers, weights })
+    }
+
+    /// The buffers llama.cpp allocated for this context (zero where it did not say).
+    pub(crate) fn buffers(&self) -> ContextBuffers {
+        self.buffers
+    }
+
+    /// The model.
+    pub(crate) fn weights(&self) -> &Arc<LlamaWeights> {
+        &self.weights
+    }
+
+    /// Tokens one `decode` call may pass.
+    pub(crate) fn n_batch(&self) -> usize {
+        self.n_batch
+    }
+
+    /// Decode `tokens` (at most [`Self::n_batch`]) at positions `pos0..` of the sequence,
+    /// appending to `out` the logits of the rows from `out_from` on.
+    pub(crate) fn decode(
+        &mut self,
+        tokens: &[Token],
+        pos0: usize,
+        out_from: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        assert!(!tokens.is_empty() && tokens.len() <= self.n_batch, "a batch of 1..=n_batch tokens");
+        // SAFETY: the batch was made for n_batch tokens of one sequence and tokens.len() is at
+        // most that; logits are read only for the rows flagged for output, n_vocab each.
+        unsafe {
+            let b = &mut self.batch;
+            b.n_tokens = tokens.len() as i32;
+            for (i, &t) in tokens.iter().enumerate() {
+                *b.token.add(i) = t as sys::llama_token;
+                *b.pos.add(i) = (pos0 + i) as i32;
+                *b.n_seq_id.add(i) = 1;
+                *(*b.seq_id.add(i)) = 0;
+                *b.logits.add(i) = (i >= out_from) as i8;
+            }
+            let rc = sys::llama_decode(self.ctx.as_ptr(), *b);
+            if rc != 0 {
+                return Err(Error::Ggml(format!("llama_decode failed ({rc})")));
+            }
+            for i in out_from..tokens.len() {
+                let row = sys::llama_get_logits_ith(self.ctx.as_ptr(), i as i32);
+                if row.is_null() {
+                    return Err(Error::Ggml("llama.cpp returned no logits".into()));
+                }
+                out.extend_from_slice(std::slice::from_raw_parts(row, self.n_vocab));
+            }
+        }
+        Ok(())
+    }
+
+    /// Forget every position from `pos` on; false where the memory cannot do that (a
+    /// recurrent state can only be cleared whole).
+    pub(crate) fn remove_from(&mut self, pos: usize) -> bool {
+        // SAFETY: a live context and its memory; sequence 0 is the only one.
+        unsafe { sys::llama_memory_seq_rm(sys::llama_get_memory(self.ctx.as_ptr()), 0, pos as i32, -1) }
+    }
+
+    /// Forget the whole sequence.
+    pub(crate) fn clear(&mut self) {
+        // SAFETY: a live context and its memory.
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ctx.as_ptr()), true) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffer_sizes_are_read_from_the_log() {
+        let lines = [
+            "llama_kv_cache:        CPU KV buffer size =    24.00 MiB",
+            "llama_context:        CPU  output buffer size =     0.19 MiB",
+            "llama_context:        CPU compute buffer size =    10.51 MiB",
+            "llama_context: graph nodes  = 1000",
+        ]
+        .map(String::from);
+        let s = buffer_sizes(&lines);
+        assert_eq!(s.kv, ((24.005f64) * 1048576.0).ceil() as u64);
+        assert!(s.compute >= (10.70 * 1048576.0) as u64 && s.compute <= (10.72 * 1048576.0) as u64);
+    }
+}
