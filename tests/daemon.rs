@@ -24,6 +24,28 @@ fn flan_t5() -> PathBuf {
     p
 }
 
+/// A tiny random-weight OLMo-2 GGUF (an architecture our graph does not build), written by
+/// pocket-ggml's test script into `target/synthetic/` on first use (`scripts/test` makes its venv).
+fn olmo2() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let path = root.join("target/synthetic/olmo2-f16.gguf");
+    if !path.is_file() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let python = root.join("target/pyenv/bin/python");
+        assert!(python.exists(), "the tests need the test venv: run scripts/test");
+        let out = Command::new(python)
+            .arg(root.join("crates/pocket-ggml/tests/synthetic/make_gguf.py"))
+            .args(["--arch", "olmo2", "--weights", "f16", "--out"])
+            .arg(&path)
+            .arg("--tokenizer-from")
+            .arg(smollm2())
+            .output()
+            .expect("run make_gguf.py");
+        assert!(out.status.success(), "make_gguf.py: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    path
+}
+
 /// A private session bus, killed on drop.
 struct Bus {
     address: String,
@@ -545,6 +567,45 @@ fn models_load_and_unload_on_request_and_idle_ones_make_room() {
     assert!(d.get("/v1/status")["loaded"].as_array().unwrap().is_empty());
     let (code, r) = d.post("/v1/models/nothing/load", &json!({}));
     assert_eq!(code, 404, "{r}");
+}
+
+/// A GGUF of an architecture our graph does not build is served through llama.cpp's graph:
+/// listed and reported with that engine, answering plain and suffix-speculating requests with
+/// the same greedy tokens, and refusing layer skipping with what it offers instead.
+#[test]
+fn models_our_graph_does_not_build_are_served_by_llama_cpp() {
+    let d = Daemon::start(Setup::default());
+    std::os::unix::fs::symlink(olmo2(), d.dir.path().join("models/olmo2.gguf")).unwrap();
+    let models = d.get("/v1/models");
+    let engine_of = |id: &str| {
+        models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["id"] == id)
+            .unwrap_or_else(|| panic!("{models}"))["engine"]
+            .clone()
+    };
+    assert_eq!(engine_of("olmo2.gguf"), "llama.cpp", "{models}");
+    assert_eq!(engine_of("smollm2.gguf"), "ggml", "{models}");
+    let ask = |spec: &str| {
+        let body = json!({"model": "olmo2", "prompt": "one two three one two three one two", "max_tokens": 24,
+                          "temperature": 0, "spec": spec, "return_tokens": true});
+        d.post("/v1/completions", &body)
+    };
+    let (code, plain) = ask("off");
+    assert_eq!(code, 200, "{plain}");
+    let (code, suffix) = ask("suffix");
+    assert_eq!(code, 200, "{suffix}");
+    assert_eq!(plain["tokens"], suffix["tokens"], "{plain}\n{suffix}");
+    assert_eq!(plain["choices"][0]["text"], suffix["choices"][0]["text"]);
+    let (code, r) = ask("layerskip");
+    assert_eq!(code, 400, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("suffix"), "{r}");
+    let status = d.get("/v1/status");
+    let loaded = status["loaded"].as_array().unwrap();
+    let olmo = loaded.iter().find(|m| m["name"] == "olmo2.gguf").unwrap_or_else(|| panic!("{status}"));
+    assert_eq!(olmo["engine"], "llama.cpp", "{status}");
 }
 
 #[test]

@@ -168,11 +168,12 @@ pub fn not_offered_by(mode: SpecMode, engine: crate::Engine) -> String {
         return inputcopy_on_a_decoder();
     }
     let offered: Vec<&str> = engine.drafters().iter().map(|m| m.name()).collect();
-    let kind = match engine.kind() {
-        pocket_core::ModelKind::Decoder => "decoder (GGUF)",
-        pocket_core::ModelKind::EncoderDecoder => "encoder-decoder (ONNX)",
+    let models = match engine {
+        crate::Engine::Ggml => "decoder (GGUF) models",
+        crate::Engine::LlamaCpp => "models on llama.cpp's graph (GGUF files ours does not build)",
+        crate::Engine::Tract => "encoder-decoder (ONNX) models",
     };
-    format!("spec = {mode} is not available for {kind} models; they offer {}", offered.join(", "))
+    format!("spec = {mode} is not available for {models}; they offer {}", offered.join(", "))
 }
 
 fn inputcopy_on_a_decoder() -> String {

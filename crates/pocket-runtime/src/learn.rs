@@ -104,6 +104,11 @@ pub fn layerskip_could_pay(cost: &CostModel) -> bool {
 
 /// Whether [`tune`] with `settings` has anything to do for `model`.
 pub fn needs_tuning(model: &LoadedModel, settings: &TuneSettings) -> bool {
+    // A model that only decodes plainly (a recurrent state on llama.cpp) has no use for a
+    // cost curve, and could not measure one (that rolls back).
+    if !model.offers(SpecMode::Suffix) {
+        return false;
+    }
     let known = model.knowledge().known(settings.threads, settings.kv);
     let Some(cost) = known.cost().filter(|_| !settings.again) else { return true };
     known.skip_set.is_none() && search_wanted(model, settings, &cost)
