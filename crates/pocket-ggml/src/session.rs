@@ -1,14 +1,13 @@
 //! A session: its KV cache, its compute machinery (backends, scheduler, thread pool) and the
 //! tokens it holds.
 
-use std::ptr::NonNull;
 use std::sync::Arc;
 
-use llama_cpp_sys_2 as sys;
 use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::{Error as CoreError, LayerPlan, Logits, Rows, Session, SessionConfig, Token};
 
 use crate::ffi::graph::Ctx;
+use crate::ffi::sched::Scheduler;
 use crate::graph::{self, PassShape};
 use crate::kv::KvCache;
 use crate::model::Inner;
@@ -19,12 +18,10 @@ use crate::{Error, Result};
 /// logits part of the compute buffer (rows × vocabulary × 4 bytes).
 pub const MAX_LOGIT_ROWS: usize = pocket_core::DEFAULT_MAX_ROWS;
 
-/// Backends, scheduler and thread pool of one session. Not shared: ggml's CPU backend keeps
-/// per-computation state, so two sessions computing at once need one each.
+/// The compute machinery of one session: its scheduler, the memory graphs are built in, and
+/// the last graph built.
 struct Compute {
-    sched: NonNull<sys::ggml_backend_sched>,
-    backends: Vec<NonNull<sys::ggml_backend>>,
-    threadpool: NonNull<sys::ggml_threadpool>,
+    sched: Scheduler,
     /// Memory for the next graph's context, handed back by the last one dropped.
     graph_mem: Vec<u8>,
     compute_bytes: usize,
@@ -41,23 +38,10 @@ struct CachedGraph {
     graph: graph::Graph,
 }
 
-// SAFETY: the scheduler, backends and thread pool belong to this session alone and are used by
-// one thread at a time (a session is `&mut` while it computes); ggml's thread pool threads are
-// its own and do not care which thread submits the graph.
-unsafe impl Send for Compute {}
-
 impl Drop for Compute {
     fn drop(&mut self) {
+        // The cached graph's tensors live in the scheduler's buffers: it goes first.
         self.drop_cached();
-        // SAFETY: all created in `Compute::new`, freed once, the scheduler before the backends it
-        // uses and the backends before the thread pool they run on.
-        unsafe {
-            sys::ggml_backend_sched_free(self.sched.as_ptr());
-            for b in &self.backends {
-                sys::ggml_backend_free(b.as_ptr());
-            }
-            sys::ggml_threadpool_free(self.threadpool.as_ptr());
-        }
     }
 }
 
@@ -67,55 +51,11 @@ impl Compute {
     /// predicting a footprint without allocating it.
     fn new(model: &Inner, kv: &KvCache, config: &SessionConfig, ledger: Option<&Ledger>) -> Result<Compute> {
         let hp = &model.hp;
-        let device = &model.device;
-        let threads = config.threads.max(1) as i32;
-        let mut backends = Vec::new();
-        // SAFETY: registry devices; each backend is owned by this Compute and freed in Drop.
-        unsafe {
-            if !device.is_cpu() {
-                let b = sys::ggml_backend_dev_init(device.dev, std::ptr::null());
-                backends.push(
-                    NonNull::new(b).ok_or_else(|| Error::Ggml(format!("cannot start {}", device.name)))?,
-                );
-            }
-            let cpu = sys::ggml_backend_dev_init(device.cpu, std::ptr::null());
-            backends
-                .push(NonNull::new(cpu).ok_or_else(|| Error::Ggml("cannot start the CPU backend".into()))?);
-        }
-        let cpu = *backends.last().expect("the CPU backend was just pushed");
-        // SAFETY: default parameters for `threads` threads; the pool outlives the backend (Drop).
-        let threadpool = unsafe {
-            let mut params = sys::ggml_threadpool_params_default(threads);
-            let tp = sys::ggml_threadpool_new(&mut params);
-            let tp = NonNull::new(tp).ok_or_else(|| Error::Ggml("cannot start the thread pool".into()))?;
-            sys::ggml_backend_cpu_set_n_threads(cpu.as_ptr(), threads);
-            sys::ggml_backend_cpu_set_threadpool(cpu.as_ptr(), tp.as_ptr());
-            tp
-        };
         let nodes = graph::graph_nodes(hp);
-        // SAFETY: the backends array is valid for the call; ggml copies it.
-        let sched = unsafe {
-            let mut raw: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.as_ptr()).collect();
-            sys::ggml_backend_sched_new(
-                raw.as_mut_ptr(),
-                std::ptr::null_mut(),
-                raw.len() as i32,
-                nodes,
-                false,
-                true,
-            )
-        };
-        let sched = NonNull::new(sched).ok_or_else(|| Error::Ggml("cannot create the scheduler".into()))?;
+        let sched = Scheduler::new(&model.device, config.threads, nodes)?;
         let graph_mem_size = Ctx::memory_for(nodes);
-        let mut compute = Compute {
-            sched,
-            backends,
-            threadpool,
-            graph_mem: vec![0; graph_mem_size],
-            compute_bytes: 0,
-            _reservation: None,
-            cached: None,
-        };
+        let mut compute =
+            Compute { sched, graph_mem: vec![0; graph_mem_size], compute_bytes: 0, _reservation: None, cached: None };
 
         // Reserve the compute buffers for the largest pass this session will run, so that no
         // later pass allocates: a full batch at the end of the context, with the most rows.
@@ -131,10 +71,7 @@ impl Compute {
         let plan = LayerPlan::full(hp.n_layer).map_err(|e| Error::Ggml(e.to_string()))?;
         let g = compute.build(model, kv, &plan, worst)?;
         // Measure the buffers first and pay for them in the ledger, then allocate them.
-        let mut sizes = vec![0usize; compute.backends.len()];
-        // SAFETY: a graph built for this scheduler's backends, one size per backend.
-        unsafe { sys::ggml_backend_sched_reserve_size(sched.as_ptr(), g.ctx.graph(), sizes.as_mut_ptr()) };
-        let measured: usize = sizes.iter().sum();
+        let measured = compute.sched.measure(&g.ctx);
         let Some(ledger) = ledger else {
             compute.graph_mem = g.ctx.into_memory();
             compute.compute_bytes = measured;
@@ -142,20 +79,13 @@ impl Compute {
         };
         let what = format!("the compute buffer of {}", model.info.name);
         let reservation = ledger.reserve(measured as u64, &what);
-        // SAFETY: as above; the graph's context is freed right after, whatever happened.
-        let reserved =
-            reservation.is_ok() && unsafe { sys::ggml_backend_sched_reserve(sched.as_ptr(), g.ctx.graph()) };
+        let reserved = reservation.is_ok() && compute.sched.reserve(&g.ctx);
         compute.graph_mem = g.ctx.into_memory();
         compute._reservation = Some(reservation?);
         if !reserved {
             return Err(Error::Ggml("cannot reserve the compute buffer".into()));
         }
-        compute.compute_bytes = compute
-            .backends
-            .iter()
-            // SAFETY: backends of this scheduler.
-            .map(|b| unsafe { sys::ggml_backend_sched_get_buffer_size(sched.as_ptr(), b.as_ptr()) })
-            .sum();
+        compute.compute_bytes = compute.sched.buffer_bytes();
         Ok(compute)
     }
 
@@ -172,31 +102,26 @@ impl Compute {
         Ok(graph::build(ctx, &model.hp, &model.weights, kv, plan, shape))
     }
 
-    /// The graph for `shape` and `plan`, allocated and ready for its inputs: the cached one if
-    /// it matches, else a new one.
+    /// The graph for `shape` and `plan`, allocated and ready for its inputs (the cached one if
+    /// it matches, else a new one), and the scheduler that computes it.
     fn graph(
         &mut self,
         model: &Inner,
         kv: &KvCache,
         plan: &LayerPlan,
         shape: PassShape,
-    ) -> Result<&graph::Graph> {
+    ) -> Result<(&graph::Graph, &Scheduler)> {
         let hit = self.cached.as_ref().is_some_and(|c| c.shape == shape && c.plan == *plan);
         if !hit {
             self.drop_cached();
             let graph = self.build(model, kv, plan, shape)?;
-            // SAFETY: a graph built for this scheduler's backends.
-            let ok = unsafe {
-                sys::ggml_backend_sched_reset(self.sched.as_ptr());
-                sys::ggml_backend_sched_alloc_graph(self.sched.as_ptr(), graph.ctx.graph())
-            };
-            if !ok {
+            if !self.sched.alloc(&graph.ctx) {
                 self.graph_mem = graph.ctx.into_memory();
                 return Err(Error::Ggml("cannot allocate the graph".into()));
             }
             self.cached = Some(CachedGraph { shape, plan: *plan, graph });
         }
-        Ok(&self.cached.as_ref().expect("cached just above").graph)
+        Ok((&self.cached.as_ref().expect("cached just above").graph, &self.sched))
     }
 
     fn drop_cached(&mut self) {
@@ -315,8 +240,7 @@ impl GgmlSession {
         if let Some(swa) = &self.model.hp.swa {
             graph::fill_mask(&mut self.mask_swa, pos0, n_tokens, shape.q_rows, shape.n_kv, Some(swa.window));
         }
-        let sched = self.compute.sched;
-        let g = self.compute.graph(&self.model, &self.kv, plan, shape)?;
+        let (g, sched) = self.compute.graph(&self.model, &self.kv, plan, shape)?;
         let inp = &g.inputs;
         let scratch = &mut self.scratch_i32;
         scratch.clear();
@@ -348,11 +272,7 @@ impl GgmlSession {
         if let Some(r) = inp.v_rot {
             r.set_data(&self.rotations.1)?;
         }
-        // SAFETY: the graph is built for and allocated on this session's scheduler.
-        let status = unsafe { sys::ggml_backend_sched_graph_compute(sched.as_ptr(), g.ctx.graph()) };
-        if status != sys::GGML_STATUS_SUCCESS {
-            return Err(Error::Ggml(format!("graph computation failed (status {status})")));
-        }
+        sched.compute(&g.ctx)?;
         if let Some(out) = g.logits {
             out.get_data(&mut self.logits[row_off * n_vocab..(row_off + n_out) * n_vocab])?;
         }
