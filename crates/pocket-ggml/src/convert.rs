@@ -15,6 +15,8 @@ use std::str::FromStr;
 
 use llama_cpp_sys_2 as sys;
 
+use crate::ffi::types;
+
 /// The format weight matrices are held in after loading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum WeightFormat {
@@ -43,11 +45,10 @@ impl WeightFormat {
         match self {
             WeightFormat::AsStored => ty,
             WeightFormat::Q8_0 => {
-                // SAFETY: ggml's static per-type table; any valid type id has an entry.
-                let traits = unsafe { &*sys::ggml_get_type_traits(ty) };
-                let bits = traits.type_size as f64 * 8.0 / traits.blck_size as f64;
-                let widens = traits.is_quantized && ty != sys::GGML_TYPE_Q8_0 && bits <= 8.5;
-                if widens && traits.to_float.is_some() && ne0 % 32 == 0 { sys::GGML_TYPE_Q8_0 } else { ty }
+                let t = types::info(ty);
+                let bits = t.type_size as f64 * 8.0 / t.block as f64;
+                let widens = t.is_quantized && ty != sys::GGML_TYPE_Q8_0 && bits <= 8.5;
+                if widens && t.has_to_float && ne0 % 32 == 0 { sys::GGML_TYPE_Q8_0 } else { ty }
             }
         }
     }
@@ -88,15 +89,7 @@ pub(crate) fn convert_matrix(
     ne1: usize,
     sink: &mut dyn FnMut(usize, &[u8]),
 ) {
-    // SAFETY: static type tables and row sizes of valid types.
-    let (from_traits, src_row, dst_row) = unsafe {
-        (
-            &*sys::ggml_get_type_traits(from),
-            sys::ggml_row_size(from, ne0 as i64),
-            sys::ggml_row_size(to, ne0 as i64),
-        )
-    };
-    let to_float = from_traits.to_float.expect("target() only converts types with a dequantizer");
+    let (src_row, dst_row) = (types::bytes_of(from, ne0), types::bytes_of(to, ne0));
     assert_eq!(src.len(), src_row * ne1, "matrix bytes do not match its shape");
     let mut floats = vec![0f32; CHUNK_ROWS * ne0];
     let mut out = vec![0u8; CHUNK_ROWS * dst_row];
@@ -104,22 +97,9 @@ pub(crate) fn convert_matrix(
     while row < ne1 {
         let rows = CHUNK_ROWS.min(ne1 - row);
         let chunk = &src[row * src_row..(row + rows) * src_row];
-        // SAFETY: `chunk` holds `rows` whole rows of `from` (rows are whole blocks), and
-        // `floats` has room for all their weights.
-        unsafe { to_float(chunk.as_ptr().cast(), floats.as_mut_ptr(), (rows * ne0) as i64) };
-        // SAFETY: `floats` holds rows × ne0 weights; `out` has room for rows rows of `to`;
+        types::to_float(from, chunk, &mut floats[..rows * ne0]);
         // Q8_0 needs no importance matrix.
-        let written = unsafe {
-            sys::ggml_quantize_chunk(
-                to,
-                floats.as_ptr(),
-                out.as_mut_ptr().cast(),
-                0,
-                rows as i64,
-                ne0 as i64,
-                std::ptr::null(),
-            )
-        };
+        let written = types::quantize(to, &floats[..rows * ne0], rows, ne0, &mut out);
         debug_assert_eq!(written, rows * dst_row);
         sink(row * dst_row, &out[..rows * dst_row]);
         row += rows;
@@ -156,28 +136,12 @@ mod tests {
         crate::ffi::init();
         let (ne0, ne1) = (64usize, 130usize);
         let original: Vec<f32> = (0..ne0 * ne1).map(|i| ((i * 7919) % 251) as f32 / 50.0 - 2.5).collect();
-        // SAFETY: a row size query for a valid type.
-        let q4_row = unsafe { sys::ggml_row_size(sys::GGML_TYPE_Q4_1, ne0 as i64) };
+        let q4_row = types::bytes_of(sys::GGML_TYPE_Q4_1, ne0);
         let mut q4 = vec![0u8; q4_row * ne1];
-        // SAFETY: buffers sized for ne1 rows of ne0 weights.
-        unsafe {
-            sys::ggml_quantize_chunk(
-                sys::GGML_TYPE_Q4_1,
-                original.as_ptr(),
-                q4.as_mut_ptr().cast(),
-                0,
-                ne1 as i64,
-                ne0 as i64,
-                std::ptr::null(),
-            )
-        };
+        types::quantize(sys::GGML_TYPE_Q4_1, &original, ne1, ne0, &mut q4);
         let dequant = |ty: sys::ggml_type, bytes: &[u8]| {
             let mut out = vec![0f32; ne0 * ne1];
-            // SAFETY: `bytes` holds ne1 rows of `ty`; `out` has room for all weights.
-            unsafe {
-                let f = (*sys::ggml_get_type_traits(ty)).to_float.unwrap();
-                f(bytes.as_ptr().cast(), out.as_mut_ptr(), out.len() as i64);
-            }
+            types::to_float(ty, bytes, &mut out);
             out
         };
         let mut q8 = Vec::new();

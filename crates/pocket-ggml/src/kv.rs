@@ -11,16 +11,16 @@
 //! On other devices (CUDA, Vulkan) the cache is allocated for the whole context in device
 //! memory for now.
 
-use std::ptr::NonNull;
-
 use llama_cpp_sys_2 as sys;
-use memmap2::{MmapMut, MmapOptions, UncheckedAdvice};
+use memmap2::MmapOptions;
 use pocket_core::KvType;
 use pocket_core::memory::Reservation;
 
 use crate::arch::Hparams;
+use crate::ffi::arena::{Arena, BufferId, HostMemory};
 use crate::ffi::device::Device;
 use crate::ffi::graph::Tensor;
+use crate::ffi::types;
 use crate::{Error, Result};
 
 /// The KV cache grows and shrinks in blocks of this many tokens.
@@ -45,29 +45,19 @@ pub(crate) fn row_bytes(hp: &Hparams, kv: KvType) -> usize {
 
 /// Bytes of `n` values of type `kv`, in whole blocks.
 pub(crate) fn width_bytes(n: usize, kv: KvType) -> usize {
-    // SAFETY: pure size lookups. (ggml_row_size would abort on a row that is not whole
-    // blocks, which a footprint may be asked of before a session refuses it.)
-    let (size, block) =
-        unsafe { (sys::ggml_type_size(ggml_type(kv)), sys::ggml_blck_size(ggml_type(kv)) as usize) };
-    n.div_ceil(block) * size
+    // (ggml_row_size would abort on a row that is not whole blocks, which a footprint may be
+    // asked of before a session refuses it.)
+    types::bytes_of(ggml_type(kv), n)
 }
 
 /// Values per block of `kv` (1 for the float types).
 pub(crate) fn block_size(kv: KvType) -> usize {
-    // SAFETY: a pure size lookup.
-    unsafe { sys::ggml_blck_size(ggml_type(kv)) as usize }
+    types::info(ggml_type(kv)).block
 }
 
 /// KV bytes per token over all layers, K and V.
 pub(crate) fn bytes_per_token(hp: &Hparams, kv: KvType) -> usize {
     2 * hp.n_layer * row_bytes(hp, kv)
-}
-
-enum Storage {
-    /// Host memory: reserved address space, committed as written.
-    Host { map: MmapMut, region: usize },
-    /// Device memory for the whole context.
-    Device,
 }
 
 pub(crate) struct KvCache {
@@ -79,30 +69,17 @@ pub(crate) struct KvCache {
     n_layer: usize,
     k: Vec<Tensor>,
     v: Vec<Tensor>,
-    ctx: NonNull<sys::ggml_context>,
-    buffer: NonNull<sys::ggml_backend_buffer>,
-    storage: Storage,
+    arena: Arena,
+    buffer: BufferId,
+    /// In host memory: the bytes each tensor's region takes (address space reserved for the
+    /// whole context, committed as written). None: device memory for the whole context.
+    region: Option<usize>,
     /// Tokens of capacity currently committed (a multiple of the block size, or n_ctx).
     committed: usize,
     /// What the committed blocks take in the memory ledger.
     reservation: Reservation,
     /// Tokens of capacity never released (all of it after [`KvCache::hold_whole`]).
     floor: usize,
-}
-
-// SAFETY: the cache is owned by one session, used from one thread at a time; the ggml objects
-// it points to are not shared with other sessions.
-unsafe impl Send for KvCache {}
-
-impl Drop for KvCache {
-    fn drop(&mut self) {
-        // SAFETY: created in `new`, freed once; the buffer before the mapping it wraps (the
-        // mapping is dropped after this body runs).
-        unsafe {
-            sys::ggml_backend_buffer_free(self.buffer.as_ptr());
-            sys::ggml_free(self.ctx.as_ptr());
-        }
-    }
 }
 
 impl KvCache {
@@ -117,8 +94,7 @@ impl KvCache {
         n_ctx: usize,
         mut reservation: Reservation,
     ) -> Result<Self> {
-        // SAFETY: a pure lookup.
-        let block = unsafe { sys::ggml_blck_size(ggml_type(kv)) } as usize;
+        let block = block_size(kv);
         if !hp.head_dim.is_multiple_of(block) {
             return Err(Error::Core(pocket_core::Error::invalid(format!(
                 "a {kv} KV cache stores heads in blocks of {block} values; this model's heads have {}: \
@@ -132,68 +108,37 @@ impl KvCache {
         let row_bytes = row_bytes(hp, kv);
         let ty = ggml_type(kv);
         let n_tensors = 2 * hp.n_layer;
-        // SAFETY: a fresh no_alloc context for the tensor descriptions.
-        let ctx = unsafe {
-            sys::ggml_init(sys::ggml_init_params {
-                mem_size: sys::ggml_tensor_overhead() * (n_tensors + 1),
-                mem_buffer: std::ptr::null_mut(),
-                no_alloc: true,
-            })
-        };
-        let ctx = NonNull::new(ctx).ok_or_else(|| Error::Ggml("ggml_init failed".into()))?;
+        let mut arena = Arena::new(n_tensors)?;
         let mut k = Vec::with_capacity(hp.n_layer);
         let mut v = Vec::with_capacity(hp.n_layer);
         for _ in 0..hp.n_layer {
-            for list in [&mut k, &mut v] {
-                // SAFETY: ctx has room for n_tensors descriptions.
-                let t =
-                    unsafe { sys::ggml_new_tensor_2d(ctx.as_ptr(), ty, hp.n_embd_kv() as i64, n_ctx as i64) };
-                let t = NonNull::new(t).ok_or_else(|| Error::Ggml("ggml_new_tensor failed".into()))?;
-                // SAFETY: a tensor of `ctx`, which the cache frees last, after every graph that
-                // reads it (sessions drop their graphs first).
-                list.push(unsafe { Tensor::from_raw(t) });
-            }
+            k.push(arena.matrix(ty, hp.n_embd_kv(), n_ctx)?);
+            v.push(arena.matrix(ty, hp.n_embd_kv(), n_ctx)?);
         }
-        let (buffer, storage) = if device.is_cpu() {
+        let (buffer, region) = if device.is_cpu() {
             let region = (n_ctx * row_bytes).next_multiple_of(PAGE);
-            let mut map = MmapOptions::new()
+            let map = MmapOptions::new()
                 .len(region * n_tensors)
                 .map_anon()
                 .map_err(|e| Error::Ggml(format!("cannot reserve the KV cache: {e}")))?;
-            let base = map.as_mut_ptr();
-            // SAFETY: the mapping lives as long as the buffer (dropped after it, see Drop).
-            let buf = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(base as *mut _, map.len()) };
-            let buf = NonNull::new(buf).ok_or_else(|| Error::Ggml("cannot wrap the KV mapping".into()))?;
+            let buffer = arena.wrap_host(HostMemory::Anon(map))?;
+            // Each tensor in a region of its own, so that blocks are committed per tensor.
             for (i, t) in k.iter().zip(&v).flat_map(|(a, b)| [a, b]).enumerate() {
-                // SAFETY: each tensor gets its own region inside the mapping, of at least its
-                // size (n_ctx rows of row_bytes).
-                let status = unsafe {
-                    sys::ggml_backend_tensor_alloc(buf.as_ptr(), t.ptr(), base.add(i * region) as *mut _)
-                };
-                if status != sys::GGML_STATUS_SUCCESS {
-                    return Err(Error::Ggml("placing the KV cache failed".into()));
-                }
+                arena.place(*t, buffer, i * region)?;
             }
-            (buf, Storage::Host { map, region })
+            (buffer, Some(region))
         } else {
-            // SAFETY: registry device; the context holds only the cache's tensors.
-            let buf = unsafe {
-                sys::ggml_backend_alloc_ctx_tensors_from_buft(
-                    ctx.as_ptr(),
-                    sys::ggml_backend_dev_buffer_type(device.dev),
-                )
-            };
-            let buf = NonNull::new(buf).ok_or_else(|| {
+            let buft = device.buffer_type();
+            let buffer = arena.alloc_in(buft).map_err(|_| {
                 Error::Ggml(format!("cannot allocate a {n_ctx}-token KV cache on {}", device.name))
             })?;
             // Device memory comes uninitialised, unlike fresh anonymous pages. Attention reads
             // padded lengths past the written positions and masks them, but a masked weight of
             // 0 times a NaN left in the memory is still NaN: zero the cache, as llama.cpp does.
-            // SAFETY: a live buffer this cache owns.
-            unsafe { sys::ggml_backend_buffer_clear(buf.as_ptr(), 0) };
-            (buf, Storage::Device)
+            arena.clear(buffer);
+            (buffer, None)
         };
-        let committed = if matches!(storage, Storage::Device) { n_ctx } else { 0 };
+        let committed = if region.is_none() { n_ctx } else { 0 };
         Ok(KvCache {
             kv,
             n_ctx,
@@ -202,9 +147,9 @@ impl KvCache {
             n_layer: hp.n_layer,
             k,
             v,
-            ctx,
+            arena,
             buffer,
-            storage,
+            region,
             committed,
             reservation,
             floor: 0,
@@ -216,10 +161,10 @@ impl KvCache {
     /// [`pocket_core::SessionConfig::preallocate`]).
     pub(crate) fn hold_whole(&mut self) -> Result<()> {
         self.grow_to(self.limit)?;
-        if let Storage::Host { map, region } = &mut self.storage {
-            let used = (self.limit * self.row_bytes).min(*region);
+        if let Some(region) = self.region {
+            let used = (self.limit * self.row_bytes).min(region);
             for i in 0..2 * self.n_layer {
-                map[i * *region..i * *region + used].fill(0);
+                self.arena.zero(self.buffer, i * region..i * region + used);
             }
         }
         self.floor = self.limit;
@@ -236,8 +181,7 @@ impl KvCache {
 
     /// Whether the cache is in host memory (a CPU cache), where ggml's CPU kernels read it.
     pub(crate) fn in_host_memory(&self) -> bool {
-        // SAFETY: the buffer is live for the cache's lifetime.
-        unsafe { sys::ggml_backend_buffer_is_host(self.buffer.as_ptr()) }
+        self.arena.is_host(self.buffer)
     }
 
     /// Whether K (and so V: both use one type) is stored quantized.
@@ -276,25 +220,18 @@ impl KvCache {
 
     /// Release the blocks past `tokens` tokens.
     pub(crate) fn shrink_to(&mut self, tokens: usize) {
-        if matches!(self.storage, Storage::Device) {
-            return; // allocated whole; nothing to release
-        }
+        let Some(region) = self.region else {
+            return; // device memory, allocated whole: nothing to release
+        };
         let keep = tokens.max(self.floor).next_multiple_of(KV_BLOCK_TOKENS).min(self.limit);
         if keep >= self.committed {
             return;
         }
-        if let Storage::Host { map, region } = &self.storage {
-            let from = (keep * self.row_bytes).next_multiple_of(PAGE);
-            let to = (self.committed * self.row_bytes).next_multiple_of(PAGE).min(*region);
-            if to > from {
-                for i in 0..2 * self.n_layer {
-                    // SAFETY: the range lies inside tensor i's region and holds only positions
-                    // past those kept, which nothing reads again before rewriting them; pages of
-                    // a private anonymous mapping read back as zeros after DONTNEED.
-                    let _ = unsafe {
-                        map.unchecked_advise_range(UncheckedAdvice::DontNeed, i * region + from, to - from)
-                    };
-                }
+        let from = (keep * self.row_bytes).next_multiple_of(PAGE);
+        let to = (self.committed * self.row_bytes).next_multiple_of(PAGE).min(region);
+        if to > from {
+            for i in 0..2 * self.n_layer {
+                self.arena.release(self.buffer, i * region + from..i * region + to);
             }
         }
         self.committed = keep;

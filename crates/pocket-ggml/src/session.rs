@@ -54,8 +54,13 @@ impl Compute {
         let nodes = graph::graph_nodes(hp);
         let sched = Scheduler::new(&model.device, config.threads, nodes)?;
         let graph_mem_size = Ctx::memory_for(nodes);
-        let mut compute =
-            Compute { sched, graph_mem: vec![0; graph_mem_size], compute_bytes: 0, _reservation: None, cached: None };
+        let mut compute = Compute {
+            sched,
+            graph_mem: vec![0; graph_mem_size],
+            compute_bytes: 0,
+            _reservation: None,
+            cached: None,
+        };
 
         // Reserve the compute buffers for the largest pass this session will run, so that no
         // later pass allocates: a full batch at the end of the context, with the most rows.

@@ -97,7 +97,9 @@ fn list(catalog: &Catalog, dir: &std::path::Path) -> anyhow::Result<()> {
     println!("\n* default model; models directory: {}", dir.display());
     println!(
         "\nGGUF decoders of these architectures run on our ggml graph (layer skipping, quantized KV, \
-         our kernels): {}.\nEncoder-decoders (an ONNX directory) run on tract.",
+         our kernels): {}.\nAny other GGUF that llama.cpp loads runs on llama.cpp's graph (plain, suffix \
+         and draft-model speculation; its KV cache allocated whole). Encoder-decoders (an ONNX \
+         directory) run on tract.",
         pocket_ggml::SUPPORTED_ARCHITECTURES.join(", ")
     );
     Ok(())

@@ -4,10 +4,10 @@
 //! registry; nothing here names a particular backend.
 
 use std::ffi::{CStr, CString};
-use std::ptr::NonNull;
 
 use llama_cpp_sys_2 as sys;
 
+use crate::ffi::graph::Tensor;
 use crate::{Error, Result};
 
 /// Which device to run on.
@@ -109,19 +109,27 @@ impl Device {
         Ok(Device { dev, cpu, name: dev_name(dev), weight_bufts })
     }
 
+    /// The device's own buffer type (its memory).
+    pub(crate) fn buffer_type(&self) -> sys::ggml_backend_buffer_type_t {
+        // SAFETY: a registry device.
+        unsafe { sys::ggml_backend_dev_buffer_type(self.dev) }
+    }
+
+    /// The CPU's buffer type (plain host memory).
+    pub(crate) fn cpu_buffer_type(&self) -> sys::ggml_backend_buffer_type_t {
+        // SAFETY: the registry's CPU device.
+        unsafe { sys::ggml_backend_dev_buffer_type(self.cpu) }
+    }
+
     /// Whether this is the CPU device (KV cache and weights in host memory).
     pub(crate) fn is_cpu(&self) -> bool {
         self.dev == self.cpu
     }
 
     /// The first buffer type whose device can run `op` on a weight `w` placed in it.
-    pub(crate) fn weight_buft(
-        &self,
-        w: NonNull<sys::ggml_tensor>,
-        op: WeightOp,
-    ) -> sys::ggml_backend_buffer_type_t {
+    pub(crate) fn weight_buft(&self, w: Tensor, op: WeightOp) -> sys::ggml_backend_buffer_type_t {
         for &buft in &self.weight_bufts {
-            if supports(self.dev, buft, w, op) {
+            if supports(self.dev, buft, w.ptr(), op) {
                 return buft;
             }
         }
@@ -168,7 +176,7 @@ fn cpu_extra_bufts(cpu: sys::ggml_backend_dev_t) -> Vec<sys::ggml_backend_buffer
 fn supports(
     dev: sys::ggml_backend_dev_t,
     buft: sys::ggml_backend_buffer_type_t,
-    w: NonNull<sys::ggml_tensor>,
+    w: *mut sys::ggml_tensor,
     op: WeightOp,
 ) -> bool {
     if op == WeightOp::Elementwise {
@@ -188,7 +196,7 @@ fn supports(
             return false;
         }
         // Query a copy of the description so the GGUF context's tensor is never touched.
-        let wt = sys::ggml_dup_tensor(ctx, w.as_ptr());
+        let wt = sys::ggml_dup_tensor(ctx, w);
         let op_tensor = match op {
             WeightOp::GetRows => {
                 let ids = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, 512);

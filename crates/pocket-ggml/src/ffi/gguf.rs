@@ -5,10 +5,12 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use llama_cpp_sys_2 as sys;
-use memmap2::Mmap;
+use memmap2::{Mmap, UncheckedAdvice};
 
+use crate::ffi::graph::Tensor;
 use crate::{Error, Result};
 
 /// An open GGUF file. The tensor descriptions live in a ggml context (no data allocated);
@@ -17,7 +19,7 @@ pub(crate) struct GgufFile {
     path: PathBuf,
     gguf: NonNull<sys::gguf_context>,
     meta: NonNull<sys::ggml_context>,
-    mmap: Mmap,
+    mmap: Arc<Mmap>,
     data_offset: usize,
 }
 
@@ -75,7 +77,7 @@ impl GgufFile {
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
         // SAFETY: gguf is a valid context.
         let data_offset = unsafe { sys::gguf_get_data_offset(gguf.as_ptr()) };
-        let this = GgufFile { path: path.to_owned(), gguf, meta, mmap, data_offset };
+        let this = GgufFile { path: path.to_owned(), gguf, meta, mmap: Arc::new(mmap), data_offset };
         this.check_tensor_bounds()?;
         Ok(this)
     }
@@ -119,8 +121,22 @@ impl GgufFile {
     }
 
     /// The whole file mapping.
-    pub(crate) fn mmap(&self) -> &Mmap {
+    pub(crate) fn mmap(&self) -> &Arc<Mmap> {
         &self.mmap
+    }
+
+    /// Give back the pages of `bytes` (a slice of the mapping) to the page cache's discretion:
+    /// for weights copied elsewhere. Reading them again faults them back in from the file.
+    pub(crate) fn drop_pages(&self, bytes: &[u8]) {
+        let start = bytes.as_ptr() as usize;
+        let base = self.mmap.as_ptr() as usize;
+        if start < base || start + bytes.len() > base + self.mmap.len() {
+            return;
+        }
+        // SAFETY: the range lies inside this read-only file mapping; dropping its pages does
+        // not change what reading it gives (the file's bytes).
+        let _ =
+            unsafe { self.mmap.unchecked_advise_range(UncheckedAdvice::DontNeed, start - base, bytes.len()) };
     }
 
     fn key(&self, key: &str) -> Option<i64> {
@@ -239,11 +255,14 @@ impl GgufFile {
         (0..n).map(|id| self.tensor_name(id)).collect()
     }
 
-    /// The description of tensor `name` (no data attached), if the file has it.
-    pub(crate) fn tensor(&self, name: &str) -> Option<NonNull<sys::ggml_tensor>> {
+    /// The description of tensor `name` (no data attached), if the file has it; the handle is
+    /// valid as long as the file is open.
+    pub(crate) fn tensor(&self, name: &str) -> Option<Tensor> {
         let cname = CString::new(name).ok()?;
-        // SAFETY: valid context and C string; the tensor is owned by `meta`, alive as long as self.
-        NonNull::new(unsafe { sys::ggml_get_tensor(self.meta.as_ptr(), cname.as_ptr()) })
+        // SAFETY: valid context and C string.
+        let t = NonNull::new(unsafe { sys::ggml_get_tensor(self.meta.as_ptr(), cname.as_ptr()) })?;
+        // SAFETY: the tensor is owned by `meta`, alive as long as self.
+        Some(unsafe { Tensor::from_raw(t) })
     }
 
     /// The bytes of tensor `name` in the mapping.

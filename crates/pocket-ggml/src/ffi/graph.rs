@@ -101,6 +101,22 @@ impl Tensor {
         Ok(())
     }
 
+    /// Copy `bytes` into the tensor's data from byte `offset` on (the tensor must be allocated
+    /// and that long).
+    pub(crate) fn write_at(self, offset: usize, bytes: &[u8]) -> Result<()> {
+        if !self.is_allocated() || offset.checked_add(bytes.len()).is_none_or(|end| end > self.nbytes()) {
+            return Err(Error::Ggml(format!(
+                "{} bytes at {offset} do not fit {} ({} bytes)",
+                bytes.len(),
+                self.name(),
+                self.nbytes()
+            )));
+        }
+        // SAFETY: allocated, and the range lies inside its data (checked above).
+        unsafe { sys::ggml_backend_tensor_set(self.ptr(), bytes.as_ptr().cast(), offset, bytes.len()) };
+        Ok(())
+    }
+
     /// Copy the tensor's data into `out`, which must be exactly its size.
     pub(crate) fn get_data<T: Copy>(self, out: &mut [T]) -> Result<()> {
         let bytes = std::mem::size_of_val(out);

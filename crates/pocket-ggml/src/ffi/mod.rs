@@ -1,14 +1,16 @@
 //! The FFI layer: everything that calls ggml or llama.cpp directly, as safe types —
 //! [`graph`] (building graphs), [`gguf`] (reading GGUF files), [`device`] (devices and buffer
-//! types), [`sched`] (a session's backends and scheduler), [`llama`] (llama.cpp's own model and
+//! types), [`arena`] (tensors holding data: weights, KV cache), [`sched`] (a session's backends and scheduler), [`types`] (element types), [`llama`] (llama.cpp's own model and
 //! context), [`vocab`] (its tokenizer). Most of the crate's `unsafe` is here; the rest is in the kernels (`attention`,
 //! `q4_1_gemm`) and in the code that places weights and the KV cache in backend buffers.
 
+pub(crate) mod arena;
 pub(crate) mod device;
 pub(crate) mod gguf;
 pub(crate) mod graph;
 pub(crate) mod llama;
 pub(crate) mod sched;
+pub(crate) mod types;
 pub(crate) mod vocab;
 
 use std::ffi::{CStr, c_char, c_void};

@@ -1,0 +1,150 @@
+//! A session's compute machinery as a safe handle: its backends (the device's and the CPU's),
+//! the thread pool the CPU backend runs on, and ggml's scheduler, which splits a graph between
+//! the backends and allocates its compute buffers.
+
+use std::ptr::NonNull;
+
+use llama_cpp_sys_2 as sys;
+
+use crate::ffi::device::Device;
+use crate::ffi::graph::Ctx;
+use crate::{Error, Result};
+
+/// Backends, thread pool and scheduler of one session. Not shared: ggml's CPU backend keeps
+/// per-computation state, so two sessions computing at once need one each.
+pub(crate) struct Scheduler {
+    sched: NonNull<sys::ggml_backend_sched>,
+    /// The device's backend first (if it is not the CPU), the CPU's last.
+    backends: Vec<NonNull<sys::ggml_backend>>,
+    threadpool: NonNull<sys::ggml_threadpool>,
+}
+
+// SAFETY: the scheduler, backends and thread pool belong to this value alone and are used by
+// one thread at a time (`&mut` or owned by a session that is); ggml's pool threads do not care
+// which thread submits a graph.
+unsafe impl Send for Scheduler {}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        // SAFETY: all created in `new`, freed once: the scheduler before the backends it uses,
+        // the backends before the thread pool they run on.
+        unsafe {
+            sys::ggml_backend_sched_free(self.sched.as_ptr());
+            for b in &self.backends {
+                sys::ggml_backend_free(b.as_ptr());
+            }
+            sys::ggml_threadpool_free(self.threadpool.as_ptr());
+        }
+    }
+}
+
+/// A backend made from a registry device, freed unless handed on.
+struct Backend(NonNull<sys::ggml_backend>);
+
+impl Backend {
+    fn init(dev: sys::ggml_backend_dev_t, what: &str) -> Result<Backend> {
+        // SAFETY: a registry device; the backend is owned by the returned value.
+        let b = unsafe { sys::ggml_backend_dev_init(dev, std::ptr::null()) };
+        NonNull::new(b).map(Backend).ok_or_else(|| Error::Ggml(format!("cannot start {what}")))
+    }
+
+    fn into_raw(self) -> NonNull<sys::ggml_backend> {
+        let b = self.0;
+        std::mem::forget(self);
+        b
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        // SAFETY: created in `init` and not handed on (into_raw forgets it).
+        unsafe { sys::ggml_backend_free(self.0.as_ptr()) }
+    }
+}
+
+impl Scheduler {
+    /// Backends for `device` (and the CPU, whose ops run on `threads` threads of a pool of
+    /// their own) under a scheduler for graphs of up to `nodes` nodes.
+    pub(crate) fn new(device: &Device, threads: usize, nodes: usize) -> Result<Scheduler> {
+        let threads = threads.max(1) as i32;
+        let gpu = if device.is_cpu() { None } else { Some(Backend::init(device.dev, &device.name)?) };
+        let cpu = Backend::init(device.cpu, "the CPU backend")?;
+        // SAFETY: default parameters for `threads` threads; the pool is freed in Drop (or
+        // below if the scheduler cannot be made), after the backend that uses it.
+        let threadpool = unsafe {
+            let mut params = sys::ggml_threadpool_params_default(threads);
+            NonNull::new(sys::ggml_threadpool_new(&mut params))
+        };
+        let threadpool = threadpool.ok_or_else(|| Error::Ggml("cannot start the thread pool".into()))?;
+        // SAFETY: a CPU backend and a live pool.
+        unsafe {
+            sys::ggml_backend_cpu_set_n_threads(cpu.0.as_ptr(), threads);
+            sys::ggml_backend_cpu_set_threadpool(cpu.0.as_ptr(), threadpool.as_ptr());
+        }
+        let backends: Vec<Backend> = gpu.into_iter().chain([cpu]).collect();
+        let mut raw: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.0.as_ptr()).collect();
+        // SAFETY: the backends array is valid for the call; ggml copies it.
+        let sched = unsafe {
+            sys::ggml_backend_sched_new(
+                raw.as_mut_ptr(),
+                std::ptr::null_mut(),
+                raw.len() as i32,
+                nodes,
+                false,
+                true,
+            )
+        };
+        let Some(sched) = NonNull::new(sched) else {
+            drop(backends);
+            // SAFETY: created above, no longer used by any backend.
+            unsafe { sys::ggml_threadpool_free(threadpool.as_ptr()) };
+            return Err(Error::Ggml("cannot create the scheduler".into()));
+        };
+        let backends = backends.into_iter().map(Backend::into_raw).collect();
+        Ok(Scheduler { sched, backends, threadpool })
+    }
+
+    /// Bytes of the compute buffers `graph` needs, over all backends, without allocating them.
+    pub(crate) fn measure(&self, graph: &Ctx) -> usize {
+        let mut sizes = vec![0usize; self.backends.len()];
+        // SAFETY: a graph built for this scheduler's backends; one size per backend.
+        unsafe {
+            sys::ggml_backend_sched_reserve_size(self.sched.as_ptr(), graph.graph(), sizes.as_mut_ptr())
+        };
+        sizes.iter().sum()
+    }
+
+    /// Allocate compute buffers large enough for `graph` (and every smaller one).
+    pub(crate) fn reserve(&self, graph: &Ctx) -> bool {
+        // SAFETY: a graph built for this scheduler's backends.
+        unsafe { sys::ggml_backend_sched_reserve(self.sched.as_ptr(), graph.graph()) }
+    }
+
+    /// Bytes of the compute buffers allocated, over all backends.
+    pub(crate) fn buffer_bytes(&self) -> usize {
+        self.backends
+            .iter()
+            // SAFETY: backends of this scheduler.
+            .map(|b| unsafe { sys::ggml_backend_sched_get_buffer_size(self.sched.as_ptr(), b.as_ptr()) })
+            .sum()
+    }
+
+    /// Assign `graph`'s tensors to the backends and their buffers, ready for inputs.
+    pub(crate) fn alloc(&self, graph: &Ctx) -> bool {
+        // SAFETY: a graph built for this scheduler's backends.
+        unsafe {
+            sys::ggml_backend_sched_reset(self.sched.as_ptr());
+            sys::ggml_backend_sched_alloc_graph(self.sched.as_ptr(), graph.graph())
+        }
+    }
+
+    /// Compute `graph`, allocated by [`Scheduler::alloc`].
+    pub(crate) fn compute(&self, graph: &Ctx) -> Result<()> {
+        // SAFETY: a graph allocated on this scheduler, its inputs set.
+        let status = unsafe { sys::ggml_backend_sched_graph_compute(self.sched.as_ptr(), graph.graph()) };
+        if status != sys::GGML_STATUS_SUCCESS {
+            return Err(Error::Ggml(format!("graph computation failed (status {status})")));
+        }
+        Ok(())
+    }
+}
