@@ -36,7 +36,7 @@ pub use fingerprint::fingerprint;
 pub use generate::{Event, GenerateRequest, Generation, generate, generate_speculative};
 pub use model::{
     CacheKey, DEFAULT_MAX_ROWS, Footprint, KvType, Logits, Model, ModelInfo, ModelKind, Rows, Session,
-    SessionConfig, default_threads,
+    SessionConfig, check_decode, default_threads, passes,
 };
 pub use plan::{LayerPlan, MAX_LAYERS};
 pub use sampling::{Distribution, Sampler, SamplingConfig, argmax};

@@ -200,6 +200,51 @@ impl Rows {
     }
 }
 
+/// What every engine's [`Session::decode`] checks before it changes anything: at least one
+/// token, every id inside the vocabulary of `n_vocab`, and room for them beside the `held`
+/// tokens within `n_ctx`.
+pub fn check_decode(tokens: &[Token], n_vocab: usize, held: usize, n_ctx: usize) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(Error::invalid("decode needs at least one token"));
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(Error::invalid(format!("token id {bad} is outside the vocabulary (0..{n_vocab})")));
+    }
+    let needed = held + tokens.len();
+    if needed > n_ctx {
+        return Err(Error::ContextOverflow { needed, limit: n_ctx, prompt: tokens.len() });
+    }
+    Ok(())
+}
+
+/// The forward passes a batch of `batch` tokens is split into when it asks for logits of its
+/// last `n_rows` rows: passes of at most `n_batch` tokens, and of at most `max_rows` rows of
+/// logits. The rows asked for are the batch's tail, so in each pass they are that pass's
+/// tail. Each item is the pass's tokens (a range of the batch) and how many rows it returns.
+pub fn passes(
+    batch: usize,
+    n_rows: usize,
+    n_batch: usize,
+    max_rows: usize,
+) -> impl Iterator<Item = (std::ops::Range<usize>, usize)> {
+    let want_from = batch - n_rows.min(batch);
+    let (n_batch, max_rows) = (n_batch.max(1), max_rows.max(1));
+    let mut c0 = 0;
+    std::iter::from_fn(move || {
+        if c0 >= batch {
+            return None;
+        }
+        let mut c1 = (c0 + n_batch).min(batch);
+        if c1 > want_from {
+            c1 = c1.min(c0.max(want_from) + max_rows);
+        }
+        let n_out = c1.saturating_sub(c0.max(want_from));
+        let pass = (c0..c1, n_out);
+        c0 = c1;
+        Some(pass)
+    })
+}
+
 /// Logits of the rows a [`Session::decode`] asked for, borrowed from the session.
 #[derive(Debug, Clone, Copy)]
 pub struct Logits<'a> {
@@ -329,4 +374,29 @@ pub trait Session: Send {
     /// Bytes of KV cache this session holds now for the tokens it holds, what
     /// [`Footprint::kv_bytes`] predicts (part of [`Session::memory`]).
     fn kv_bytes(&self) -> u64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_hold_the_rows_asked_for_at_their_tails() {
+        // 10 tokens, the last 5 rows, passes of 4 tokens and 2 rows.
+        let got: Vec<_> = passes(10, 5, 4, 2).collect();
+        assert_eq!(got, [(0..4, 0), (4..7, 2), (7..9, 2), (9..10, 1)]);
+        assert_eq!(passes(3, 0, 8, 2).collect::<Vec<_>>(), [(0..3, 0)]);
+        assert_eq!(passes(1, 1, 8, 2).collect::<Vec<_>>(), [(0..1, 1)]);
+    }
+
+    #[test]
+    fn decode_checks_name_what_is_wrong() {
+        assert!(check_decode(&[], 10, 0, 8).unwrap_err().to_string().contains("at least one token"));
+        assert!(check_decode(&[10], 10, 0, 8).unwrap_err().to_string().contains("outside the vocabulary"));
+        assert!(matches!(
+            check_decode(&[1, 2], 10, 7, 8),
+            Err(Error::ContextOverflow { needed: 9, limit: 8, prompt: 2 })
+        ));
+        assert!(check_decode(&[1], 10, 7, 8).is_ok());
+    }
 }

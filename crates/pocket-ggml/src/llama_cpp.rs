@@ -60,25 +60,23 @@ struct Shape {
 impl Shape {
     fn read(f: &GgufFile, arch: &str, n_layer: usize, n_embd: usize, n_vocab: usize) -> Shape {
         let key = |k: &str| format!("{arch}.{k}");
-        let per_layer = |k: &str, default: u64| -> Vec<u64> {
+        // A per-layer value: an array of one per layer, or one value for all.
+        let per_layer = |k: &str| -> Option<Vec<u64>> {
             match f.get_u64s(&key(k)) {
-                Some(v) if v.len() == n_layer => v,
-                Some(v) if !v.is_empty() => vec![v[0]; n_layer],
-                _ => vec![default; n_layer],
+                Some(v) if v.len() == n_layer => Some(v),
+                Some(v) if !v.is_empty() => Some(vec![v[0]; n_layer]),
+                _ => None,
             }
         };
-        let heads = per_layer("attention.head_count", 1);
-        let heads_kv = match f.get_u64s(&key("attention.head_count_kv")) {
-            Some(v) if v.len() == n_layer => v,
-            Some(v) if !v.is_empty() => vec![v[0]; n_layer],
-            _ => heads.clone(),
-        };
+        let heads = per_layer("attention.head_count").unwrap_or_else(|| vec![1; n_layer]);
+        let heads_kv = per_layer("attention.head_count_kv").unwrap_or_else(|| heads.clone());
         let head0 = heads.iter().copied().max().unwrap_or(1).max(1) as usize;
         let head_k = f.get_u64(&key("attention.key_length")).map_or(n_embd / head0, |v| v as usize);
         let head_v = f.get_u64(&key("attention.value_length")).map_or(head_k, |v| v as usize);
         let kv_widths = heads_kv.iter().map(|&h| (h as usize * head_k, h as usize * head_v)).collect();
-        let n_ff =
-            per_layer("feed_forward_length", 4 * n_embd as u64).into_iter().max().unwrap_or(0) as usize;
+        let n_ff = per_layer("feed_forward_length")
+            .and_then(|v| v.into_iter().max())
+            .map_or(4 * n_embd, |v| v as usize);
         Shape { kv_widths, head_k, head_v, n_embd, n_ff, n_vocab }
     }
 
@@ -324,8 +322,8 @@ impl LlamaCppSession {
     fn roll_back(&mut self, len: usize) {
         self.tokens.truncate(len);
         if !self.ctx.remove_from(len) {
-            // A recurrent state cannot drop a suffix: start over (what remains is re-decoded
-            // by nobody, so the session is emptied and says so).
+            // A recurrent state cannot drop a suffix: the session starts over, empty (its
+            // `len()` tells the caller).
             self.ctx.clear();
             self.tokens.clear();
         }
@@ -354,23 +352,8 @@ impl Session for LlamaCppSession {
                 "llama.cpp's engine runs every layer; layer plans need a model our graph builds".into(),
             ));
         }
-        if tokens.is_empty() {
-            return Err(CoreError::invalid("decode needs at least one token"));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(CoreError::invalid(format!(
-                "token id {bad} is outside the vocabulary (0..{n_vocab})"
-            )));
-        }
         let old_len = self.tokens.len();
-        let new_len = old_len + tokens.len();
-        if new_len > self.config.n_ctx {
-            return Err(CoreError::ContextOverflow {
-                needed: new_len,
-                limit: self.config.n_ctx,
-                prompt: tokens.len(),
-            });
-        }
+        pocket_core::check_decode(tokens, n_vocab, old_len, self.config.n_ctx)?;
         let batch = tokens.len();
         let n_rows = rows.count(batch)?;
         let logits_len = n_rows * n_vocab;
@@ -379,22 +362,15 @@ impl Session for LlamaCppSession {
         }
         self.logits.clear();
         self.logits.reserve_exact(logits_len);
-        // Passes of at most n_batch tokens and max_rows rows; the rows asked for are the
-        // batch's tail, so in each pass they are that pass's tail.
-        let want_from = batch - n_rows;
-        let mut c0 = 0;
-        while c0 < batch {
-            let mut c1 = (c0 + self.config.n_batch).min(batch);
-            if c1 > want_from {
-                c1 = c1.min(c0.max(want_from) + self.config.max_rows);
-            }
-            let out_from = want_from.saturating_sub(c0).min(c1 - c0);
-            if let Err(e) = self.ctx.decode(&tokens[c0..c1], old_len + c0, out_from, &mut self.logits) {
+        for (pass, n_out) in pocket_core::passes(batch, n_rows, self.config.n_batch, self.config.max_rows) {
+            let chunk = &tokens[pass.clone()];
+            if let Err(e) =
+                self.ctx.decode(chunk, old_len + pass.start, chunk.len() - n_out, &mut self.logits)
+            {
                 self.roll_back(old_len);
                 return Err(e.into());
             }
-            self.tokens.extend_from_slice(&tokens[c0..c1]);
-            c0 = c1;
+            self.tokens.extend_from_slice(chunk);
         }
         Ok(Logits::new(&self.logits, n_vocab))
     }

@@ -302,23 +302,9 @@ impl Session for GgmlSession {
         let hp = &self.model.hp;
         let n_vocab = hp.n_vocab;
         plan.check(hp.n_layer)?;
-        if tokens.is_empty() {
-            return Err(CoreError::invalid("decode needs at least one token"));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(CoreError::invalid(format!(
-                "token id {bad} is outside the vocabulary (0..{n_vocab})"
-            )));
-        }
+        pocket_core::check_decode(tokens, n_vocab, self.tokens.len(), self.config.n_ctx)?;
         let old_len = self.tokens.len();
         let new_len = old_len + tokens.len();
-        if new_len > self.config.n_ctx {
-            return Err(CoreError::ContextOverflow {
-                needed: new_len,
-                limit: self.config.n_ctx,
-                prompt: tokens.len(),
-            });
-        }
         // Positions decoded with another plan are recomputed with this one, in this pass.
         let start = match self.partial {
             Some(p) if p != *plan => self.complete_len,
@@ -336,22 +322,13 @@ impl Session for GgmlSession {
         self.logits.reserve_exact(logits_len);
         self.logits.resize(logits_len, 0.0);
 
-        // Split the batch into passes of at most n_batch tokens and max_rows rows; the
-        // rows asked for are the batch's tail, so in each pass they are that pass's tail.
-        let want_from = batch - n_rows;
-        let (mut c0, mut row_off) = (0, 0);
-        while c0 < batch {
-            let mut c1 = (c0 + self.config.n_batch).min(batch);
-            if c1 > want_from {
-                c1 = c1.min(c0.max(want_from) + self.config.max_rows);
-            }
-            let n_out = c1.saturating_sub(c0.max(want_from));
-            if let Err(e) = self.pass(plan, start + c0, c1 - c0, n_out, row_off) {
+        let mut row_off = 0;
+        for (pass, n_out) in pocket_core::passes(batch, n_rows, self.config.n_batch, self.config.max_rows) {
+            if let Err(e) = self.pass(plan, start + pass.start, pass.len(), n_out, row_off) {
                 self.tokens.truncate(old_len);
                 return Err(e.into());
             }
             row_off += n_out;
-            c0 = c1;
         }
         if plan.is_full() {
             self.complete_len = new_len;

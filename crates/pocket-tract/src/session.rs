@@ -161,21 +161,9 @@ impl Session for TractSession {
                 "the tract engine runs every layer; layer-skip plans are for ggml models".into(),
             ));
         }
-        if tokens.is_empty() {
-            return Err(Error::invalid("nothing to decode: no tokens given"));
-        }
-        let n_rows = rows.count(tokens.len())?;
         let held = self.tokens.len();
-        if held + tokens.len() > self.config.n_ctx {
-            return Err(Error::ContextOverflow {
-                needed: held + tokens.len(),
-                limit: self.config.n_ctx,
-                prompt: tokens.len(),
-            });
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= info.n_vocab) {
-            return Err(Error::invalid(format!("token {bad} is outside the vocabulary of {}", info.n_vocab)));
-        }
+        pocket_core::check_decode(tokens, info.n_vocab, held, self.config.n_ctx)?;
+        let n_rows = rows.count(tokens.len())?;
         let (outputs, logits_at) = self.run_decoder(tokens)?;
         if let Err(e) = self.charge_cache() {
             // Over the budget: leave the session as it was before this call.
