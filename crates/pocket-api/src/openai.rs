@@ -68,6 +68,14 @@ pub struct GenerationOptions {
     /// last chunk), as llama.cpp's server does; for comparing outputs exactly.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub return_tokens: bool,
+    /// Which earlier conversations this one may continue from the prompt cache: only those
+    /// sent with the same key (OpenAI's field). Without it any conversation of the same model
+    /// sharing a prefix may be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_key: Option<String>,
+    /// The end user (OpenAI's field): the prompt cache's key when `prompt_cache_key` is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -134,6 +142,16 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// Both.
     pub total_tokens: u32,
+    /// What the prompt's tokens were (OpenAI's shape).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens continued from the prompt cache instead of being processed again.
+    pub cached_tokens: u32,
 }
 
 /// pocketd's statistics of one completion (an extra field OpenAI clients ignore).
@@ -141,8 +159,12 @@ pub struct Usage {
 pub struct Timings {
     /// Milliseconds from the request's start of generation to its first token.
     pub prefill_ms: f64,
-    /// Prompt tokens per second.
+    /// Prompt tokens processed per second (those from the prompt cache not counted).
     pub prefill_tok_per_s: f64,
+    /// Prompt tokens continued from the prompt cache (a parked earlier conversation sharing
+    /// the prompt's beginning) instead of being processed again.
+    #[serde(default)]
+    pub cached_tokens: u64,
     /// Generated tokens per second after the first.
     pub decode_tok_per_s: f64,
     /// Tokens drafted by speculation.

@@ -27,6 +27,27 @@ pub struct Status {
     /// curve`), if anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learning: Option<String>,
+    /// Finished conversations kept for the next request to continue, most recently used first.
+    #[serde(default)]
+    pub parked: Vec<ParkedPrefix>,
+}
+
+/// A conversation in the prompt cache.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParkedPrefix {
+    /// The model it belongs to, when it is loaded (else the first digits of its fingerprint).
+    pub model: String,
+    /// Tokens it holds.
+    pub tokens: usize,
+    /// Bytes it holds in the budget.
+    pub bytes: u64,
+    /// Its KV cache type.
+    pub kv: String,
+    /// The `prompt_cache_key` (or `user`) it was parked under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Seconds since it was parked or last continued.
+    pub idle_seconds: f64,
 }
 
 /// The budget and its use, in bytes.

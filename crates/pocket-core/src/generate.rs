@@ -50,6 +50,10 @@ pub struct Generation {
     pub stop_string: Option<String>,
     /// Tokens of the request's prompt.
     pub prompt_tokens: usize,
+    /// Of those, how many were not decoded because a kept prefix already held them (see
+    /// `pocket_runtime`'s prompt cache); [`generate`] itself sets 0.
+    #[serde(default)]
+    pub cached_tokens: usize,
     /// Seconds from the start of the prompt's decode until the first token was sampled.
     pub prefill_seconds: f64,
     /// Seconds from the first token's sampling until the last token's: the span in which
@@ -61,9 +65,10 @@ pub struct Generation {
 }
 
 impl Generation {
-    /// Prompt tokens per second of prefill (0 when nothing was timed).
+    /// Prompt tokens decoded per second of prefill (0 when nothing was timed); tokens a kept
+    /// prefix held are not counted.
     pub fn prefill_tok_per_s(&self) -> f64 {
-        rate(self.prompt_tokens, self.prefill_seconds)
+        rate(self.prompt_tokens - self.cached_tokens.min(self.prompt_tokens), self.prefill_seconds)
     }
 
     /// Generated tokens per second after the first: `tokens.len() - 1` over
@@ -92,8 +97,9 @@ fn rate(tokens: usize, seconds: f64) -> f64 {
 /// (decoding it would cost a forward pass whose logits nobody needs); after
 /// [`StopReason::Eos`] it holds them all, the end token not included.
 ///
-/// The repetition penalty sees this request's prompt and output, not tokens the session
-/// held before.
+/// The repetition penalty sees every token the session held before, the prompt and the
+/// output: a conversation continued from a kept prefix is penalised as if its whole prompt
+/// had been sent.
 pub fn generate(
     info: &ModelInfo,
     session: &mut dyn Session,
@@ -135,11 +141,12 @@ pub fn generate_speculative(
     let mut out = Output {
         tokenizer,
         stream: TextStream::new(&request.stop.stop),
-        history: Vec::with_capacity(request.prompt.len() + room + MAX_DRAFT),
+        history: Vec::with_capacity(held + request.prompt.len() + room + MAX_DRAFT),
         tokens: Vec::with_capacity(room),
         text: String::new(),
         max_tokens,
     };
+    out.history.extend_from_slice(session.tokens());
     out.history.extend_from_slice(&request.prompt);
     // Everything the session holds, then the pending token: what drafters continue.
     let mut context = Vec::new();
@@ -256,6 +263,7 @@ pub fn generate_speculative(
         stop,
         stop_string,
         prompt_tokens: request.prompt.len(),
+        cached_tokens: 0,
         prefill_seconds,
         decode_seconds: last_at.duration_since(first_at).as_secs_f64(),
         spec: stats,

@@ -374,6 +374,51 @@ pub trait Session: Send {
     /// Bytes of KV cache this session holds now for the tokens it holds, what
     /// [`Footprint::kv_bytes`] predicts (part of [`Session::memory`]).
     fn kv_bytes(&self) -> u64;
+
+    /// A copy of what the session holds for its tokens (their KV cache, an encoder's output),
+    /// to be [restored](Session::restore) into another session of the same model, KV type and
+    /// device later: what a parked conversation keeps. `None` where the engine cannot.
+    fn save(&self) -> Result<Option<SavedState>> {
+        Ok(None)
+    }
+
+    /// Make this session, which must be empty, hold the first `len` tokens of `saved` as if
+    /// it had decoded them (an encoder-decoder session: the whole source, encoded). Reserves
+    /// the KV it takes in the ledger like any decode; on an error the session stays empty.
+    fn restore(&mut self, _saved: &SavedState, _len: usize) -> Result<()> {
+        Err(Error::Unsupported("this engine cannot restore a saved session".into()))
+    }
+}
+
+/// What a session held for its tokens, copied out by [`Session::save`]: the tokens and the
+/// engine's bytes for them (their KV cache in the engine's own layout). Only the engine that
+/// wrote it can read it, and only for the same model, device and KV type: the key under which
+/// it is kept says which ([`CacheKey`] and `kv`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SavedState {
+    /// The tokens it holds state for, from position 0.
+    pub tokens: Vec<Token>,
+    /// The KV type the state is in.
+    pub kv: KvType,
+    /// The engine's bytes.
+    pub data: Vec<u8>,
+}
+
+impl SavedState {
+    /// Bytes it takes in memory.
+    pub fn bytes(&self) -> u64 {
+        (self.data.len() + self.tokens.len() * size_of::<Token>()) as u64
+    }
+}
+
+impl fmt::Debug for SavedState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SavedState")
+            .field("tokens", &self.tokens.len())
+            .field("kv", &self.kv)
+            .field("bytes", &self.data.len())
+            .finish()
+    }
 }
 
 #[cfg(test)]

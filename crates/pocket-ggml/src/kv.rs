@@ -239,6 +239,41 @@ impl KvCache {
         let _ = self.reservation.resize(self.bytes_for(keep) as u64);
     }
 
+    /// A copy of the first `tokens` positions: each layer's K rows, then its V rows.
+    pub(crate) fn save(&self, tokens: usize) -> Result<Vec<u8>> {
+        let run = tokens * self.row_bytes;
+        let mut out = vec![0u8; 2 * self.n_layer * run];
+        for (il, chunk) in out.chunks_exact_mut(2 * run.max(1)).enumerate().take(self.n_layer) {
+            let (k, v) = chunk.split_at_mut(run);
+            self.k[il].read_at(0, k)?;
+            self.v[il].read_at(0, v)?;
+        }
+        Ok(out)
+    }
+
+    /// Hold the first `tokens` positions of what [`KvCache::save`] copied out of a cache of
+    /// the same model and type holding `saved` positions, reserving their blocks first.
+    pub(crate) fn restore(&mut self, data: &[u8], saved: usize, tokens: usize) -> Result<()> {
+        let run = saved * self.row_bytes;
+        if tokens > saved || data.len() != 2 * self.n_layer * run {
+            return Err(Error::Core(pocket_core::Error::invalid(format!(
+                "a saved cache of {} bytes does not hold {saved} positions of this model's {} KV \
+                 ({} bytes each)",
+                data.len(),
+                self.kv,
+                2 * self.n_layer * self.row_bytes
+            ))));
+        }
+        self.grow_to(tokens)?;
+        let used = tokens * self.row_bytes;
+        for il in 0..self.n_layer {
+            let k = 2 * il * run;
+            self.k[il].write_at(0, &data[k..k + used])?;
+            self.v[il].write_at(0, &data[k + run..k + run + used])?;
+        }
+        Ok(())
+    }
+
     /// Bytes committed to the cache now.
     pub(crate) fn bytes(&self) -> usize {
         self.bytes_for(self.committed)

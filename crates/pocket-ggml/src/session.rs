@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use pocket_core::memory::{Ledger, Reservation};
-use pocket_core::{Error as CoreError, LayerPlan, Logits, Rows, Session, SessionConfig, Token};
+use pocket_core::{Error as CoreError, LayerPlan, Logits, Rows, SavedState, Session, SessionConfig, Token};
 
 use crate::ffi::graph::Ctx;
 use crate::ffi::sched::Scheduler;
@@ -361,5 +361,42 @@ impl Session for GgmlSession {
 
     fn kv_bytes(&self) -> u64 {
         self.kv.bytes() as u64
+    }
+
+    /// The positions with KV in every layer (those a partial plan left are not kept).
+    fn save(&self) -> pocket_core::Result<Option<SavedState>> {
+        let n = self.complete_len;
+        let data = self.kv.save(n)?;
+        Ok(Some(SavedState { tokens: self.tokens[..n].to_vec(), kv: self.kv.kv, data }))
+    }
+
+    fn restore(&mut self, saved: &SavedState, len: usize) -> pocket_core::Result<()> {
+        if !self.tokens.is_empty() {
+            return Err(CoreError::invalid("only an empty session can be restored into"));
+        }
+        if saved.kv != self.kv.kv {
+            return Err(CoreError::invalid(format!(
+                "a saved {} cache cannot be restored into a {} one",
+                saved.kv, self.kv.kv
+            )));
+        }
+        if len > saved.tokens.len() {
+            return Err(CoreError::invalid(format!(
+                "cannot restore {len} tokens of a saved session of {}",
+                saved.tokens.len()
+            )));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        pocket_core::check_decode(&saved.tokens[..len], self.model.hp.n_vocab, 0, self.config.n_ctx)?;
+        if let Err(e) = self.kv.restore(&saved.data, saved.tokens.len(), len) {
+            self.kv.shrink_to(0);
+            return Err(e.into());
+        }
+        self.tokens.extend_from_slice(&saved.tokens[..len]);
+        self.complete_len = len;
+        self.partial = None;
+        Ok(())
     }
 }

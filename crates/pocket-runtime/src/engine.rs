@@ -11,7 +11,8 @@ use pocket_core::{Model, SessionConfig};
 use pocket_ggml::{DeviceChoice, GgmlModel, GraphSupport, LlamaCppModel, LoadOptions, WeightFormat};
 use pocket_tract::TractModel;
 
-use crate::{Error, Knowledge, Result};
+use crate::prompt_cache::PrefixKey;
+use crate::{Error, Knowledge, PromptCache, Result};
 
 /// Which engine runs a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +84,10 @@ pub struct OpenOptions {
     pub ledger: Option<Ledger>,
     /// Where what is learned about the model is kept (none: [`crate::cache_dir`]).
     pub cache_dir: Option<PathBuf>,
+    /// Where its finished sessions are parked for the next request to continue (none: they
+    /// are dropped). Its parked prefixes are given up (written to disk, where the cache has a
+    /// directory) when the model is dropped.
+    pub prompt_cache: Option<Arc<PromptCache>>,
 }
 
 /// A model open on its engine, with what is known about it on this device.
@@ -96,6 +101,15 @@ pub struct LoadedModel {
     knowledge: Knowledge,
     /// A skip-set search that a request interrupted, resumed when learning resumes.
     pub(crate) search: Mutex<Option<LayerSkipDrafter>>,
+    prompt_cache: Option<Arc<PromptCache>>,
+}
+
+impl Drop for LoadedModel {
+    fn drop(&mut self) {
+        if let (Some(cache), Some(key)) = (&self.prompt_cache, self.model.cache_key()) {
+            cache.unload(key);
+        }
+    }
 }
 
 impl LoadedModel {
@@ -199,7 +213,19 @@ impl LoadedModel {
             weights,
             knowledge,
             search: Mutex::new(None),
+            prompt_cache: options.prompt_cache.clone(),
         }
+    }
+
+    /// Where its finished sessions are parked, if anywhere.
+    pub fn prompt_cache(&self) -> Option<&PromptCache> {
+        self.prompt_cache.as_deref()
+    }
+
+    /// What a session of it with `threads` threads and a `kv` cache parks its state under;
+    /// `None` for a model whose measurements cannot be remembered (no file to key them).
+    pub fn prefix_key(&self, threads: usize, kv: pocket_core::KvType) -> Option<PrefixKey> {
+        Some(PrefixKey { model: self.model.cache_key()?.clone(), threads, kv })
     }
 
     /// The model.

@@ -27,6 +27,7 @@ mod knowledge;
 pub mod learn;
 pub mod pipeline;
 pub mod process;
+pub mod prompt_cache;
 mod text;
 pub mod weights;
 
@@ -34,6 +35,7 @@ pub use engine::{Engine, LoadedModel, OpenOptions, is_onnx};
 pub use error::{Error, ErrorKind, Result};
 pub use knowledge::{Knowledge, Known, cache_dir};
 pub use pipeline::{Input, Outcome, Prepared, Request, Sink};
+pub use prompt_cache::PromptCache;
 
 /// Longest draft a request asks for unless it says otherwise (`auto` chooses its own length
 /// up to this).

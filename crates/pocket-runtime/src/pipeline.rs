@@ -18,6 +18,7 @@ use pocket_core::{
 };
 
 use crate::drafters::{self, Setup};
+use crate::prompt_cache::{Adoption, PrefixKey};
 use crate::{DEFAULT_MAX_DRAFT, Error, LoadedModel, Result};
 
 /// What a request gives the model.
@@ -53,6 +54,13 @@ pub struct Request {
     /// (an unlimited ledger gives it all it asks). Every entry point plans; only a benchmark's
     /// `naive:` modes, which hold the whole context as engines without a budget do, do not.
     pub planned: bool,
+    /// Continue from a parked session sharing a prefix with the prompt, and park this one when
+    /// it ends, where the model has a [`crate::PromptCache`] (a benchmark turns it off to
+    /// measure without).
+    pub prompt_cache: bool,
+    /// The client's hint for which parked sessions may be continued (OpenAI's
+    /// `prompt_cache_key`, or `user`): only those parked under the same hint.
+    pub cache_hint: Option<String>,
 }
 
 impl Request {
@@ -67,12 +75,14 @@ impl Request {
             session: SessionConfig::default(),
             max_draft: DEFAULT_MAX_DRAFT,
             planned: true,
+            prompt_cache: true,
+            cache_hint: None,
         }
     }
 }
 
 /// A request ready to run: its tokens and what it was given.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Prepared {
     /// The prompt's tokens (an encoder-decoder model's source).
     pub tokens: Vec<Token>,
@@ -90,6 +100,19 @@ pub struct Prepared {
     pub sampling: SamplingConfig,
     /// When to stop.
     pub stop: StopConfig,
+    /// The parked session it continues, and how many of its tokens it takes.
+    pub adopted: Option<Adoption>,
+    /// Park the session when it ends (under this hint).
+    pub park: Option<Park>,
+}
+
+/// Where a finished session is parked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Park {
+    /// The key it is parked under.
+    pub key: PrefixKey,
+    /// The client's hint.
+    pub hint: Option<String>,
 }
 
 /// Where a running generation reports to.
@@ -217,6 +240,12 @@ pub fn prepare(
         return Err(pocket_core::Error::ContextOverflow { needed, limit: n_ctx, prompt: tokens.len() }.into());
     }
     let mut config = SessionConfig { n_ctx, ..request.session.clone() };
+    // The parked session sharing the longest prefix, in the KV type asked for.
+    let cache = model.prompt_cache().filter(|_| request.prompt_cache && !seq2seq && !config.preallocate);
+    let mut adopted = cache.and_then(|c| {
+        let key = model.prefix_key(config.threads, config.kv)?;
+        c.adopt(&key, &tokens, request.cache_hint.as_deref())
+    });
     let (plan, spec, max_draft, draft_model) = if request.planned {
         let asked = PlanRequest {
             tokens: wanted.min(n_ctx),
@@ -226,15 +255,33 @@ pub fn prepare(
             n_batch: config.n_batch,
         };
         let mut costs = ModelCosts { target, draft: draft.map(|d| d.model()), config: config.clone() };
-        let plan = memory::plan(ledger, &asked, &mut costs)?;
+        // Parked sessions are the first thing given up: before anything the plan would give up.
+        let keep = adopted.as_ref().map(|a| &a.parked);
+        let evict = || cache.is_some_and(|c| c.evict_lru(keep));
+        let plan = loop {
+            match memory::plan(ledger, &asked, &mut costs) {
+                Ok(plan) if plan.degraded.is_empty() || !evict() => break plan,
+                Ok(_) => {}
+                Err(pocket_core::Error::OverBudget { .. }) if evict() => {}
+                Err(e) => return Err(e.into()),
+            }
+        };
         plan.apply_to(&mut config);
+        if adopted.as_ref().is_some_and(|a| a.parked.saved.kv != config.kv) {
+            adopted = None; // the plan lowered the KV type: the parked state is in another
+        }
         let (spec, max_draft, with_draft) = (plan.spec, plan.max_draft, plan.draft_model);
         (Some(plan), spec, max_draft, with_draft)
     } else {
         let with_draft = draft.is_some() && matches!(spec, SpecMode::Draft | SpecMode::Auto);
         (None, spec, request.max_draft, with_draft)
     };
+    let park = cache.and_then(|_| {
+        Some(Park { key: model.prefix_key(config.threads, config.kv)?, hint: request.cache_hint.clone() })
+    });
     Ok(Prepared {
+        adopted,
+        park,
         tokens,
         config,
         spec,
@@ -287,6 +334,13 @@ pub fn run(
     sink.started();
 
     let start = Instant::now();
+    let mut cached = 0;
+    if let Some(a) = &p.adopted {
+        match session.restore(&a.parked.saved, a.len) {
+            Ok(()) => cached = a.len,
+            Err(e) => tracing::warn!(model = %info.name, "cannot continue a parked session: {e}"),
+        }
+    }
     let prompt = if seq2seq {
         session.encode(&p.tokens)?;
         let begin = target.decoder_start().ok_or_else(|| {
@@ -297,7 +351,7 @@ pub fn run(
         })?;
         vec![begin]
     } else {
-        p.tokens.clone()
+        p.tokens[cached..].to_vec()
     };
     let encode_seconds = start.elapsed().as_secs_f64();
     let request = GenerateRequest { prompt, sampling: p.sampling.clone(), stop: p.stop.clone() };
@@ -306,22 +360,28 @@ pub fn run(
         generate_speculative(info, session.as_mut(), target.tokenizer(), &request, drafter, &mut |event| {
             sink.event(event)
         })?;
-    if seq2seq {
-        generation.prompt_tokens = p.tokens.len();
-        generation.prefill_seconds += encode_seconds;
-    }
+    // The prompt is all of it, restored and encoded parts included, and so is its time.
+    generation.prompt_tokens = p.tokens.len();
+    generation.cached_tokens = cached;
+    generation.prefill_seconds += encode_seconds;
     if let Some(set) = built.as_ref().and_then(drafters::Built::found_skip_set)
         && model.knowledge().skip_set().as_ref() != Some(&set)
     {
         tracing::info!(model = %info.name, skip = ?set.skip, agreement = set.agreement, "found a layer-skip set");
         model.knowledge().remember_skip_set(set);
     }
+    let (kv_bytes, session_bytes) = (session.kv_bytes(), session.memory());
+    if let (Some(park), Some(cache)) = (&p.park, model.prompt_cache()) {
+        if let Err(e) = cache.park_session(park.key.clone(), park.hint.clone(), session.as_ref()) {
+            tracing::warn!(model = %info.name, "cannot park the session: {e}");
+        }
+    }
     Ok(Outcome {
         spec: p.spec,
         drafter: drafters::describe(p.spec, built.as_mut()),
         plan: p.plan.clone(),
-        kv_bytes: session.kv_bytes(),
-        session_bytes: session.memory(),
+        kv_bytes,
+        session_bytes,
         generation,
     })
 }

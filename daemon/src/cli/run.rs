@@ -243,6 +243,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         session: SessionConfig { kv: args.kv, n_ctx: args.ctx_size, threads, ..SessionConfig::default() },
         max_draft: DEFAULT_MAX_DRAFT,
         planned: true,
+        prompt_cache: false, // one request: nothing to continue
+        cache_hint: None,
     };
     let prepared = pipeline::prepare(&model, draft.as_ref(), &request, &ledger)?;
     // A plan that gave the draft model up gives its weights back to the budget.

@@ -103,6 +103,17 @@ pub struct Config {
     /// no request is in flight, stopping the moment one arrives; `auto` uses only what is
     /// learned. Off: only what `pocket tune` measured is used.
     pub tune_when_idle: bool,
+    /// Keep each finished conversation's KV cache (paid for in the budget, given up first
+    /// when memory is needed) so that the next request sharing its beginning — the next turn
+    /// of a chat — processes only what is new.
+    pub prompt_cache: bool,
+    /// Where kept conversations are written when their model unloads or the daemon stops, and
+    /// read back from when a request continues one (none: not kept across unloads).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_dir: Option<PathBuf>,
+    /// The most the files in `prompt_cache_dir` may take (`"1GiB"`); the least recently used
+    /// are deleted first.
+    pub prompt_cache_disk: String,
 }
 
 impl Default for Config {
@@ -126,6 +137,9 @@ impl Default for Config {
             kv: KvType::F16,
             shutdown_seconds: 10,
             tune_when_idle: true,
+            prompt_cache: true,
+            prompt_cache_dir: None,
+            prompt_cache_disk: "1GiB".to_owned(),
         }
     }
 }
@@ -152,6 +166,7 @@ impl Config {
         anyhow::ensure!(self.parallel >= 1, "parallel must be at least 1");
         anyhow::ensure!(self.max_tokens >= 1, "max_tokens must be at least 1");
         anyhow::ensure!(self.ctx_size >= 16, "ctx_size must be at least 16 tokens, not {}", self.ctx_size);
+        self.prompt_cache_disk_bytes()?;
         if let Some(addr) = self.tcp {
             anyhow::ensure!(
                 addr.ip().is_loopback(),
@@ -160,6 +175,12 @@ impl Config {
             );
         }
         Ok(())
+    }
+
+    /// `prompt_cache_disk` in bytes.
+    pub fn prompt_cache_disk_bytes(&self) -> anyhow::Result<u64> {
+        pocket_core::memory::parse_size(&self.prompt_cache_disk)
+            .map_err(|e| anyhow::anyhow!("prompt_cache_disk = {:?}: {e}", self.prompt_cache_disk))
     }
 
     /// The configuration as TOML.
@@ -196,6 +217,9 @@ pub struct Flags {
     /// A loopback TCP listener besides the socket (`127.0.0.1:8077`).
     #[arg(long, value_name = "ADDR")]
     pub tcp: Option<SocketAddr>,
+    /// Where kept conversations are written across unloads and restarts.
+    #[arg(long, value_name = "DIR")]
+    pub prompt_cache_dir: Option<PathBuf>,
 }
 
 impl Flags {
@@ -222,6 +246,9 @@ impl Flags {
         }
         if self.tcp.is_some() {
             c.tcp = self.tcp;
+        }
+        if let Some(v) = &self.prompt_cache_dir {
+            c.prompt_cache_dir = Some(v.clone());
         }
         c.validate()?;
         Ok(c)

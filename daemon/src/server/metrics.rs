@@ -141,6 +141,57 @@ impl Metrics {
         );
         metric("pocketd_sessions", "gauge", "Requests generating now.", &[("", scheduler.active() as f64)]);
         metric("pocketd_queued", "gauge", "Requests waiting for a turn.", &[("", scheduler.queued() as f64)]);
+        if let Some(cache) = scheduler.prompt_cache() {
+            let st = cache.stats();
+            let counters: [(&str, &str, u64); 5] = [
+                (
+                    "pocketd_prompt_cache_hits_total",
+                    "Requests that continued a parked conversation.",
+                    st.hits,
+                ),
+                (
+                    "pocketd_prompt_cache_misses_total",
+                    "Requests that found no parked conversation to continue.",
+                    st.misses,
+                ),
+                (
+                    "pocketd_prompt_cache_reused_tokens_total",
+                    "Prompt tokens taken from parked conversations instead of processed.",
+                    st.reused_tokens,
+                ),
+                (
+                    "pocketd_prompt_cache_evictions_total",
+                    "Parked conversations given up for memory.",
+                    st.evictions,
+                ),
+                (
+                    "pocketd_prompt_cache_disk_errors_total",
+                    "Prompt cache files ignored (corrupt, foreign, stale) or not written.",
+                    st.disk_errors,
+                ),
+            ];
+            for (name, help, value) in counters {
+                metric(name, "counter", help, &[("", value as f64)]);
+            }
+            metric(
+                "pocketd_prompt_cache_disk_total",
+                "counter",
+                "Parked conversations written to and read back from the prompt cache directory.",
+                &[(r#"{op="written"}"#, st.written as f64), (r#"{op="read"}"#, st.read as f64)],
+            );
+            metric(
+                "pocketd_prompt_cache_parked_bytes",
+                "gauge",
+                "Bytes parked conversations hold in the budget.",
+                &[("", cache.bytes() as f64)],
+            );
+            metric(
+                "pocketd_prompt_cache_parked",
+                "gauge",
+                "Parked conversations.",
+                &[("", cache.parked().len() as f64)],
+            );
+        }
         metric(
             "pocketd_models_loaded",
             "gauge",

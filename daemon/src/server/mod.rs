@@ -129,7 +129,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         w.abort();
     }
     drop(bus);
+    // Models unloading write their parked conversations to the prompt cache directory; what
+    // is still parked after (a model something else held) is written too.
     scheduler.registry.clear();
+    scheduler.flush_prompt_cache();
     if let Some(path) = socket.bound_path {
         let _ = std::fs::remove_file(path);
     }

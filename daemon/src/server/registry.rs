@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pocket_core::memory::Ledger;
 use pocket_models::{Catalog, Format};
-use pocket_runtime::{LoadedModel, OpenOptions};
+use pocket_runtime::{LoadedModel, OpenOptions, PromptCache};
 
 use super::error::ServeError;
 
@@ -58,6 +58,7 @@ struct Slot {
 pub struct Registry {
     models_dir: PathBuf,
     ledger: Ledger,
+    prompt_cache: Option<Arc<PromptCache>>,
     keep_alive: Duration,
     loaded: Mutex<Vec<Slot>>,
     /// One load at a time: two requests for the same model wait for one load, and loads
@@ -90,11 +91,18 @@ fn format_of(path: &Path) -> Format {
 }
 
 impl Registry {
-    /// A registry over `models_dir`, loading into `ledger`.
-    pub fn new(models_dir: PathBuf, ledger: Ledger, keep_alive: Duration) -> Registry {
+    /// A registry over `models_dir`, loading into `ledger`, its models parking finished
+    /// sessions in `prompt_cache`.
+    pub fn new(
+        models_dir: PathBuf,
+        ledger: Ledger,
+        keep_alive: Duration,
+        prompt_cache: Option<Arc<PromptCache>>,
+    ) -> Registry {
         Registry {
             models_dir,
             ledger,
+            prompt_cache,
             keep_alive,
             loaded: Mutex::new(Vec::new()),
             loading: tokio::sync::Mutex::new(()),
@@ -221,9 +229,10 @@ impl Registry {
         }
         loop {
             let ledger = self.ledger.sub();
-            let (path, l) = (found.path.clone(), ledger.clone());
+            let (path, l, cache) = (found.path.clone(), ledger.clone(), self.prompt_cache.clone());
             let loaded = tokio::task::spawn_blocking(move || {
-                LoadedModel::open(&path, &OpenOptions { ledger: Some(l), ..OpenOptions::default() })
+                let options = OpenOptions { ledger: Some(l), prompt_cache: cache, ..OpenOptions::default() };
+                LoadedModel::open(&path, &options)
             })
             .await
             .map_err(|e| ServeError::internal(None, format!("loading {} panicked: {e}", found.name)))?;
@@ -243,13 +252,19 @@ impl Registry {
                 }
                 Err(e) => {
                     let e = ServeError::from_model(&found.name, e);
-                    if e.is_over_budget() && self.evict_idle(&[]) {
+                    if e.is_over_budget() && (self.evict_parked() || self.evict_idle(&[])) {
                         continue;
                     }
                     return Err(e);
                 }
             }
         }
+    }
+
+    /// Give up the least recently used parked conversation: what goes first when memory is
+    /// needed. Returns whether one was.
+    pub fn evict_parked(&self) -> bool {
+        self.prompt_cache.as_ref().is_some_and(|c| c.evict_lru(None))
     }
 
     /// Unload the least recently used model that no session uses, other than `keep`.

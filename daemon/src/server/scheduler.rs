@@ -28,7 +28,8 @@ use pocket_core::spec::SpecMode;
 use pocket_core::{KvType, SamplingConfig, SessionConfig, StopConfig, StopReason, default_threads};
 use pocket_runtime::learn::{self, TuneSettings};
 use pocket_runtime::pipeline::{self, Prepared, Request, Sink};
-use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine};
+use pocket_runtime::prompt_cache::DiskOptions;
+use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine, PromptCache};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use super::config::Config;
@@ -57,6 +58,9 @@ pub struct JobOptions {
     pub kv: Option<KvType>,
     /// Return the generated token ids with the result.
     pub return_tokens: bool,
+    /// Which parked conversations the prompt cache may continue (`prompt_cache_key`, else
+    /// `user`): only those parked under the same key.
+    pub cache_key: Option<String>,
 }
 
 impl JobOptions {
@@ -99,6 +103,7 @@ impl JobOptions {
             draft_model: o.draft_model.clone(),
             kv,
             return_tokens: o.return_tokens,
+            cache_key: o.prompt_cache_key.clone().or_else(|| o.user.clone()),
         })
     }
 }
@@ -249,6 +254,7 @@ pub struct Scheduler {
     pub(super) request_ended: Notify,
     /// What learns about the loaded models while the daemon is idle.
     pub(super) learner: Learner,
+    prompt_cache: Option<Arc<PromptCache>>,
 }
 
 /// How long a request whose plan does not fit waits for running sessions to give memory
@@ -260,10 +266,22 @@ impl Scheduler {
     /// memory reserved first.
     pub fn new(config: Config) -> anyhow::Result<Arc<Scheduler>> {
         let (ledger, process) = pocket_runtime::process::budget_ledger(Some(config.memory_budget))?;
+        let prompt_cache = if config.prompt_cache {
+            let disk = match &config.prompt_cache_dir {
+                Some(dir) => {
+                    Some(DiskOptions { dir: dir.clone(), max_bytes: config.prompt_cache_disk_bytes()? })
+                }
+                None => None,
+            };
+            Some(Arc::new(PromptCache::new(&ledger, disk)))
+        } else {
+            None
+        };
         let registry = Registry::new(
             config.models_dir.clone(),
             ledger.clone(),
             Duration::from_secs(config.keep_alive_seconds),
+            prompt_cache.clone(),
         );
         let threads = if config.threads == 0 { default_threads() } else { config.threads };
         Ok(Arc::new(Scheduler {
@@ -286,7 +304,20 @@ impl Scheduler {
             last_activity: Mutex::new(Instant::now()),
             request_ended: Notify::new(),
             learner: Learner::default(),
+            prompt_cache,
         }))
+    }
+
+    /// Where finished conversations are parked (none when `prompt_cache` is off).
+    pub fn prompt_cache(&self) -> Option<&PromptCache> {
+        self.prompt_cache.as_deref()
+    }
+
+    /// Write parked conversations to the prompt cache directory (at shutdown).
+    pub fn flush_prompt_cache(&self) {
+        if let Some(cache) = &self.prompt_cache {
+            cache.flush();
+        }
     }
 
     /// The effective configuration.
@@ -379,7 +410,31 @@ impl Scheduler {
                 }),
             })
             .collect();
+        let loaded_models = self.registry.loaded();
+        let model_name = |fingerprint: &str| {
+            loaded_models
+                .iter()
+                .find(|(m, _)| {
+                    m.model.model().cache_key().is_some_and(|k| k.fingerprint.starts_with(fingerprint))
+                })
+                .map_or_else(|| fingerprint.to_owned(), |(m, _)| m.name.clone())
+        };
+        let parked = self
+            .prompt_cache()
+            .map(|c| c.parked())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| pocket_api::ParkedPrefix {
+                model: model_name(&p.model),
+                tokens: p.tokens,
+                bytes: p.bytes,
+                kv: p.kv.name().to_owned(),
+                key: p.hint,
+                idle_seconds: p.idle_seconds,
+            })
+            .collect();
         pocket_api::Status {
+            parked,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             uptime_seconds: self.started.elapsed().as_secs_f64(),
             memory: self.memory(),
@@ -480,6 +535,8 @@ impl Scheduler {
             },
             max_draft: DEFAULT_MAX_DRAFT,
             planned: true,
+            prompt_cache: true,
+            cache_hint: job.options.cache_key.clone(),
         };
         // Tokenize and plan; when the budget is full, make room or wait for it.
         let deadline = Instant::now() + MEMORY_WAIT;
@@ -499,7 +556,7 @@ impl Scheduler {
                             .into_iter()
                             .flatten()
                             .collect();
-                    if self.registry.evict_idle(&keep) {
+                    if self.registry.evict_parked() || self.registry.evict_idle(&keep) {
                         continue;
                     }
                     let ended = self.session_ended.notified();
@@ -741,10 +798,14 @@ fn finished(outcome: &pocket_runtime::Outcome, return_tokens: bool) -> Finished 
             prompt_tokens: generation.prompt_tokens as u32,
             completion_tokens: completion,
             total_tokens: generation.prompt_tokens as u32 + completion,
+            prompt_tokens_details: Some(pocket_api::PromptTokensDetails {
+                cached_tokens: generation.cached_tokens as u32,
+            }),
         },
         timings: pocket_api::Timings {
             prefill_ms: generation.prefill_seconds * 1e3,
             prefill_tok_per_s: generation.prefill_tok_per_s(),
+            cached_tokens: generation.cached_tokens as u64,
             decode_tok_per_s: generation.decode_tok_per_s(),
             drafted: generation.spec.drafted as u64,
             accepted: generation.spec.accepted as u64,

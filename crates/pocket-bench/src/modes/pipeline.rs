@@ -82,6 +82,10 @@ impl Runner for PipelineRunner {
             session: self.session.clone(),
             max_draft: DEFAULT_MAX_DRAFT,
             planned: self.planned,
+            // Each prompt is measured from nothing (the benchmark's models have no prompt
+            // cache either); conversations measure the cache through the daemon.
+            prompt_cache: false,
+            cache_hint: None,
         };
         let draft = self.draft_model.as_deref();
         let prepared = pipeline::prepare(&self.model, draft, &request, &self.ledger)?;

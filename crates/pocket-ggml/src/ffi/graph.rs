@@ -117,6 +117,22 @@ impl Tensor {
         Ok(())
     }
 
+    /// Copy the tensor's data from byte `offset` on into `out` (the tensor must be allocated
+    /// and that long).
+    pub(crate) fn read_at(self, offset: usize, out: &mut [u8]) -> Result<()> {
+        if !self.is_allocated() || offset.checked_add(out.len()).is_none_or(|end| end > self.nbytes()) {
+            return Err(Error::Ggml(format!(
+                "{} bytes at {offset} are not inside {} ({} bytes)",
+                out.len(),
+                self.name(),
+                self.nbytes()
+            )));
+        }
+        // SAFETY: allocated, and the range lies inside its data (checked above).
+        unsafe { sys::ggml_backend_tensor_get(self.ptr(), out.as_mut_ptr().cast(), offset, out.len()) };
+        Ok(())
+    }
+
     /// Copy the tensor's data into `out`, which must be exactly its size.
     pub(crate) fn get_data<T: Copy>(self, out: &mut [T]) -> Result<()> {
         let bytes = std::mem::size_of_val(out);
