@@ -76,6 +76,10 @@ pub struct GenerationOptions {
     /// The end user (OpenAI's field): the prompt cache's key when `prompt_cache_key` is absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// pocketd (llama.cpp's server's name): `false` processes the whole prompt and parks
+    /// nothing, as without a prompt cache (for measuring what it saves).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_prompt: Option<bool>,
 }
 
 /// `POST /v1/chat/completions`.

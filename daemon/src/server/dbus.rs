@@ -15,7 +15,12 @@
 //! An empty model name means the default model. Options: `max_tokens` (any integer type),
 //! `temperature`, `top_p` (double), `top_k`, `seed` (integers), `stop` (string or array of
 //! strings), `spec`, `draft_model`, `kv` (strings), `chat` (boolean, default true: the prompt
-//! is a user message in the model's chat template) and `system` (string, with `chat`).
+//! is a user message in the model's chat template), `system` (string, with `chat`),
+//! `history` (`a(ss)`: the earlier messages of the conversation as (role, content), roles
+//! `system`, `user`, `assistant`), `cache_key` (string: only conversations parked under the
+//! same key are continued) and `cache_prompt` (boolean, default true: continue a parked
+//! conversation sharing the prompt's beginning and park this one; `cached_tokens` in the stats
+//! says how many tokens that saved).
 //! Errors are `org.pocketd.Error.{InvalidArgument, UnknownModel, OverBudget, QueueFull,
 //! TooLarge, Busy, ShuttingDown, Cancelled, Failed}`.
 
@@ -107,6 +112,27 @@ fn string(v: &Variant<'_>) -> Option<String> {
     }
 }
 
+/// Chat messages from an `a(ss)` of (role, content).
+fn messages(v: &Variant<'_>) -> Option<Vec<ChatMessage>> {
+    let Variant::Array(a) = v else {
+        return if let Variant::Variant(inner) = v { messages(inner) } else { None };
+    };
+    a.inner()
+        .iter()
+        .map(|item| {
+            let Variant::Structure(s) = item else { return None };
+            let [role, content] = s.fields() else { return None };
+            let role = match string(role)?.as_str() {
+                "system" => pocket_core::Role::System,
+                "user" => pocket_core::Role::User,
+                "assistant" => pocket_core::Role::Assistant,
+                _ => return None,
+            };
+            Some(ChatMessage { role, content: string(content)? })
+        })
+        .collect()
+}
+
 fn wrong(key: &str, expected: &str) -> ServeError {
     ServeError::invalid(key, format!("option {key:?} must be {expected}"))
 }
@@ -116,6 +142,7 @@ fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<J
     let mut o = JobOptions::default();
     let mut chat = true;
     let mut system = None;
+    let mut history = Vec::new();
     for (key, value) in options {
         let v: &Variant<'_> = value;
         match key.as_str() {
@@ -169,22 +196,36 @@ fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<J
                 }
             }
             "system" => system = Some(string(v).ok_or_else(|| wrong(key, "a string"))?),
+            "history" => {
+                history = messages(v).ok_or_else(|| wrong(key, "an array of (role, content) pairs, a(ss)"))?
+            }
+            "cache_key" => o.cache_key = Some(string(v).ok_or_else(|| wrong(key, "a string"))?),
+            "cache_prompt" => {
+                o.cache_prompt = match v {
+                    Variant::Bool(b) => *b,
+                    _ => return Err(wrong(key, "a boolean")),
+                }
+            }
             other => {
                 return Err(ServeError::invalid(
                     other,
                     format!(
                         "unknown option {other:?}; known: max_tokens, temperature, top_p, top_k, seed, stop, spec, \
-                         draft_model, kv, chat, system"
+                         draft_model, kv, chat, system, history, cache_key, cache_prompt"
                     ),
                 ));
             }
         }
+    }
+    if !history.is_empty() && !chat {
+        return Err(ServeError::invalid("history", "history is for chat (chat = true)"));
     }
     let input = if chat {
         let mut messages = Vec::new();
         if let Some(s) = system {
             messages.push(ChatMessage { role: pocket_core::Role::System, content: s });
         }
+        messages.extend(history);
         messages.push(ChatMessage { role: pocket_core::Role::User, content: prompt.to_owned() });
         Input::Chat(messages)
     } else {
@@ -199,6 +240,7 @@ fn stats(f: &Finished) -> HashMap<String, OwnedVariant> {
     m.insert("prompt_tokens".into(), OwnedVariant::from(u64::from(f.usage.prompt_tokens)));
     m.insert("completion_tokens".into(), OwnedVariant::from(u64::from(f.usage.completion_tokens)));
     m.insert("prefill_ms".into(), OwnedVariant::from(f.timings.prefill_ms));
+    m.insert("cached_tokens".into(), OwnedVariant::from(f.timings.cached_tokens));
     m.insert("decode_tok_per_s".into(), OwnedVariant::from(f.timings.decode_tok_per_s));
     m.insert("drafted".into(), OwnedVariant::from(f.timings.drafted));
     m.insert("accepted".into(), OwnedVariant::from(f.timings.accepted));

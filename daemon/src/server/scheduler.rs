@@ -42,7 +42,7 @@ use super::registry::{Registry, ServedModel};
 pub use pocket_runtime::pipeline::Input;
 
 /// A request's settings; `None` takes the daemon's configured default.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct JobOptions {
     /// Most tokens to generate (capped at the configured `max_tokens`).
     pub max_tokens: Option<u32>,
@@ -61,6 +61,25 @@ pub struct JobOptions {
     /// Which parked conversations the prompt cache may continue (`prompt_cache_key`, else
     /// `user`): only those parked under the same key.
     pub cache_key: Option<String>,
+    /// Use the prompt cache (continue a parked conversation, park this one); `false` is as
+    /// if there were none.
+    pub cache_prompt: bool,
+}
+
+impl Default for JobOptions {
+    fn default() -> Self {
+        JobOptions {
+            max_tokens: None,
+            sampling: SamplingConfig::default(),
+            stop: Vec::new(),
+            spec: None,
+            draft_model: None,
+            kv: None,
+            return_tokens: false,
+            cache_key: None,
+            cache_prompt: true,
+        }
+    }
 }
 
 impl JobOptions {
@@ -104,6 +123,7 @@ impl JobOptions {
             kv,
             return_tokens: o.return_tokens,
             cache_key: o.prompt_cache_key.clone().or_else(|| o.user.clone()),
+            cache_prompt: o.cache_prompt.unwrap_or(true),
         })
     }
 }
@@ -535,7 +555,7 @@ impl Scheduler {
             },
             max_draft: DEFAULT_MAX_DRAFT,
             planned: true,
-            prompt_cache: true,
+            prompt_cache: job.options.cache_prompt,
             cache_hint: job.options.cache_key.clone(),
         };
         // Tokenize and plan; when the budget is full, make room or wait for it.

@@ -32,6 +32,7 @@ pub(crate) fn init() {
             // code of this process does not read this variable concurrently.
             unsafe { std::env::set_var("GGML_CPU_TILED_MM", "0") };
         }
+        return_freed_memory();
         // SAFETY: `log` matches ggml_log_callback and ignores user_data; backend init is
         // called once, before any other llama.cpp use.
         unsafe {
@@ -59,5 +60,27 @@ unsafe extern "C" fn log(level: sys::ggml_log_level, text: *const c_char, _user:
         tracing::info!(target: "ggml", "{msg}");
     } else {
         tracing::trace!(target: "ggml", "{msg}");
+    }
+}
+
+/// Make glibc give large freed blocks back to the system at once. By default its threshold
+/// for serving an allocation from its own mapping rises each time such a block is freed, after
+/// which sessions' compute buffers and parked KV caches come from the heap and stay resident
+/// when freed: the process's memory would exceed what the budget counts by the buffers it
+/// once held (≈25 MB after a chat on SmolLM2). A fixed threshold keeps every block of 128 KiB
+/// or more in a mapping of its own, unmapped on free.
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        unsafe extern "C" {
+            fn mallopt(param: std::ffi::c_int, value: std::ffi::c_int) -> std::ffi::c_int;
+        }
+        const M_TRIM_THRESHOLD: std::ffi::c_int = -1;
+        const M_MMAP_THRESHOLD: std::ffi::c_int = -3;
+        // SAFETY: mallopt only changes allocator parameters; called once, from init.
+        unsafe {
+            mallopt(M_MMAP_THRESHOLD, 128 << 10);
+            mallopt(M_TRIM_THRESHOLD, 128 << 10);
+        }
     }
 }
