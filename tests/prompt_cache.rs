@@ -232,3 +232,21 @@ fn parked_conversations_survive_a_restart_and_a_corrupt_file_is_skipped() {
     let log = d.log();
     assert!(log.contains("ignoring prompt cache file") && log.contains("checksum"), "{log}");
 }
+
+#[test]
+fn an_encoder_decoder_reuses_the_encoded_source_of_a_repeated_text() {
+    let d = Daemon::start(Setup { flan: true, ..Setup::default() });
+    let body = json!({"model": "flan-t5-small", "prompt": "translate English to German: The house is small.", "max_tokens": 12, "return_tokens": true});
+    let (code, first) = d.post("/v1/completions", &body);
+    assert_eq!(code, 200, "{first}");
+    assert_eq!(first["timings"]["cached_tokens"], 0);
+    let (_, again) = d.post("/v1/completions", &body);
+    assert_eq!(
+        again["timings"]["cached_tokens"], again["usage"]["prompt_tokens"],
+        "the whole source: {again}"
+    );
+    assert_eq!(again["tokens"], first["tokens"]);
+    let other = json!({"model": "flan-t5-small", "prompt": "translate English to German: The house is big.", "max_tokens": 4});
+    let (_, r) = d.post("/v1/completions", &other);
+    assert_eq!(r["timings"]["cached_tokens"], 0, "another source shares no encoder output");
+}

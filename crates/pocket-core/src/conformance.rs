@@ -260,6 +260,60 @@ pub fn bad_calls_are_refused_and_change_nothing(s: &Subject) {
     assert_close("after refused calls against a fresh session", &after, &fresh, 0.0);
 }
 
+/// What [`Session::save`] copies out, [`Session::restore`] puts into a new session: restoring
+/// a prefix of it and decoding on gives bit for bit what the saved session gives after
+/// truncating to that prefix. Restoring into a session that holds tokens, more tokens than
+/// were saved, or a state of another KV type is refused. (Engines that cannot save skip it.)
+pub fn a_restored_session_continues_as_the_saved_one(s: &Subject) {
+    let plan = s.full();
+    let head = s.head();
+    let mut a = s.session();
+    a.decode(&head, &plan, Rows::None).unwrap();
+    for t in s.more(4, 2) {
+        a.decode(&[t], &plan, Rows::Last).unwrap();
+    }
+    let Some(saved) = a.save().unwrap() else { return };
+    if s.seq2seq() {
+        return encoded_source_is_restored_whole(s, &saved);
+    }
+    assert_eq!(saved.tokens, a.tokens(), "the state of every token held");
+    let len = head.len() + 2;
+    let next = s.more(3, 5);
+
+    let mut b = s.model.session(&s.config).unwrap();
+    b.restore(&saved, len).unwrap();
+    assert_eq!(b.tokens(), &saved.tokens[..len]);
+    let restored = rows(&b.decode(&next, &plan, Rows::Tail(next.len())).unwrap());
+    a.truncate(len).unwrap();
+    let original = rows(&a.decode(&next, &plan, Rows::Tail(next.len())).unwrap());
+    assert_close("a restored session against the saved one", &restored, &original, 0.0);
+
+    assert!(b.restore(&saved, 1).is_err(), "restoring into a session holding tokens");
+    let mut c = s.model.session(&s.config).unwrap();
+    assert!(c.restore(&saved, saved.tokens.len() + 1).is_err(), "more tokens than were saved");
+    let other = crate::SavedState {
+        kv: if saved.kv == crate::KvType::F16 { crate::KvType::Q8_0 } else { crate::KvType::F16 },
+        ..saved.clone()
+    };
+    assert!(c.restore(&other, 1).is_err(), "a state of another KV type");
+    assert!(c.is_empty(), "refused restores hold nothing");
+}
+
+/// An encoder-decoder's saved state is its encoded source: restored whole, it decodes as a
+/// session that ran the encoder; a part of it is refused.
+fn encoded_source_is_restored_whole(s: &Subject, saved: &crate::SavedState) {
+    let (plan, head) = (s.full(), s.head());
+    assert_eq!(saved.tokens, s.prompt, "the source");
+    let mut b = s.model.session(&s.config).unwrap();
+    b.restore(saved, saved.tokens.len()).unwrap();
+    let restored = rows(&b.decode(&head, &plan, Rows::Tail(head.len())).unwrap());
+    let fresh = rows(&s.session().decode(&head, &plan, Rows::Tail(head.len())).unwrap());
+    assert_close("a restored source against an encoded one", &restored, &fresh, 0.0);
+    assert!(b.restore(saved, saved.tokens.len()).is_err(), "restoring into a session holding tokens");
+    let mut c = s.model.session(&s.config).unwrap();
+    assert!(c.restore(saved, saved.tokens.len() - 1).is_err(), "a part of the source");
+}
+
 /// The conformance suite as tests: `conformance_tests!(name, subject)` in an engine's test
 /// file makes a module `name` of tests, where `subject` is a function returning a
 /// [`Subject`](crate::conformance::Subject).
@@ -286,6 +340,10 @@ macro_rules! conformance_tests {
             #[test]
             fn rejected_drafts_roll_back() {
                 $crate::conformance::rejected_drafts_roll_back(&super::$subject());
+            }
+            #[test]
+            fn a_restored_session_continues_as_the_saved_one() {
+                $crate::conformance::a_restored_session_continues_as_the_saved_one(&super::$subject());
             }
             #[test]
             fn bad_calls_are_refused_and_change_nothing() {

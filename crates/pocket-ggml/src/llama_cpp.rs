@@ -16,7 +16,7 @@ use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::spec::SpecMode;
 use pocket_core::{
     CacheKey, Error as CoreError, Footprint, KvType, LayerPlan, Logits, Model, ModelInfo, ModelKind, Rows,
-    Session, SessionConfig, Token, Tokenizer,
+    SavedState, Session, SessionConfig, Token, Tokenizer,
 };
 
 use crate::ffi::device::Device;
@@ -403,5 +403,44 @@ impl Session for LlamaCppSession {
 
     fn kv_bytes(&self) -> u64 {
         self.kv_bytes
+    }
+
+    fn save(&self) -> pocket_core::Result<Option<SavedState>> {
+        let data = self.ctx.save_sequence()?;
+        Ok(Some(SavedState { tokens: self.tokens.clone(), kv: self.config.kv, data }))
+    }
+
+    fn restore(&mut self, saved: &SavedState, len: usize) -> pocket_core::Result<()> {
+        if !self.tokens.is_empty() {
+            return Err(CoreError::invalid("only an empty session can be restored into"));
+        }
+        if saved.kv != self.config.kv || len > saved.tokens.len() {
+            return Err(CoreError::invalid(format!(
+                "a saved {} session of {} tokens cannot give {len} tokens to a {} one",
+                saved.kv,
+                saved.tokens.len(),
+                self.config.kv
+            )));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        pocket_core::check_decode(&saved.tokens, self.model.info.n_vocab, 0, self.config.n_ctx)?;
+        // The cache was allocated (and paid for) whole with the context: nothing to reserve.
+        if !self.ctx.load_sequence(&saved.data) {
+            self.ctx.clear();
+            return Err(CoreError::invalid(
+                "llama.cpp refused the saved state (another model or cache type)",
+            ));
+        }
+        if len < saved.tokens.len() && !self.ctx.remove_from(len) {
+            self.ctx.clear();
+            return Err(CoreError::Unsupported(format!(
+                "{} keeps a recurrent state, which can only be continued whole",
+                self.model.info.name
+            )));
+        }
+        self.tokens.extend_from_slice(&saved.tokens[..len]);
+        Ok(())
     }
 }

@@ -225,7 +225,8 @@ impl LoadedModel {
     /// What a session of it with `threads` threads and a `kv` cache parks its state under;
     /// `None` for a model whose measurements cannot be remembered (no file to key them).
     pub fn prefix_key(&self, threads: usize, kv: pocket_core::KvType) -> Option<PrefixKey> {
-        Some(PrefixKey { model: self.model.cache_key()?.clone(), threads, kv })
+        let whole = self.model.info().kind == pocket_core::ModelKind::EncoderDecoder;
+        Some(PrefixKey { model: self.model.cache_key()?.clone(), threads, kv, whole })
     }
 
     /// The model.

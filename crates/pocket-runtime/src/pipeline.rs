@@ -241,7 +241,7 @@ pub fn prepare(
     }
     let mut config = SessionConfig { n_ctx, ..request.session.clone() };
     // The parked session sharing the longest prefix, in the KV type asked for.
-    let cache = model.prompt_cache().filter(|_| request.prompt_cache && !seq2seq && !config.preallocate);
+    let cache = model.prompt_cache().filter(|_| request.prompt_cache && !config.preallocate);
     let mut adopted = cache.and_then(|c| {
         let key = model.prefix_key(config.threads, config.kv)?;
         c.adopt(&key, &tokens, request.cache_hint.as_deref())
@@ -342,7 +342,9 @@ pub fn run(
         }
     }
     let prompt = if seq2seq {
-        session.encode(&p.tokens)?;
+        if cached == 0 {
+            session.encode(&p.tokens)?;
+        }
         let begin = target.decoder_start().ok_or_else(|| {
             pocket_core::Error::engine(format!(
                 "{} is an encoder-decoder model without a decoder start",

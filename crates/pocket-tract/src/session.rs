@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use pocket_core::memory::{Ledger, Reservation};
-use pocket_core::{Error, LayerPlan, Logits, Result, Rows, Session, SessionConfig, Token};
+use pocket_core::{Error, LayerPlan, Logits, Result, Rows, SavedState, Session, SessionConfig, Token};
 use tract_linalg::multithread::{Executor, multithread_tract_scope};
 use tract_onnx::prelude::*;
 
@@ -212,5 +212,50 @@ impl Session for TractSession {
         // The decoder's own cache, what grows with the tokens held; the cross-attention K/V
         // of the source is held beside it, and the footprint counts it with the compute.
         TractSession::kv_bytes(self)
+    }
+
+    /// The encoded source: the encoder's output for it, which a request with the same source
+    /// takes instead of running the encoder again. (The decoder's cache is not kept: an
+    /// answer's beginning is short, and each request starts it anew.)
+    fn save(&self) -> Result<Option<SavedState>> {
+        let Some(source) = &self.source else { return Ok(None) };
+        let hidden =
+            source.hidden.try_as_plain_ram().and_then(|v| v.as_slice::<f32>()).map_err(Error::engine)?;
+        let data = hidden.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Ok(Some(SavedState { tokens: source.tokens.clone(), kv: self.config.kv, data }))
+    }
+
+    fn restore(&mut self, saved: &SavedState, len: usize) -> Result<()> {
+        if self.source.is_some() || !self.tokens.is_empty() {
+            return Err(Error::invalid("only an empty session can be restored into"));
+        }
+        let n = saved.tokens.len();
+        if len != n || n == 0 {
+            return Err(Error::invalid(format!(
+                "an encoder-decoder session takes a saved source whole ({n} tokens), not {len} of them"
+            )));
+        }
+        if n > self.config.n_ctx {
+            return Err(Error::ContextOverflow { needed: n, limit: self.config.n_ctx, prompt: n });
+        }
+        let floats: Vec<f32> =
+            saved.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let width = floats.len() / n;
+        if width == 0 || width * n * 4 != saved.data.len() {
+            return Err(Error::invalid(format!(
+                "a saved source of {} bytes is not {n} rows of f32",
+                saved.data.len()
+            )));
+        }
+        let hidden = tract_ndarray::Array3::from_shape_vec((1, n, width), floats)
+            .map_err(|e| Error::invalid(format!("a saved source of the wrong shape: {e}")))?;
+        self.cache = None;
+        self.charge_cache()?;
+        self.source = Some(Source {
+            tokens: saved.tokens.clone(),
+            mask: ones_mask(n),
+            hidden: hidden.into_tensor().into(),
+        });
+        Ok(())
     }
 }

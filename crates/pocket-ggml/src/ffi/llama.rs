@@ -310,6 +310,28 @@ impl LlamaContext {
         unsafe { sys::llama_memory_seq_rm(sys::llama_get_memory(self.ctx.as_ptr()), 0, pos as i32, -1) }
     }
 
+    /// The state of the sequence (its cache for every position held), as llama.cpp writes it.
+    pub(crate) fn save_sequence(&self) -> Result<Vec<u8>> {
+        // SAFETY: a live context; sequence 0 is the only one.
+        let size = unsafe { sys::llama_state_seq_get_size(self.ctx.as_ptr(), 0) };
+        let mut out = vec![0u8; size];
+        // SAFETY: `out` holds `size` writable bytes, the size llama.cpp asked for just above.
+        let written = unsafe { sys::llama_state_seq_get_data(self.ctx.as_ptr(), out.as_mut_ptr(), size, 0) };
+        if written == 0 && size > 0 {
+            return Err(Error::Ggml("llama.cpp could not copy the sequence's state".into()));
+        }
+        out.truncate(written);
+        Ok(out)
+    }
+
+    /// Make the sequence hold what [`LlamaContext::save_sequence`] copied out of a context of
+    /// the same model and cache type; false when llama.cpp refuses it (it checks the layout).
+    pub(crate) fn load_sequence(&mut self, state: &[u8]) -> bool {
+        // SAFETY: a live context; `state` is readable for its length, which llama.cpp parses
+        // with bounds checks against it.
+        unsafe { sys::llama_state_seq_set_data(self.ctx.as_ptr(), state.as_ptr(), state.len(), 0) > 0 }
+    }
+
     /// Forget the whole sequence.
     pub(crate) fn clear(&mut self) {
         // SAFETY: a live context and its memory.

@@ -19,7 +19,7 @@ use pocket_core::{SavedState, Token};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::{PrefixKey, common_prefix, lock};
+use super::{PrefixKey, lock};
 
 const MAGIC: &[u8; 8] = b"PKTPRFX\0";
 const VERSION: u32 = 1;
@@ -122,20 +122,19 @@ impl Disk {
         (l(&self.written), l(&self.read), l(&self.errors))
     }
 
-    /// The eligible file sharing the longest prefix with `tokens` (at most `usable` of them),
-    /// if that is longer than `better_than`.
+    /// The eligible file that gives a request the most tokens (`usable` of its tokens), if
+    /// that is more than `better_than`.
     pub(super) fn best(
         &self,
         eligible: &dyn Fn(&PrefixKey, Option<&str>) -> bool,
-        tokens: &[Token],
-        usable: usize,
+        usable: &dyn Fn(&[Token]) -> usize,
         better_than: usize,
     ) -> Option<(FileEntry, usize)> {
         let index = lock(&self.index);
         index
             .iter()
             .filter(|f| eligible(&f.key, f.hint.as_deref()))
-            .map(|f| (common_prefix(&f.tokens, tokens).min(usable), f))
+            .map(|f| (usable(&f.tokens), f))
             .filter(|(n, _)| *n > better_than)
             .max_by_key(|(n, _)| *n)
             .map(|(n, f)| (f.clone(), n))
@@ -343,7 +342,12 @@ mod tests {
             },
             threads: 2,
             kv: KvType::F16,
+            whole: false,
         }
+    }
+
+    fn usable(saved: &[Token], tokens: &[Token]) -> usize {
+        key().usable(saved, tokens)
     }
 
     fn options(dir: &Path) -> DiskOptions {
@@ -361,11 +365,14 @@ mod tests {
         let disk = Disk::open(options(dir.path()));
         assert_eq!(disk.counts().2, 1, "the stray file is ignored");
         let eligible = |k: &PrefixKey, h: Option<&str>| k == &key() && h == Some("alice");
-        let (file, len) = disk.best(&eligible, &[1, 2, 3, 9], 3, 0).unwrap();
+        let (file, len) = disk.best(&eligible, &|t| usable(t, &[1, 2, 3, 9]), 0).unwrap();
         assert_eq!(len, 3);
         assert_eq!(disk.read(&file).unwrap(), saved);
         let other = |k: &PrefixKey, _: Option<&str>| k.kv == KvType::Q8_0;
-        assert!(disk.best(&other, &[1, 2, 3, 9], 3, 0).is_none(), "another KV type never matches");
+        assert!(
+            disk.best(&other, &|t| usable(t, &[1, 2, 3, 9]), 0).is_none(),
+            "another KV type never matches"
+        );
 
         // One flipped byte in the data: refused, and forgotten.
         let path = fs::read_dir(dir.path())
@@ -378,7 +385,7 @@ mod tests {
         *bytes.last_mut().unwrap() ^= 1;
         fs::write(&path, bytes).unwrap();
         assert!(disk.read(&file).is_none());
-        assert!(disk.best(&eligible, &[1, 2, 3, 9], 3, 0).is_none());
+        assert!(disk.best(&eligible, &|t| usable(t, &[1, 2, 3, 9]), 0).is_none());
     }
 
     #[test]

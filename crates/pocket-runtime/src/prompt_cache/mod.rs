@@ -38,6 +38,22 @@ pub struct PrefixKey {
     pub threads: usize,
     /// Its KV type.
     pub kv: KvType,
+    /// The state is an encoder's output for a whole source: only the same source may use it
+    /// (a decoder's state serves any prompt it is a prefix of).
+    #[serde(default)]
+    pub whole: bool,
+}
+
+impl PrefixKey {
+    /// How many of `tokens` a state saved for `saved` gives a request: the common prefix,
+    /// leaving the last token to decode (whose logits the request needs); a whole source's
+    /// state gives all or nothing.
+    fn usable(&self, saved: &[Token], tokens: &[Token]) -> usize {
+        if self.whole {
+            return if saved == tokens { tokens.len() } else { 0 };
+        }
+        common_prefix(saved, tokens).min(tokens.len().saturating_sub(1))
+    }
 }
 
 /// A parked session's state, with its bytes reserved in the budget for as long as it lives
@@ -162,14 +178,13 @@ impl PromptCache {
     /// shares a token. The match leaves at least the last token to decode, whose logits the
     /// request needs.
     pub fn adopt(&self, key: &PrefixKey, tokens: &[Token], hint: Option<&str>) -> Option<Adoption> {
-        let usable = tokens.len().saturating_sub(1);
         let eligible = |k: &PrefixKey, h: Option<&str>| k == key && (hint.is_none() || h == hint);
         let in_memory = {
             let mut entries = lock(&self.entries);
             let best = entries
                 .iter_mut()
                 .filter(|e| eligible(&e.key, e.hint.as_deref()))
-                .map(|e| (common_prefix(&e.parked.saved.tokens, tokens).min(usable), e))
+                .map(|e| (key.usable(&e.parked.saved.tokens, tokens), e))
                 .filter(|(n, _)| *n > 0)
                 .max_by_key(|(n, e)| (*n, e.last_used));
             best.map(|(len, e)| {
@@ -179,7 +194,7 @@ impl PromptCache {
         };
         let from_disk = self.disk.as_ref().and_then(|disk| {
             let better_than = in_memory.as_ref().map_or(0, |a| a.len);
-            let (file, len) = disk.best(&eligible, tokens, usable, better_than)?;
+            let (file, len) = disk.best(&eligible, &|saved| key.usable(saved, tokens), better_than)?;
             let parked = self.read_back(disk, &file)?;
             Some(Adoption { parked, len })
         });
@@ -266,10 +281,10 @@ impl PromptCache {
     /// `tokens` holds everything they do.
     fn supersede(&self, key: &PrefixKey, hint: Option<&str>, tokens: &[Token]) {
         lock(&self.entries).retain(|e| {
+            let saved = &e.parked.saved.tokens;
             let superseded = &e.key == key
                 && e.hint.as_deref() == hint
-                && e.parked.saved.tokens.len() <= tokens.len()
-                && tokens.starts_with(&e.parked.saved.tokens);
+                && if key.whole { saved == tokens } else { tokens.starts_with(saved) };
             !superseded
         });
     }
@@ -395,6 +410,7 @@ mod tests {
             },
             threads: 2,
             kv,
+            whole: false,
         }
     }
 
