@@ -341,6 +341,9 @@ pub fn run(
             Err(e) => tracing::warn!(model = %info.name, "cannot continue a parked session: {e}"),
         }
     }
+    if let (Some(cache), Some(_)) = (model.prompt_cache(), &p.park) {
+        cache.record(cached);
+    }
     let prompt = if seq2seq {
         if cached == 0 {
             session.encode(&p.tokens)?;

@@ -198,17 +198,19 @@ impl PromptCache {
             let parked = self.read_back(disk, &file)?;
             Some(Adoption { parked, len })
         });
-        let adoption = from_disk.or(in_memory);
-        match &adoption {
-            Some(a) => {
-                self.counters.hits.fetch_add(1, Ordering::Relaxed);
-                self.counters.reused_tokens.fetch_add(a.len as u64, Ordering::Relaxed);
-            }
-            None => {
-                self.counters.misses.fetch_add(1, Ordering::Relaxed);
-            }
+        from_disk.or(in_memory)
+    }
+
+    /// Count a request that used the cache: `reused` of its prompt tokens came from a parked
+    /// prefix (0: a miss). Counted when the session is restored, not when a plan is tried.
+    pub fn record(&self, reused: usize) {
+        let c = &self.counters;
+        if reused > 0 {
+            c.hits.fetch_add(1, Ordering::Relaxed);
+            c.reused_tokens.fetch_add(reused as u64, Ordering::Relaxed);
+        } else {
+            c.misses.fetch_add(1, Ordering::Relaxed);
         }
-        adoption
     }
 
     /// Read a file back from disk into memory (paying for it first), as a parked entry.
@@ -424,6 +426,8 @@ mod tests {
         let k = key(KvType::F16);
         cache.park(k.clone(), saved(&[1, 2, 3], 10), None);
         cache.park(k.clone(), saved(&[1, 2, 9, 9, 9], 10), None);
+        cache.record(4);
+        cache.record(0);
         let a = cache.adopt(&k, &[1, 2, 9, 9, 4], None).unwrap();
         assert_eq!((a.len, a.parked.saved.tokens.len()), (4, 5));
         // The whole prompt matches: the last token is left to decode.
@@ -432,7 +436,7 @@ mod tests {
         assert!(cache.adopt(&k, &[5, 6], None).is_none());
         assert!(cache.adopt(&key(KvType::Q8_0), &[1, 2, 3, 4], None).is_none(), "another KV type");
         let s = cache.stats();
-        assert_eq!((s.hits, s.misses, s.reused_tokens), (2, 2, 6));
+        assert_eq!((s.hits, s.misses, s.reused_tokens), (1, 1, 4));
     }
 
     #[test]
