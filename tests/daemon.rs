@@ -829,3 +829,45 @@ fn the_daemon_learns_while_idle_gives_way_to_requests_and_auto_uses_what_it_lear
     // And it was remembered where the daemon keeps its cache.
     assert_eq!(std::fs::read_dir(d.dir.path().join("cache")).unwrap().count(), 1);
 }
+
+#[test]
+fn pocket_bench_replays_a_conversation_with_and_without_the_prompt_cache() {
+    let d = Daemon::start(Setup::default());
+    let (cache, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let workload = work.path().join("conversations.jsonl");
+    let line = json!({"id": "two-turns", "kind": "conversation", "system": "You are brief.",
+                      "turns": ["Name a colour.", "Name another one."], "max_tokens": 8});
+    std::fs::write(&workload, format!("{line}\n")).unwrap();
+    let served = d.dir.path().join("models/smollm2.gguf");
+    let results = work.path().join("bench.json");
+    let o = pocket(
+        cache.path(),
+        &[
+            "bench",
+            "-m",
+            served.to_str().unwrap(),
+            "--socket",
+            d.socket.to_str().unwrap(),
+            "--prompts",
+            workload.to_str().unwrap(),
+            "--json",
+            results.to_str().unwrap(),
+        ],
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("conversations replayed"), "{o:?}");
+    let bench: Value = serde_json::from_slice(&std::fs::read(&results).unwrap()).unwrap();
+    let c = &bench["conversations"];
+    assert_eq!(c["modes"], json!(["no-cache", "cache"]));
+    let turns = c["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 4, "{c}");
+    let turn = |mode: &str, n: u64| turns.iter().find(|t| t["mode"] == mode && t["turn"] == n).unwrap();
+    for mode in ["no-cache", "cache"] {
+        assert_eq!(turn(mode, 1)["cached_tokens"], 0, "{mode} starts cold: {c}");
+    }
+    assert!(turn("cache", 2)["cached_tokens"].as_u64().unwrap() > 0, "{c}");
+    assert_eq!(turn("no-cache", 2)["cached_tokens"], 0, "{c}");
+    assert_eq!(turn("cache", 2)["prompt_tokens"], turn("no-cache", 2)["prompt_tokens"]);
+    assert_eq!(turn("cache", 2)["output_sha256"], turn("no-cache", 2)["output_sha256"]);
+    assert!(turns.iter().all(|t| t["identical_to_vanilla"] == true), "{c}");
+    assert!(bench["runs"].as_array().unwrap().is_empty(), "nothing ran in process");
+}

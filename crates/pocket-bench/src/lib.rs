@@ -13,8 +13,10 @@
 //! the transport are in the figures, and the report shows the gap to the same mode in
 //! process. Each run is timed the same way in every mode (prefill: prompt tokens over the time
 //! to the first token; decode: tokens after the first over the time after the first) and
-//! measured for memory. The [`results`] document follows `shared/bench/README.md`; [`report`]
-//! prints it as a table and [`chart`] draws it.
+//! measured for memory. A workload's conversations are replayed turn by turn through pocketd,
+//! with its prompt cache and without ([`conversation`]; [`suite::run_workload`] runs both
+//! kinds). The [`results`] document follows `shared/bench/README.md`; [`report`] prints it as
+//! a table and [`chart`] draws it.
 //!
 //! ```no_run
 //! use pocket_bench::{self as bench, BenchConfig, Mode};
@@ -32,6 +34,7 @@ use std::path::PathBuf;
 
 pub mod chart;
 pub mod compare;
+pub mod conversation;
 mod machine;
 pub mod modes;
 pub mod report;
@@ -43,7 +46,7 @@ pub mod workload;
 pub use modes::{Mode, RunMode, RunOutput, Runner};
 pub use results::BenchResults;
 pub use suite::{BenchConfig, Progress, Start};
-pub use workload::{Kind, Prompt, PromptInput, WorkloadError};
+pub use workload::{Conversation, Kind, Prompt, PromptInput, Workload, WorkloadError};
 
 /// What can go wrong running a benchmark.
 #[derive(Debug, thiserror::Error)]

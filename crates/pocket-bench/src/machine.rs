@@ -46,6 +46,18 @@ pub(crate) fn sha256_model(path: &Path) -> Result<String, Error> {
     Ok(hex(&hasher.finalize()))
 }
 
+/// Bytes of the model at `path`: the file, or the files of a model directory (ONNX); 0 where
+/// they cannot be read.
+pub(crate) fn model_bytes(path: &Path) -> u64 {
+    if !path.is_dir() {
+        return std::fs::metadata(path).map_or(0, |m| m.len());
+    }
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return 0;
+    };
+    entries.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
+}
+
 /// The sha256 of the file at `path`, hex.
 pub(crate) fn sha256_file(path: &Path) -> Result<String, Error> {
     let io = |error| Error::Io { action: "hash the model file", path: path.to_owned(), error };

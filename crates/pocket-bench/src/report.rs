@@ -2,17 +2,18 @@
 
 use std::fmt::Write;
 
-use super::results::BenchResults;
+use super::results::{BenchResults, ConversationResults};
 
 /// The results as text: a header, the cost curve, one row per mode (median decode and
-/// prefill tok/s, each with its ratio to llama.cpp, identical output, peak RSS), and decode
-/// tok/s per prompt kind.
+/// prefill tok/s, each with its ratio to llama.cpp, identical output, peak RSS), decode
+/// tok/s per prompt kind, and the replayed conversations: a row per turn and mode, then per
+/// conversation and mode.
 pub fn table(r: &BenchResults) -> String {
     let mut out = String::new();
     let sha = short_sha(&r.model.file_sha256);
     let _ = writeln!(
         out,
-        "model {} (sha256 {sha}…, {}), kv {}, {} threads on {} ({}{}), kernels {}",
+        "model {} (sha256 {sha}…, {}), kv {}, {} threads on {} ({}{}){}",
         r.model.name,
         mib(r.model.weights_bytes),
         r.settings.kv,
@@ -20,7 +21,12 @@ pub fn table(r: &BenchResults) -> String {
         r.machine.backend,
         r.machine.cpu,
         r.machine.arch.as_deref().map(|a| format!(" {a}")).unwrap_or_default(),
-        r.machine.kernels.as_deref().unwrap_or("ggml"),
+        // Kernels are those of this process's runs; with none, there is nothing to say.
+        if r.runs.is_empty() {
+            String::new()
+        } else {
+            format!(", kernels {}", r.machine.kernels.as_deref().unwrap_or("ggml"))
+        },
     );
     let _ = writeln!(
         out,
@@ -33,7 +39,11 @@ pub fn table(r: &BenchResults) -> String {
         r.settings
             .socket
             .as_deref()
-            .map(|s| format!("; socket: modes through pocketd at {s}"))
+            .map(|s| if r.conversations.is_some() {
+                format!("; pocketd at {s}")
+            } else {
+                format!("; socket: modes through pocketd at {s}")
+            })
             .unwrap_or_default()
     );
     let curve = |points: &[super::results::CostPoint]| -> String {
@@ -62,6 +72,21 @@ pub fn table(r: &BenchResults) -> String {
     }
     let _ = writeln!(out);
 
+    if !r.runs.is_empty() {
+        modes_table(&mut out, r);
+    }
+    if let Some(c) = &r.conversations {
+        conversations_table(&mut out, c, r.settings.socket.as_deref());
+    }
+    if let Some(warning) = contention_warning(r) {
+        let _ = writeln!(out, "{warning}");
+    }
+    out
+}
+
+/// One row per mode, the comparisons with naive modes and with the same modes in process,
+/// and decode tok/s per prompt kind.
+fn modes_table(out: &mut String, r: &BenchResults) {
     let header = [
         "mode",
         "runs",
@@ -100,7 +125,7 @@ pub fn table(r: &BenchResults) -> String {
             if s.peak_rss_bytes_max == 0 { "-".into() } else { mib(s.peak_rss_bytes_max) },
         ]);
     }
-    write_rows(&mut out, &rows);
+    write_rows(out, &rows);
 
     let against_naive: Vec<String> = modes
         .iter()
@@ -167,14 +192,131 @@ pub fn table(r: &BenchResults) -> String {
             }
             rows.push(row);
         }
-        write_rows(&mut out, &rows);
+        write_rows(out, &rows);
     }
     let _ =
         writeln!(out, "\nratios are medians of per-prompt ratios; decode counts the tokens after the first");
-    if let Some(warning) = contention_warning(r) {
-        let _ = writeln!(out, "{warning}");
+}
+
+/// The replayed conversations: a row per turn and mode (prompt and cached tokens, time to
+/// first token, decode tok/s, identical to the reference), then per conversation and mode the
+/// growth of the time to first token and the share of prompt tokens reused, with medians over
+/// all conversations.
+fn conversations_table(out: &mut String, c: &ConversationResults, socket: Option<&str>) {
+    let reference = c.modes.first().map_or("-", String::as_str);
+    let others: Vec<&str> = c.modes.iter().skip(1).map(String::as_str).collect();
+    let _ = writeln!(
+        out,
+        "conversations replayed turn by turn through pocketd{}, spec {}{}: modes {} (the reference) and {}, \
+         alternating per turn",
+        socket.map(|s| format!(" at {s}")).unwrap_or_default(),
+        c.spec,
+        c.draft_model.as_deref().map(|d| format!(" ({d})")).unwrap_or_default(),
+        reference,
+        others.join(", "),
+    );
+    let rounds = c.turns.iter().any(|t| t.round > 0);
+    let mut header = vec!["conversation"];
+    if rounds {
+        header.push("round");
     }
-    out
+    header.extend([
+        "turn",
+        "mode",
+        "prompt tok",
+        "cached",
+        "TTFT ms",
+        "prefill ms",
+        "decode tok/s",
+        "generated",
+        "identical",
+    ]);
+    // Names left-aligned, up to the mode.
+    let left = header.iter().position(|h| *h == "mode").map_or(1, |m| m + 1);
+    let mut rows = vec![header.into_iter().map(String::from).collect::<Vec<_>>()];
+    for t in &c.turns {
+        let mut row = vec![t.conversation_id.clone()];
+        if rounds {
+            row.push(t.round.to_string());
+        }
+        row.extend([
+            t.turn.to_string(),
+            t.mode.clone(),
+            t.prompt_tokens.to_string(),
+            t.cached_tokens.to_string(),
+            format!("{:.1}", t.ttft_ms),
+            format!("{:.1}", t.prefill_ms),
+            num(t.decode_tok_per_s, 1),
+            t.generated_tokens.to_string(),
+            identical(t.identical_to_vanilla, t.diverges_at),
+        ]);
+        rows.push(row);
+    }
+    write_rows_left(out, &rows, left);
+
+    let _ = writeln!(out, "\nper conversation: the last turn's TTFT over the first's and the second's");
+    let mut header = vec!["conversation"];
+    if rounds {
+        header.push("round");
+    }
+    header.extend(["mode", "turns", "last/first", "last/second", "reused", "identical"]);
+    // Names left-aligned, up to the mode.
+    let left = header.iter().position(|h| *h == "mode").map_or(1, |m| m + 1);
+    let mut rows = vec![header.into_iter().map(String::from).collect::<Vec<_>>()];
+    for s in &c.by_conversation {
+        let mut row = vec![s.conversation_id.clone()];
+        if rounds {
+            row.push(s.round.to_string());
+        }
+        row.extend([
+            s.mode.clone(),
+            s.turns.to_string(),
+            ratio(s.ttft_last_over_first),
+            ratio(s.ttft_last_over_second),
+            percent(s.reused_share),
+            identical(s.all_identical, None),
+        ]);
+        rows.push(row);
+    }
+    for mode in &c.modes {
+        let Some(s) = c.summary.get(mode) else {
+            continue;
+        };
+        let mut row = vec!["all (medians)".to_string()];
+        if rounds {
+            row.push(String::new());
+        }
+        row.extend([
+            mode.clone(),
+            s.turns.to_string(),
+            ratio(s.ttft_last_over_first_median),
+            ratio(s.ttft_last_over_second_median),
+            percent(s.reused_share),
+            identical(s.all_identical, None),
+        ]);
+        rows.push(row);
+    }
+    write_rows_left(out, &rows, left);
+    let _ = writeln!(
+        out,
+        "\nTTFT: from sending a turn's request until its first text arrived; prefill: pocketd's own time to the \
+         first token; reused: cached prompt tokens over all prompt tokens; identical: the same tokens as \
+         {reference} at that turn (each mode answers from its own history)"
+    );
+}
+
+/// `yes`, `NO` (with where it diverges when known) or `-`.
+fn identical(identical: Option<bool>, diverges_at: Option<usize>) -> String {
+    match (identical, diverges_at) {
+        (Some(true), _) => "yes".into(),
+        (Some(false), Some(at)) => format!("NO (token {at})"),
+        (Some(false), None) => "NO".into(),
+        (None, _) => "-".into(),
+    }
+}
+
+fn percent(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{:.1}%", v * 100.0))
 }
 
 /// A warning when other processes competed for the CPU during the runs.
@@ -196,6 +338,12 @@ fn contention_warning(r: &BenchResults) -> Option<String> {
 
 /// Columns padded to their widest cell: the first left-aligned, the rest right-aligned.
 pub(super) fn write_rows(out: &mut String, rows: &[Vec<String>]) {
+    write_rows_left(out, rows, 1);
+}
+
+/// Columns padded to their widest cell: the first `left` left-aligned (names), the rest
+/// right-aligned (numbers).
+fn write_rows_left(out: &mut String, rows: &[Vec<String>], left: usize) {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
@@ -203,10 +351,11 @@ pub(super) fn write_rows(out: &mut String, rows: &[Vec<String>]) {
     for row in rows {
         let mut line = String::new();
         for (c, cell) in row.iter().enumerate() {
-            if c == 0 {
-                let _ = write!(line, "{cell:<w$}", w = widths[c]);
+            let sep = if c == 0 { "" } else { "  " };
+            if c < left {
+                let _ = write!(line, "{sep}{cell:<w$}", w = widths[c]);
             } else {
-                let _ = write!(line, "  {cell:>w$}", w = widths[c]);
+                let _ = write!(line, "{sep}{cell:>w$}", w = widths[c]);
             }
         }
         let _ = writeln!(out, "{}", line.trim_end());
@@ -233,7 +382,7 @@ pub(super) fn mib(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::tests::sample;
+    use crate::results::tests::{sample, sample_with_conversations};
 
     #[test]
     fn the_table_has_a_row_per_mode_in_run_order() {
@@ -254,5 +403,28 @@ mod tests {
         busy.runs[1].other_cpu_cores = Some(1.5);
         let text = table(&busy);
         assert!(text.contains("during 1 of 4 runs (median 0.00, up to 1.50 cores)"), "{text}");
+    }
+
+    #[test]
+    fn conversations_get_a_row_per_turn_and_a_summary_per_conversation() {
+        let text = table(&sample_with_conversations());
+        assert!(text.contains("modes no-cache (the reference) and cache"), "{text}");
+        // The cells of the first row that starts with `words`.
+        let row = |words: &str| -> Vec<&str> {
+            let words: Vec<&str> = words.split(' ').collect();
+            let mut rows = text.lines().map(|l| l.split_whitespace().collect::<Vec<_>>());
+            rows.find(|cells| cells.starts_with(&words))
+                .unwrap_or_else(|| panic!("no row {words:?} in\n{text}"))
+        };
+        // Conversation a, turn 3, with the cache: 160 prompt tokens, 150 cached, 60 ms.
+        assert_eq!(row("a 3 cache"), ["a", "3", "cache", "160", "150", "60.0", "30.0", "103.0", "8", "yes"]);
+        assert_eq!(row("a no-cache"), ["a", "no-cache", "3", "3.00x", "1.50x", "0.0%", "yes"]);
+        assert_eq!(row("a cache"), ["a", "cache", "3", "0.60x", "1.20x", "80.0%", "yes"]);
+        assert_eq!(
+            row("all (medians) cache"),
+            ["all", "(medians)", "cache", "6", "0.60x", "1.20x", "80.0%", "yes"]
+        );
+        // The prompts' table is still there, before.
+        assert!(text.find("by kind").unwrap() < text.find("conversations replayed").unwrap(), "{text}");
     }
 }

@@ -29,6 +29,11 @@ pub struct BenchResults {
     pub runs: Vec<RunRecord>,
     /// Per mode (by name).
     pub summary: BTreeMap<String, ModeSummary>,
+    /// The workload's conversations, replayed turn by turn through pocketd with and without
+    /// its prompt cache; absent when the workload had none (and in results written before
+    /// there were any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversations: Option<ConversationResults>,
 }
 
 impl BenchResults {
@@ -264,6 +269,119 @@ pub struct KindSummary {
     pub speedup_vs_same_weights: Option<f64>,
 }
 
+/// Conversations replayed turn by turn through pocketd, in each of [`Self::modes`]
+/// (`shared/bench/README.md`, "Conversations"). Each mode answers from its own history, so
+/// that it is replayed as a chat app would replay it; `identical_to_vanilla` says, per turn,
+/// whether a mode's answer equals the reference mode's, and so whether the histories of the
+/// turns after it are still the same.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConversationResults {
+    /// The modes, in the order every turn ran in them; the first (`no-cache`) is the reference
+    /// that `identical_to_vanilla` compares with.
+    pub modes: Vec<String>,
+    /// The speculation every request asked for (`off`, `auto`, ...).
+    pub spec: String,
+    /// The draft model every request named, for `draft`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<String>,
+    /// CPU threads pocketd generates on, as its status says.
+    #[serde(default)]
+    pub daemon_threads: Option<usize>,
+    /// Every turn in every mode, in the order they ran (modes alternating per turn).
+    pub turns: Vec<TurnRecord>,
+    /// Per conversation, mode and round, in the order they ran.
+    pub by_conversation: Vec<ConversationSummary>,
+    /// Per mode (by name), over every conversation and round.
+    pub summary: BTreeMap<String, ConversationModeSummary>,
+}
+
+/// One turn of a conversation in one mode: one streamed chat request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnRecord {
+    /// The mode (`cache`, `no-cache`).
+    pub mode: String,
+    /// The conversation's id.
+    pub conversation_id: String,
+    /// Which pass over the workload (0-based).
+    pub round: usize,
+    /// The turn, 1-based.
+    pub turn: usize,
+    /// Tokens of the request's prompt (the whole history, chat template applied).
+    pub prompt_tokens: usize,
+    /// Of those, the tokens continued from the prompt cache instead of being prefilled.
+    pub cached_tokens: usize,
+    /// Tokens generated (the end token not counted).
+    pub generated_tokens: usize,
+    /// Time to first token, seen by the client: from sending the request until its first text
+    /// arrived (until the stream ended, for an answer without text), in milliseconds.
+    pub ttft_ms: f64,
+    /// pocketd's own time from the start of generation to the first token (no queue, no
+    /// transport), in milliseconds.
+    pub prefill_ms: f64,
+    /// Tokens after the first over the time from the first text to the last, seen by the
+    /// client; `null` when fewer than two tokens were generated.
+    pub decode_tok_per_s: Option<f64>,
+    /// sha256 of the generated token ids as little-endian u32s, hex.
+    pub output_sha256: String,
+    /// Whether the generated tokens equal the reference mode's for the same turn (true for
+    /// the reference itself); `null` when the reference did not run.
+    pub identical_to_vanilla: Option<bool>,
+    /// Index of the first generated token that differs from the reference's; `null` when
+    /// identical or without the reference.
+    pub diverges_at: Option<usize>,
+}
+
+/// One conversation replayed in one mode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConversationSummary {
+    /// The mode.
+    pub mode: String,
+    /// The conversation's id.
+    pub conversation_id: String,
+    /// Which pass over the workload (0-based).
+    pub round: usize,
+    /// Turns replayed.
+    pub turns: usize,
+    /// Prompt tokens over all turns.
+    pub prompt_tokens: usize,
+    /// Cached (reused) prompt tokens over all turns.
+    pub cached_tokens: usize,
+    /// `cached_tokens / prompt_tokens`; `null` without prompt tokens.
+    pub reused_share: Option<f64>,
+    /// The last turn's time to first token over the first's; `null` with fewer than two
+    /// turns. The first turn is prefilled whole in every mode, so this is how much longer a
+    /// user waits at the end of the conversation than at its start.
+    pub ttft_last_over_first: Option<f64>,
+    /// The last turn's time to first token over the second's: as above, from the first turn
+    /// that could be continued from the cache (and after any first-request costs of the
+    /// daemon); `null` with fewer than three turns.
+    pub ttft_last_over_second: Option<f64>,
+    /// Whether every turn's answer equals the reference mode's; `null` without it.
+    pub all_identical: Option<bool>,
+}
+
+/// One mode over every conversation and round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConversationModeSummary {
+    /// Conversations replayed (each round counts).
+    pub conversations: usize,
+    /// Turns replayed.
+    pub turns: usize,
+    /// Cached (reused) prompt tokens over all prompt tokens of every turn; `null` without
+    /// prompt tokens.
+    pub reused_share: Option<f64>,
+    /// Median over conversations of the last turn's time to first token over the first's.
+    pub ttft_last_over_first_median: Option<f64>,
+    /// Median over conversations of the last turn's time to first token over the second's.
+    pub ttft_last_over_second_median: Option<f64>,
+    /// Median time to first token over every turn, in milliseconds.
+    pub ttft_ms_median: Option<f64>,
+    /// Median decode tok/s over the turns that had a decode phase.
+    pub decode_tok_per_s_median: Option<f64>,
+    /// Whether every turn's answer equals the reference mode's; `null` without it.
+    pub all_identical: Option<bool>,
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use serde_json::Value;
@@ -318,6 +436,7 @@ pub(crate) mod tests {
             cost_curves_by_weights: BTreeMap::new(),
             runs,
             summary,
+            conversations: None,
         }
     }
 
@@ -403,6 +522,64 @@ pub(crate) mod tests {
         let back: BenchResults = serde_json::from_str(&text).unwrap();
         assert_eq!((&back.machine, &back.model, &back.settings), (&r.machine, &r.model, &r.settings));
         assert_eq!(back.runs, r.runs);
+    }
+
+    /// [`sample`] with replayed conversations.
+    pub(crate) fn sample_with_conversations() -> BenchResults {
+        use crate::conversation::summary::{compare_turns, summarize, tests::sample_turns};
+        let mut turns = sample_turns();
+        let outputs = vec![vec![7, 8]; turns.len()];
+        compare_turns(&mut turns, &outputs, "no-cache");
+        let modes = vec!["no-cache".to_string(), "cache".to_string()];
+        let (by_conversation, summary) = summarize(&turns, &modes);
+        BenchResults {
+            conversations: Some(ConversationResults {
+                modes,
+                spec: "off".into(),
+                draft_model: None,
+                daemon_threads: Some(2),
+                turns,
+                by_conversation,
+                summary,
+            }),
+            ..sample()
+        }
+    }
+
+    #[test]
+    fn conversations_round_trip_and_older_results_without_them_load() {
+        let r = sample_with_conversations();
+        let v = serde_json::to_value(&r).unwrap();
+        let c = &v["conversations"];
+        has_all(c, &["modes", "spec", "turns", "by_conversation", "summary"]);
+        has_all(
+            &c["turns"][0],
+            &[
+                "mode",
+                "conversation_id",
+                "turn",
+                "prompt_tokens",
+                "cached_tokens",
+                "ttft_ms",
+                "prefill_ms",
+                "decode_tok_per_s",
+                "generated_tokens",
+                "identical_to_vanilla",
+            ],
+        );
+        has_all(
+            &c["summary"]["cache"],
+            &["reused_share", "ttft_last_over_first_median", "ttft_last_over_second_median"],
+        );
+        let back: BenchResults = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+
+        // Written before conversations were replayed: no such field, and none written back.
+        let mut v = serde_json::to_value(sample()).unwrap();
+        assert!(v.get("conversations").is_none());
+        v.as_object_mut().unwrap().remove("conversations");
+        let back: BenchResults = serde_json::from_value(v).unwrap();
+        assert_eq!(back.conversations, None);
     }
 
     #[test]

@@ -16,12 +16,12 @@ use pocket_runtime::process::{CpuTimes, MemStats, budget_ledger, reset_peak};
 use pocket_runtime::{LoadedModel, OpenOptions};
 use serde::{Deserialize, Serialize};
 
-use super::Error;
-use super::machine::{cpu_name, settle, sha256_model, sha256_tokens, wait_for_quiet};
+use super::machine::{cpu_name, model_bytes, settle, sha256_model, sha256_tokens, wait_for_quiet};
 use super::modes::{self, Mode, PromptRun, RunMode, RunOutput, Runner, RunnerContext};
-use super::results::{BenchModel, BenchResults, Machine, RunRecord, Settings};
+use super::results::{BenchModel, BenchResults, Machine, RunRecord, Settings, TurnRecord};
 use super::summary::{compare_outputs, summarize};
-use super::workload::{Prompt, PromptInput};
+use super::workload::{Prompt, PromptInput, Workload};
+use super::{Error, conversation};
 
 /// The context length is rounded up to a multiple of this, for both engines alike.
 const CTX_ROUND: usize = 256;
@@ -30,7 +30,7 @@ const CTX_ROUND: usize = 256;
 const SETTLE_MAX: Duration = Duration::from_secs(2);
 
 /// Longest wait, after a run through pocketd, for the daemon's threads to go idle.
-const DAEMON_SETTLE_MAX: Duration = Duration::from_millis(500);
+pub(crate) const DAEMON_SETTLE_MAX: Duration = Duration::from_millis(500);
 
 /// Most tokens a warm-up run generates.
 const WARMUP_TOKENS: usize = 16;
@@ -100,8 +100,11 @@ pub struct BenchConfig {
     /// The context every session may hold; `None`: the longest prompt and its generation,
     /// rounded up. `naive:` modes hold all of it from the start.
     pub n_ctx: Option<usize>,
-    /// pocketd's socket, for `socket:` modes.
+    /// pocketd's socket, for `socket:` modes and for replaying conversations.
     pub socket: Option<PathBuf>,
+    /// The speculation conversations are replayed with (`vanilla`: none, `spec: off`); one of
+    /// our engine's modes.
+    pub conversation_mode: Mode,
 }
 
 impl BenchConfig {
@@ -127,6 +130,7 @@ impl BenchConfig {
             memory_budget: None,
             n_ctx: None,
             socket: None,
+            conversation_mode: Mode::Vanilla,
         }
     }
 }
@@ -170,6 +174,15 @@ pub enum Progress<'a> {
         /// Its record.
         record: &'a RunRecord,
     },
+    /// A turn of a replayed conversation finished.
+    Turn {
+        /// 1-based index of the turn among all turns of all modes.
+        index: usize,
+        /// Turns in all.
+        of: usize,
+        /// Its record.
+        record: &'a TurnRecord,
+    },
 }
 
 /// Our engine's model in one weight format.
@@ -191,6 +204,93 @@ impl Prepared<'_> {
     fn run(&self, max_tokens: usize) -> PromptRun<'_> {
         PromptRun { input: &self.prompt.input, tokens: &self.tokens, max_tokens }
     }
+}
+
+/// Run the benchmark of `config` on a whole workload: its prompts in every mode, as [`run`]
+/// does, then its conversations replayed through pocketd ([`conversation::replay`]). A
+/// workload of conversations only runs nothing in this process — the model is not opened
+/// here and no cost curve is measured — so its results record the model file, this machine
+/// (`backend: pocketd`) and the conversations.
+pub fn run_workload(
+    config: &BenchConfig,
+    workload: &Workload,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<BenchResults, Error> {
+    let conversations = &workload.conversations;
+    if workload.prompts.is_empty() && conversations.is_empty() {
+        return Err(Error::Invalid("the workload has no prompts or conversations".into()));
+    }
+    if !conversations.is_empty() {
+        // Before the prompts run, not after.
+        if config.socket.is_none() {
+            return Err(Error::Invalid(format!(
+                "the workload's {} conversations are replayed through pocketd: give its socket (--socket PATH)",
+                conversations.len()
+            )));
+        }
+        conversation::check(config)?;
+    }
+    let mut results = if workload.prompts.is_empty() {
+        daemon_only(config)?
+    } else {
+        run(config, &workload.prompts, progress)?
+    };
+    if !conversations.is_empty() {
+        let replayed = conversation::replay(config, conversations, progress)?;
+        if workload.prompts.is_empty() {
+            results.machine.threads = replayed.daemon_threads.unwrap_or(config.threads);
+        }
+        results.settings.socket = config.socket.as_ref().map(|s| s.display().to_string());
+        results.conversations = Some(replayed);
+    }
+    Ok(results)
+}
+
+/// The results document of a benchmark that runs nothing in this process: the model file and
+/// the machine, no runs yet.
+fn daemon_only(config: &BenchConfig) -> Result<BenchResults, Error> {
+    let file_sha256 = match &config.file_sha256 {
+        Some(sha) => sha.clone(),
+        None => sha256_model(&config.model_path)?,
+    };
+    Ok(BenchResults {
+        pocket_version: env!("CARGO_PKG_VERSION").to_owned(),
+        machine: Machine {
+            cpu: cpu_name(),
+            arch: Some(std::env::consts::ARCH.to_owned()),
+            threads: config.threads,
+            // The device is pocketd's own choice, which it does not report.
+            backend: "pocketd".to_owned(),
+            kernels: None,
+        },
+        model: BenchModel {
+            name: config.model_name.clone(),
+            file_sha256,
+            weights_bytes: model_bytes(&config.model_path),
+            engine: None,
+        },
+        settings: Settings {
+            kv: config.kv.name().to_owned(),
+            memory_budget_bytes: None,
+            seed: 0,
+            greedy: true,
+            // pocketd sizes each request's context itself.
+            n_ctx: 0,
+            n_batch: config.n_batch,
+            max_tokens_cap: config.max_tokens_cap,
+            workload: config.workload.clone(),
+            cost_curve_context: 0,
+            cost_curve_repetitions: 0,
+            rounds: config.rounds,
+            start: Some(config.start),
+            socket: None,
+        },
+        cost_curve: Vec::new(),
+        cost_curves_by_weights: BTreeMap::new(),
+        runs: Vec::new(),
+        summary: BTreeMap::new(),
+        conversations: None,
+    })
 }
 
 /// Run the benchmark of `config` on `prompts`.
@@ -300,9 +400,13 @@ pub fn run(
         }
     }
     if let Some(socket) = config.socket.as_deref().filter(|_| through_daemon) {
-        let daemon =
-            modes::SocketRunner::check_daemon(socket, &config.model_name, config.threads, config.start)?;
-        if let Some(seconds) = daemon {
+        let daemon = modes::SocketRunner::check_daemon(
+            socket,
+            &config.model_name,
+            Some(config.threads),
+            config.start,
+        )?;
+        if let Some(seconds) = daemon.reloaded {
             progress(Progress::DaemonReloaded { seconds });
         }
     }
@@ -418,6 +522,7 @@ pub fn run(
         cost_curves_by_weights,
         runs,
         summary,
+        conversations: None,
     })
 }
 

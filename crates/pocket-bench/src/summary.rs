@@ -44,13 +44,18 @@ pub fn compare_outputs(runs: &mut [RunRecord], outputs: &[Vec<u32>]) {
         let Some(&v) = reference else {
             continue;
         };
-        let (own, reference) = (&outputs[i], &outputs[v]);
-        let diverges_at = (own != reference).then(|| {
-            own.iter().zip(reference).position(|(a, b)| a != b).unwrap_or(own.len().min(reference.len()))
-        });
+        let diverges_at = diverges_at(&outputs[i], &outputs[v]);
         runs[i].identical_to_vanilla = Some(diverges_at.is_none());
         runs[i].diverges_at = diverges_at;
     }
+}
+
+/// Index of the first token where `own` differs from `reference` (the shorter length when
+/// one is a prefix of the other); `None` when they are equal.
+pub(crate) fn diverges_at(own: &[u32], reference: &[u32]) -> Option<usize> {
+    (own != reference).then(|| {
+        own.iter().zip(reference).position(|(a, b)| a != b).unwrap_or(own.len().min(reference.len()))
+    })
 }
 
 /// The name of plain decoding on the weights `mode` runs on: `vanilla@q8_0` for

@@ -1,8 +1,14 @@
-//! The benchmark workload: JSON Lines, one prompt per line (format in `shared/bench/README.md`).
+//! The benchmark workload: JSON Lines, one prompt or conversation per line (format in
+//! `shared/bench/README.md`).
 //!
 //! ```json
 //! {"id": "edit-textwrap-indent", "kind": "edit", "messages": [{"role": "user", "content": "..."}], "max_tokens": 256}
+//! {"id": "conv-trip-planning", "kind": "conversation", "system": "...", "turns": ["...", "..."], "max_tokens": 96}
 //! ```
+//!
+//! Prompts run in every mode; conversations are replayed turn by turn through pocketd
+//! ([`crate::conversation`]). [`parse`] and [`load`] read prompts only (a conversation there
+//! is an error that says so); [`parse_workload`] and [`load_workload`] read both.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -41,6 +47,9 @@ pub enum Kind {
     Chat,
     /// Input text for an encoder-decoder model (`input` instead of `messages`).
     Seq2seq,
+    /// A conversation replayed turn by turn (`system` and `turns` instead of `messages`): not
+    /// a [`Prompt`] but a [`Conversation`], whose turns are results of their own.
+    Conversation,
 }
 
 impl Kind {
@@ -52,6 +61,7 @@ impl Kind {
             Kind::Qa => "qa",
             Kind::Chat => "chat",
             Kind::Seq2seq => "seq2seq",
+            Kind::Conversation => "conversation",
         }
     }
 }
@@ -84,7 +94,31 @@ pub struct Prompt {
     pub max_tokens: usize,
 }
 
-/// A line of a workload that is not a valid prompt.
+/// A conversation of a workload, replayed as a chat app sends it: turn k's request holds the
+/// system message, every earlier user turn and the model's own answers to them, then user
+/// turn k.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conversation {
+    /// Unique name of the conversation (among prompts and conversations).
+    pub id: String,
+    /// The system message every request starts with (`None`: none).
+    pub system: Option<String>,
+    /// The user's turns, in order (at least one).
+    pub turns: Vec<String>,
+    /// Most tokens to generate for each turn's answer.
+    pub max_tokens: usize,
+}
+
+/// A whole workload: prompts, run in every mode, and conversations, replayed through pocketd.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Workload {
+    /// The prompts, in file order.
+    pub prompts: Vec<Prompt>,
+    /// The conversations, in file order.
+    pub conversations: Vec<Conversation>,
+}
+
+/// A line of a workload that is not a valid prompt or conversation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {message}")]
 pub struct WorkloadError {
@@ -107,13 +141,59 @@ struct RawPrompt {
     max_tokens: usize,
 }
 
+/// What a line's `kind` is, read before the line is read as a prompt or a conversation
+/// (which have different fields, each refusing the other's).
+#[derive(Deserialize)]
+struct KindOnly {
+    kind: Kind,
+}
+
+/// A `conversation` line as written; checked into a [`Conversation`] by
+/// [`RawConversation::check`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConversation {
+    id: String,
+    /// Always `conversation` (how the line was told apart).
+    #[serde(rename = "kind")]
+    _kind: Kind,
+    #[serde(default)]
+    system: Option<String>,
+    turns: Vec<String>,
+    max_tokens: usize,
+}
+
+impl RawConversation {
+    fn check(self) -> Result<Conversation, String> {
+        check_common(&self.id, self.max_tokens)?;
+        if self.turns.is_empty() {
+            return Err("`turns` is empty: a conversation needs at least one user turn".into());
+        }
+        if let Some(i) = self.turns.iter().position(|t| t.trim().is_empty()) {
+            return Err(format!("turn {} is empty", i + 1));
+        }
+        Ok(Conversation { id: self.id, system: self.system, turns: self.turns, max_tokens: self.max_tokens })
+    }
+}
+
+/// What prompts and conversations both need.
+fn check_common(id: &str, max_tokens: usize) -> Result<(), String> {
+    if id.trim().is_empty() {
+        return Err("`id` is empty".into());
+    }
+    if max_tokens == 0 {
+        return Err("`max_tokens` must be at least 1".into());
+    }
+    Ok(())
+}
+
 impl RawPrompt {
     fn check(self) -> Result<Prompt, String> {
-        if self.id.trim().is_empty() {
-            return Err("`id` is empty".into());
-        }
-        if self.max_tokens == 0 {
-            return Err("`max_tokens` must be at least 1".into());
+        check_common(&self.id, self.max_tokens)?;
+        if self.kind == Kind::Conversation {
+            // Not reached through `parse_line` (which reads such lines as conversations), but a
+            // prompt of this kind would mean nothing.
+            return Err("a `conversation` has `system` and `turns`, not `messages`".into());
         }
         let seq2seq = self.kind == Kind::Seq2seq;
         let input = match (self.messages, self.input) {
@@ -134,13 +214,52 @@ impl RawPrompt {
     }
 }
 
-/// Parse a workload: one JSON object per line, blank lines ignored.
+/// A line: a prompt or a conversation.
+enum Line {
+    Prompt(Prompt),
+    Conversation(Conversation),
+}
+
+impl Line {
+    fn id(&self) -> &str {
+        match self {
+            Line::Prompt(p) => &p.id,
+            Line::Conversation(c) => &c.id,
+        }
+    }
+}
+
+/// Read one non-blank line. Its `kind` decides which fields it may have; a line whose `kind`
+/// cannot be read is read as a prompt, so that the error is the prompt's (`unknown variant`,
+/// `missing field`).
+fn parse_line(line: &str) -> Result<Line, String> {
+    let kind = serde_json::from_str::<KindOnly>(line).ok().map(|k| k.kind);
+    if kind == Some(Kind::Conversation) {
+        let raw: RawConversation = serde_json::from_str(line).map_err(|e| json_message(&e))?;
+        return raw.check().map(Line::Conversation);
+    }
+    let raw: RawPrompt = serde_json::from_str(line).map_err(|e| json_message(&e))?;
+    raw.check().map(Line::Prompt)
+}
+
+/// Parse a workload of prompts and conversations: one JSON object per line, blank lines
+/// ignored.
 ///
 /// Errors name the line (1-based) and what is wrong: invalid JSON, a missing or unknown
-/// field, an unknown kind, `messages` and `input` both or neither, `max_tokens` of 0, an id
-/// used twice, or no prompts at all.
+/// field, an unknown kind, `messages` and `input` both or neither, a conversation without
+/// turns or with an empty one, `max_tokens` of 0, an id used twice, or nothing at all.
+pub fn parse_workload(text: &str) -> Result<Workload, WorkloadError> {
+    parse_lines(text, true)
+}
+
+/// Parse a workload of prompts only: as [`parse_workload`], and a conversation is an error
+/// (it is replayed through pocketd: `pocket bench --socket`).
 pub fn parse(text: &str) -> Result<Vec<Prompt>, WorkloadError> {
-    let mut prompts = Vec::new();
+    parse_lines(text, false).map(|w| w.prompts)
+}
+
+fn parse_lines(text: &str, conversations: bool) -> Result<Workload, WorkloadError> {
+    let mut workload = Workload::default();
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (i, line) in text.lines().enumerate() {
         let line_no = i + 1;
@@ -148,30 +267,52 @@ pub fn parse(text: &str) -> Result<Vec<Prompt>, WorkloadError> {
         if line.trim().is_empty() {
             continue;
         }
-        let raw: RawPrompt = serde_json::from_str(line).map_err(|e| fail(json_message(&e)))?;
-        let prompt = raw.check().map_err(fail)?;
-        if let Some(first) = seen.insert(prompt.id.clone(), line_no) {
-            return Err(fail(format!("id {:?} is already used on line {first}", prompt.id)));
+        let parsed = parse_line(line).map_err(fail)?;
+        if let Some(first) = seen.insert(parsed.id().to_owned(), line_no) {
+            return Err(fail(format!("id {:?} is already used on line {first}", parsed.id())));
         }
-        prompts.push(prompt);
+        match parsed {
+            Line::Prompt(p) => workload.prompts.push(p),
+            Line::Conversation(c) if conversations => workload.conversations.push(c),
+            Line::Conversation(c) => {
+                return Err(fail(format!(
+                    "{:?} is a conversation: conversations are replayed through pocketd (`pocket bench \
+                     --socket`), not run as prompts",
+                    c.id
+                )));
+            }
+        }
     }
-    if prompts.is_empty() {
+    if workload.prompts.is_empty() && workload.conversations.is_empty() {
         return Err(WorkloadError {
             line: text.lines().count().max(1),
-            message: "the workload has no prompts".into(),
+            message: if conversations {
+                "the workload has no prompts or conversations"
+            } else {
+                "the workload has no prompts"
+            }
+            .into(),
         });
     }
-    Ok(prompts)
+    Ok(workload)
 }
 
-/// Read and [`parse`] the workload at `path`.
+/// Read and [`parse`] the workload of prompts at `path`.
 pub fn load(path: &Path) -> Result<Vec<Prompt>, Error> {
-    let text = std::fs::read_to_string(path).map_err(|error| Error::Io {
+    parse(&read(path)?).map_err(|error| Error::Workload { path: path.to_owned(), error })
+}
+
+/// Read and [`parse_workload`] the workload at `path`.
+pub fn load_workload(path: &Path) -> Result<Workload, Error> {
+    parse_workload(&read(path)?).map_err(|error| Error::Workload { path: path.to_owned(), error })
+}
+
+fn read(path: &Path) -> Result<String, Error> {
+    std::fs::read_to_string(path).map_err(|error| Error::Io {
         action: "read the workload",
         path: path.to_owned(),
         error,
-    })?;
-    parse(&text).map_err(|error| Error::Workload { path: path.to_owned(), error })
+    })
 }
 
 /// serde_json's message with "at line 1 column N" (always line 1 of a one-line document)
@@ -282,6 +423,79 @@ mod tests {
         assert_eq!(err("nope").to_string(), "line 1: expected ident (column 2)");
     }
 
+    const CONVERSATION: &str = r#"{"id": "c1", "kind": "conversation", "system": "Be brief.", "turns": ["hi", "and then?"], "max_tokens": 16}"#;
+
+    #[test]
+    fn conversations_parse_beside_prompts() {
+        let prompt =
+            r#"{"id": "q1", "kind": "qa", "messages": [{"role": "user", "content": "q"}], "max_tokens": 4}"#;
+        let w = parse_workload(&format!("{CONVERSATION}\n{prompt}\n")).unwrap();
+        assert_eq!(w.prompts.len(), 1);
+        assert_eq!(
+            w.conversations,
+            [Conversation {
+                id: "c1".into(),
+                system: Some("Be brief.".into()),
+                turns: vec!["hi".into(), "and then?".into()],
+                max_tokens: 16,
+            }]
+        );
+        // Without a system message.
+        let w = parse_workload(r#"{"id": "c", "kind": "conversation", "turns": ["hi"], "max_tokens": 2}"#)
+            .unwrap();
+        assert_eq!((w.conversations[0].system.as_deref(), w.prompts.len()), (None, 0));
+        // Ids are unique among prompts and conversations.
+        let e = parse_workload(&format!("{CONVERSATION}\n{}", prompt.replace("q1", "c1"))).unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains("already used on line 1"), "{e}");
+    }
+
+    #[test]
+    fn malformed_conversations_name_the_line_and_the_problem() {
+        let conv_err = |line: &str| parse_workload(&format!("{CONVERSATION}\n{line}")).unwrap_err();
+
+        let e = conv_err(r#"{"id": "c2", "kind": "conversation", "system": "s", "max_tokens": 16}"#);
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains("missing field `turns`") && e.message.contains("column"), "{e}");
+
+        let e = conv_err(r#"{"id": "c2", "kind": "conversation", "turns": ["a"]}"#);
+        assert!(e.message.contains("missing field `max_tokens`"), "{e}");
+
+        // A prompt's field on a conversation, and an unknown one.
+        let e = conv_err(
+            r#"{"id": "c2", "kind": "conversation", "turns": ["a"], "messages": [], "max_tokens": 4}"#,
+        );
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains("unknown field `messages`"), "{e}");
+        let e =
+            conv_err(r#"{"id": "c2", "kind": "conversation", "turns": ["a"], "max_tokens": 4, "temp": 1}"#);
+        assert!(e.message.contains("unknown field `temp`") && e.message.contains("turns"), "{e}");
+        // A conversation's field on a prompt.
+        let e = conv_err(
+            r#"{"id": "q", "kind": "chat", "messages": [{"role": "user", "content": "q"}], "turns": [], "max_tokens": 4}"#,
+        );
+        assert!(e.message.contains("unknown field `turns`"), "{e}");
+
+        let e = conv_err(r#"{"id": "c2", "kind": "conversation", "turns": [], "max_tokens": 4}"#);
+        assert!(e.message.contains("`turns` is empty"), "{e}");
+        let e = conv_err(r#"{"id": "c2", "kind": "conversation", "turns": ["a", " "], "max_tokens": 4}"#);
+        assert!(e.message.contains("turn 2 is empty"), "{e}");
+        let e = conv_err(r#"{"id": "c2", "kind": "conversation", "turns": ["a"], "max_tokens": 0}"#);
+        assert!(e.message.contains("at least 1"), "{e}");
+        let e = conv_err(r#"{"id": "c2", "kind": "conversation", "turns": "a", "max_tokens": 4}"#);
+        assert!(e.message.contains("invalid type"), "{e}");
+
+        // The unknown-kind message names conversations too.
+        let e = conv_err(r#"{"id": "c2", "kind": "dialogue", "turns": ["a"], "max_tokens": 4}"#);
+        assert!(e.message.contains("dialogue") && e.message.contains("conversation"), "{e}");
+
+        // Where only prompts are read, a conversation says where it belongs.
+        let e = parse(&format!("\n{CONVERSATION}")).unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains("\"c1\" is a conversation") && e.message.contains("--socket"), "{e}");
+        assert!(parse_workload("\n").unwrap_err().message.contains("no prompts or conversations"));
+    }
+
     #[test]
     fn the_shipped_workloads_parse() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -294,6 +508,12 @@ mod tests {
         let sample = root.join("../shared/bench/prompts.jsonl");
         if sample.exists() {
             load(&sample).unwrap();
+        }
+        let conversations = root.join("../shared/bench/conversations.jsonl");
+        if conversations.exists() {
+            let w = load_workload(&conversations).unwrap();
+            assert!(w.prompts.is_empty() && !w.conversations.is_empty());
+            assert!(w.conversations.iter().all(|c| c.turns.len() >= 2));
         }
     }
 }

@@ -675,11 +675,14 @@ mod tests {
             stop: StopReason::MaxTokens,
             stop_string: None,
             prompt_tokens: 10,
+            cached_tokens: 0,
             prefill_seconds: 0.5,
             decode_seconds: 0.0,
             spec: SpecStats::default(),
         };
         assert_eq!(g.prefill_tok_per_s(), 20.0);
+        // Tokens a kept prefix held were not prefilled.
+        assert_eq!(Generation { cached_tokens: 6, ..g.clone() }.prefill_tok_per_s(), 8.0);
         assert_eq!(g.decode_tok_per_s(), 0.0);
         assert_eq!(Generation { decode_seconds: 0.5, ..g }.decode_tok_per_s(), 4.0);
     }

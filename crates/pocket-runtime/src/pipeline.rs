@@ -376,10 +376,10 @@ pub fn run(
         model.knowledge().remember_skip_set(set);
     }
     let (kv_bytes, session_bytes) = (session.kv_bytes(), session.memory());
-    if let (Some(park), Some(cache)) = (&p.park, model.prompt_cache()) {
-        if let Err(e) = cache.park_session(park.key.clone(), park.hint.clone(), session.as_ref()) {
-            tracing::warn!(model = %info.name, "cannot park the session: {e}");
-        }
+    if let (Some(park), Some(cache)) = (&p.park, model.prompt_cache())
+        && let Err(e) = cache.park_session(park.key.clone(), park.hint.clone(), session.as_ref())
+    {
+        tracing::warn!(model = %info.name, "cannot park the session: {e}");
     }
     Ok(Outcome {
         spec: p.spec,

@@ -1,6 +1,7 @@
 //! `pocket bench`: our engine against llama.cpp, each drafter against plain decoding, in this
-//! process or through a running pocketd, on a workload; a table on stdout, results as JSON and
-//! a chart.
+//! process or through a running pocketd, on a workload; a workload's conversations replayed
+//! turn by turn through pocketd, with its prompt cache and without; a table on stdout, results
+//! as JSON and a chart.
 
 use std::path::{Path, PathBuf};
 
@@ -24,19 +25,24 @@ pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
     /// The workload, JSON Lines (default: the built-in `benches/workload.jsonl`, or
-    /// `benches/seq2seq.jsonl` for an encoder-decoder model).
+    /// `benches/seq2seq.jsonl` for an encoder-decoder model). Lines of `"kind": "conversation"`
+    /// (`shared/bench/conversations.jsonl`) are replayed turn by turn through pocketd
+    /// (`--socket`), with its prompt cache (`cache`) and without (`no-cache`); a workload of
+    /// conversations only runs nothing in this process.
     #[arg(long)]
     prompts: Option<PathBuf>,
     /// Modes to compare, comma-separated, run alternately per prompt (default:
     /// `llama.cpp,vanilla` for GGUF models, `vanilla,inputcopy,suffix,auto` for encoder-decoder
     /// ones). Our engine's modes may name the weight format of the model (`suffix@q8_0`); those
     /// that do not use `--weights`. `socket:MODE` runs a mode through pocketd (`--socket`).
+    /// Conversations are replayed with the speculation of the mode given when only one is
+    /// (`--modes auto`), and without speculation otherwise.
     #[arg(long)]
     modes: Option<String>,
     /// Run the modes through the pocketd listening here too: every one of our engine's modes
     /// gets a `socket:` twin, and the report shows the gap between the two (the scheduler, the
     /// plan and the transport). With `--modes` naming `socket:` modes, only those go through
-    /// pocketd.
+    /// pocketd. The workload's conversations are replayed through it.
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
     /// Start warm: each mode generates once, unrecorded, before the measured runs. By default
@@ -56,10 +62,10 @@ pub struct Args {
     /// KV cache type for every mode: f16, q8_0 or q4_0.
     #[arg(long, default_value = "f16")]
     kv: KvType,
-    /// Run only the first N prompts.
+    /// Run only the first N prompts (and replay only the first N conversations).
     #[arg(long, value_name = "N")]
     max_prompts: Option<usize>,
-    /// Cap every prompt's max_tokens at N.
+    /// Cap every prompt's (and conversation turn's) max_tokens at N.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max_tokens_cap: Option<u64>,
     /// Passes over the workload (modes still alternate per prompt); more rounds, steadier
@@ -93,13 +99,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let dir = pocket_models::models_dir(args.model.models_dir.as_deref());
     let resolved = pocket_models::resolve(&args.model.model, &dir)?;
     let engine = Engine::for_path(&resolved.path);
+    let (mut workload, workload_name) = match (&args.prompts, engine) {
+        (Some(path), _) => (workload::load_workload(path)?, path.display().to_string()),
+        (None, Engine::Ggml | Engine::LlamaCpp) => (
+            workload::parse_workload(workload::DEFAULT_WORKLOAD)
+                .context("the built-in workload is broken")?,
+            workload::DEFAULT_WORKLOAD_NAME.to_owned(),
+        ),
+        (None, Engine::Tract) => (
+            workload::parse_workload(workload::DEFAULT_SEQ2SEQ_WORKLOAD)
+                .context("the built-in workload is broken")?,
+            workload::DEFAULT_SEQ2SEQ_WORKLOAD_NAME.to_owned(),
+        ),
+    };
+    if let Some(n) = args.max_prompts {
+        anyhow::ensure!(n > 0, "--max-prompts must be at least 1");
+        workload.prompts.truncate(n);
+        workload.conversations.truncate(n);
+    }
+    anyhow::ensure!(
+        workload.conversations.is_empty() || args.socket.is_some(),
+        "the workload's {} conversations are replayed through pocketd: give its socket (--socket PATH)",
+        workload.conversations.len()
+    );
     let mode_list = args.modes.clone().unwrap_or_else(|| match engine {
         Engine::Ggml | Engine::LlamaCpp => "llama.cpp,vanilla".to_owned(),
         Engine::Tract => "vanilla,inputcopy,suffix,auto".to_owned(),
     });
     // A benchmark compares formats explicitly (`suffix@q8_0`): `auto` is the stored format here.
     let mut modes = RunMode::parse_list_with(&mode_list, args.model.weights.initial())?;
-    if args.socket.is_some() && !modes.iter().any(|m| m.socket) {
+    let conversation_mode = match modes.as_slice() {
+        [one] if args.modes.is_some() => one.mode.clone(),
+        _ => bench::Mode::Vanilla,
+    };
+    if args.socket.is_some() && !workload.prompts.is_empty() && !modes.iter().any(|m| m.socket) {
         // Every mode of ours on the weights as stored, beside itself through pocketd.
         let twins: Vec<RunMode> = modes
             .iter()
@@ -115,21 +148,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--socket: none of the modes {mode_list} is one of our engine's on the stored weights"
         );
         modes.extend(twins);
-    }
-    let (mut prompts, workload_name) = match (&args.prompts, engine) {
-        (Some(path), _) => (workload::load(path)?, path.display().to_string()),
-        (None, Engine::Ggml | Engine::LlamaCpp) => (
-            workload::parse(workload::DEFAULT_WORKLOAD).context("the built-in workload is broken")?,
-            workload::DEFAULT_WORKLOAD_NAME.to_owned(),
-        ),
-        (None, Engine::Tract) => (
-            workload::parse(workload::DEFAULT_SEQ2SEQ_WORKLOAD).context("the built-in workload is broken")?,
-            workload::DEFAULT_SEQ2SEQ_WORKLOAD_NAME.to_owned(),
-        ),
-    };
-    if let Some(n) = args.max_prompts {
-        anyhow::ensure!(n > 0, "--max-prompts must be at least 1");
-        prompts.truncate(n);
     }
     let name = match &resolved.manifest {
         Some(m) => m.name.clone(),
@@ -162,22 +180,44 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.n_ctx = args.ctx_size;
     config.start = if args.warm { Start::Warm } else { Start::Cold };
     config.socket = args.socket.clone();
+    config.conversation_mode = conversation_mode;
 
     let names: Vec<String> = config.modes.iter().map(RunMode::name).collect();
-    eprintln!(
-        "benchmarking {} ({}) on {} prompts, modes {}, {} threads, {} start",
-        config.model_name,
-        resolved.path.display(),
-        prompts.len(),
-        names.join(","),
-        config.threads,
-        config.start.name()
-    );
-    let results = bench::suite::run(&config, &prompts, &mut show_progress)
+    if !workload.prompts.is_empty() {
+        eprintln!(
+            "benchmarking {} ({}) on {} prompts, modes {}, {} threads, {} start",
+            config.model_name,
+            resolved.path.display(),
+            workload.prompts.len(),
+            names.join(","),
+            config.threads,
+            config.start.name()
+        );
+    }
+    if !workload.conversations.is_empty() {
+        eprintln!(
+            "replaying {} conversations of {} through pocketd, modes {}, spec {}, {} start",
+            workload.conversations.len(),
+            config.model_name,
+            bench::conversation::MODES.join(","),
+            config.conversation_mode.spec().map_or("-", |s| s.name()),
+            config.start.name()
+        );
+    }
+    let results = bench::suite::run_workload(&config, &workload, &mut show_progress)
         .with_context(|| format!("benchmark of {}", resolved.path.display()))?;
 
     print!("{}", bench::report::table(&results));
-    let chart = args.chart.clone().or_else(|| args.json.as_ref().map(|j| j.with_extension("svg")));
+    // Conversations alone have no runs of modes to chart.
+    let chartable = !results.runs.is_empty();
+    if !chartable && args.chart.is_some() {
+        eprintln!("no chart: the chart shows runs of prompts, and this workload had none");
+    }
+    let chart = args
+        .chart
+        .clone()
+        .or_else(|| args.json.as_ref().map(|j| j.with_extension("svg")))
+        .filter(|_| chartable);
     if let Some(path) = &args.json {
         write_json(&results, path)?;
         eprintln!("results: {}", path.display());
@@ -222,6 +262,18 @@ fn show_progress(p: Progress<'_>) {
             eprintln!("pocketd loaded the model again for a cold start ({seconds:.2} s)")
         }
         Progress::WarmedUp { runs } => eprintln!("{runs} runs"),
+        Progress::Turn { index, of, record: t } => eprintln!(
+            "[{index}/{of}] {:<8} {:<24} turn {:>2} {:>5} prompt tok {:>5} cached {:>8.1} ms TTFT, {:>4} generated \
+             {:>6} tok/s decode",
+            t.mode,
+            t.conversation_id,
+            t.turn,
+            t.prompt_tokens,
+            t.cached_tokens,
+            t.ttft_ms,
+            t.generated_tokens,
+            t.decode_tok_per_s.map_or_else(|| "-".into(), |d| format!("{d:.1}")),
+        ),
         Progress::Run { index, of, record: r } => eprintln!(
             "[{index}/{of}] {:<10} {:<28} {:>4} prompt tok {:>7.1} tok/s prefill, {:>4} generated {:>6} tok/s decode{}",
             r.mode,

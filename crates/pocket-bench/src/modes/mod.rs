@@ -21,11 +21,11 @@ use super::workload::PromptInput;
 
 mod llama_cpp;
 mod pipeline;
-mod socket;
+pub(crate) mod socket;
 
 pub use llama_cpp::LlamaCppRunner;
 pub use pipeline::PipelineRunner;
-pub use socket::SocketRunner;
+pub use socket::{DaemonCheck, SocketRunner};
 
 /// How a prompt is run.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -52,7 +52,9 @@ impl SocketRunner {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+/// The async runtime a socket client is driven on, one thread: the benchmark sends one
+/// request at a time.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Error> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -61,20 +63,19 @@ fn runtime() -> Result<tokio::runtime::Runtime, Error> {
 
 impl SocketRunner {
     /// Check that pocketd answers at `socket`, generates on `threads` threads as this
-    /// benchmark does (otherwise the two would not be compared on the same cores), and serves
-    /// `model`, loading it. For a cold start the model is unloaded and loaded again, so that
-    /// the first measured request is its first since it was loaded; the seconds that load
-    /// took are returned.
+    /// benchmark does, when given (otherwise the two would not be compared on the same cores),
+    /// and serves `model`, loading it. For a cold start the model is unloaded and loaded
+    /// again, so that the first measured request is its first since it was loaded.
     pub fn check_daemon(
         socket: &Path,
         model: &str,
-        threads: usize,
+        threads: Option<usize>,
         start: Start,
-    ) -> Result<Option<f64>, Error> {
+    ) -> Result<DaemonCheck, Error> {
         let client = Client::new(socket);
         runtime()?.block_on(async {
             let status: pocket_api::Status = client.get("/v1/status").await?;
-            if let Some(theirs) = status.threads.filter(|t| *t != threads) {
+            if let Some((theirs, threads)) = status.threads.zip(threads).filter(|(t, ours)| t != ours) {
                 return Err(Error::Invalid(format!(
                     "pocketd at {} generates on {theirs} threads and this benchmark on {threads}: give --threads \
                      {theirs} (or start pocketd with --threads {threads}) so that both run on the same cores",
@@ -92,9 +93,86 @@ impl SocketRunner {
             } else {
                 let _: pocket_api::ModelAction = client.post(&action("load"), &empty).await?;
             }
-            Ok(reloaded)
+            Ok(DaemonCheck { reloaded, threads: status.threads })
         })
     }
+}
+
+/// What [`SocketRunner::check_daemon`] found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DaemonCheck {
+    /// Seconds the model took to load again, for a cold start.
+    pub reloaded: Option<f64>,
+    /// Threads pocketd generates on, if its status says.
+    pub threads: Option<usize>,
+}
+
+/// A streamed request's answer, timed from this side.
+pub(crate) struct Streamed {
+    /// The text, as its chunks carried it.
+    pub text: String,
+    /// The generated token ids (`return_tokens`).
+    pub tokens: Vec<u32>,
+    /// Token counts (with the prompt cache's `prompt_tokens_details`).
+    pub usage: Option<Usage>,
+    /// pocketd's statistics.
+    pub timings: Timings,
+    /// Seconds from sending the request until its first text arrived; `None` when no text
+    /// did.
+    pub first_text_seconds: Option<f64>,
+    /// Seconds from sending the request until the stream ended.
+    pub total_seconds: f64,
+    /// Seconds from the first text to the last.
+    pub decode_seconds: f64,
+}
+
+/// POST `body` to `path` on pocketd, streamed (the request must ask for `stream` and
+/// `return_tokens`), and time it: the first and last chunks that carry text.
+pub(crate) fn stream(
+    runtime: &tokio::runtime::Runtime,
+    client: &Client,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<Streamed, Error> {
+    let (mut first, mut last) = (None, None);
+    let mut end: Option<Chunk> = None;
+    let mut all_text = String::new();
+    let start = Instant::now();
+    runtime.block_on(client.stream(path, body, &mut |data| {
+        let chunk: Chunk = serde_json::from_str(data)?;
+        if let Some(e) = &chunk.error {
+            return Err(format!("pocketd failed mid-stream: {}", e.message).into());
+        }
+        let text = chunk
+            .choices
+            .first()
+            .and_then(|c| c.delta.as_ref().and_then(|d| d.content.as_deref()).or(c.text.as_deref()));
+        if let Some(text) = text.filter(|t| !t.is_empty()) {
+            let now = Instant::now();
+            first.get_or_insert(now);
+            last = Some(now);
+            all_text.push_str(text);
+        }
+        if chunk.timings.is_some() {
+            end = Some(chunk);
+        }
+        Ok(())
+    }))?;
+    let total_seconds = start.elapsed().as_secs_f64();
+    let end = end.ok_or_else(|| Error::Invalid("pocketd's stream ended without its statistics".into()))?;
+    let tokens = end.tokens.ok_or_else(|| {
+        Error::Invalid("pocketd did not return the tokens (`return_tokens`); is it an older version?".into())
+    })?;
+    debug_assert_eq!(end.usage.map_or(tokens.len(), |u| u.completion_tokens as usize), tokens.len());
+    Ok(Streamed {
+        text: all_text,
+        tokens,
+        usage: end.usage,
+        timings: end.timings.unwrap_or_default(),
+        first_text_seconds: first.map(|f: Instant| f.duration_since(start).as_secs_f64()),
+        total_seconds,
+        decode_seconds: first.zip(last).map_or(0.0, |(f, l)| l.duration_since(f).as_secs_f64()),
+    })
 }
 
 /// What a streamed chunk may carry, of either shape (chat or text).
@@ -152,6 +230,10 @@ impl Runner for SocketRunner {
             draft_model: self.draft_model.clone(),
             kv: Some(self.kv.name().to_owned()),
             return_tokens: true,
+            // Every run starts from an empty context (see `Runner`), as it does in this process:
+            // a prompt cache continuing the same prompt from another mode's run would leave
+            // its prefill out of the figures.
+            cache_prompt: Some(false),
             ..GenerationOptions::default()
         };
         let model = Some(self.model.clone());
@@ -167,44 +249,12 @@ impl Runner for SocketRunner {
             }
         };
         let body = body.map_err(|e| Error::Invalid(format!("cannot encode the request: {e}")))?;
-        let (mut first, mut last) = (None, None);
-        let mut end: Option<Chunk> = None;
-        let start = Instant::now();
-        let client = &self.client;
-        self.runtime.block_on(client.stream(path, &body, &mut |data| {
-            let chunk: Chunk = serde_json::from_str(data)?;
-            if let Some(e) = &chunk.error {
-                return Err(format!("pocketd failed mid-stream: {}", e.message).into());
-            }
-            let text = chunk
-                .choices
-                .first()
-                .and_then(|c| c.delta.as_ref().and_then(|d| d.content.clone()).or_else(|| c.text.clone()));
-            if text.is_some_and(|t| !t.is_empty()) {
-                let now = Instant::now();
-                first.get_or_insert(now);
-                last = Some(now);
-            }
-            if chunk.timings.is_some() {
-                end = Some(chunk);
-            }
-            Ok(())
-        }))?;
-        let end =
-            end.ok_or_else(|| Error::Invalid("pocketd's stream ended without its statistics".into()))?;
-        let timings = end.timings.unwrap_or_default();
-        let tokens = end.tokens.ok_or_else(|| {
-            Error::Invalid(
-                "pocketd did not return the tokens (`return_tokens`); is it an older version?".into(),
-            )
-        })?;
-        let generated = end.usage.map_or(tokens.len(), |u| u.completion_tokens as usize);
-        debug_assert_eq!(generated, tokens.len());
-        let first = first.unwrap_or(start);
+        let streamed = stream(&self.runtime, &self.client, path, &body)?;
+        let Streamed { tokens, timings, first_text_seconds, decode_seconds, .. } = streamed;
         Ok(RunOutput {
             tokens,
-            prefill_seconds: first.duration_since(start).as_secs_f64(),
-            decode_seconds: last.map_or(0.0, |l| l.duration_since(first).as_secs_f64()),
+            prefill_seconds: first_text_seconds.unwrap_or(0.0),
+            decode_seconds,
             drafted: timings.drafted,
             accepted: timings.accepted,
             draft_steps: 0,
