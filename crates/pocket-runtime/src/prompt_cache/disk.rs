@@ -182,12 +182,7 @@ impl Disk {
         if index.iter().any(|f| same(f) && f.tokens == saved.tokens) {
             return Ok(false); // already there (read back and parked again unchanged)
         }
-        let mut h = Sha256::new();
-        for t in &saved.tokens {
-            h.update(t.to_le_bytes());
-        }
-        h.update(&saved.data);
-        let sha256 = hex(&h.finalize());
+        let sha256 = checksum(&saved.tokens, &saved.data);
         let header = Header {
             version: VERSION,
             key: key.clone(),
@@ -253,6 +248,16 @@ impl Disk {
     }
 }
 
+/// The sha256 a file's header carries: of its tokens (u32, little-endian) and its data.
+fn checksum(tokens: &[Token], data: &[u8]) -> String {
+    let mut h = Sha256::new();
+    for t in tokens {
+        h.update(t.to_le_bytes());
+    }
+    h.update(data);
+    hex(&h.finalize())
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -316,12 +321,7 @@ fn read_whole(entry: &FileEntry) -> Result<SavedState, String> {
     let mut data = Vec::new();
     data.try_reserve_exact(entry.header.data_bytes as usize).map_err(|e| e.to_string())?;
     r.read_to_end(&mut data).map_err(|e| e.to_string())?;
-    let mut h = Sha256::new();
-    for t in &fresh.tokens {
-        h.update(t.to_le_bytes());
-    }
-    h.update(&data);
-    if hex(&h.finalize()) != entry.header.sha256 {
+    if checksum(&fresh.tokens, &data) != entry.header.sha256 {
         return Err("its checksum does not match (the file is corrupt)".into());
     }
     Ok(SavedState { tokens: fresh.tokens, kv: entry.key.kv, data })
