@@ -252,6 +252,15 @@ impl Drop for Daemon {
     }
 }
 
+/// What the budget holds apart from parked prompt-cache prefixes: the models and live sessions.
+/// A finished (or hung-up) session is parked, so its memory moves to `parked` rather than
+/// leaving the ledger; this is the figure that must return to its idle value.
+pub(crate) fn used_without_parked(status: &Value) -> u64 {
+    let parked: u64 =
+        status["parked"].as_array().map_or(0, |p| p.iter().map(|e| e["bytes"].as_u64().unwrap()).sum());
+    status["memory"]["used_bytes"].as_u64().unwrap() - parked
+}
+
 /// A raw HTTP request on the socket, left open for the caller to read from or hang up.
 pub(crate) fn raw_request(socket: &Path, path: &str, body: &Value) -> UnixStream {
     let mut s = UnixStream::connect(socket).unwrap();
