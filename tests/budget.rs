@@ -45,10 +45,12 @@ fn peak_memory_stays_under_every_budget_or_the_run_is_refused_cleanly() {
 #[test]
 fn a_long_request_degrades_in_the_designed_order_then_is_refused() {
     // 3500 tokens of f16 KV are 77 MiB. As the budget shrinks the plan gives up, in order,
-    // the prompt's pass size, draft length, speculation, then KV precision; every run (which
-    // ends at the poem's first line) stays under its budget.
+    // the prompt's pass size, draft length, speculation, then KV precision (values before
+    // keys: SmolLM2 keeps its tokens less well with 4-bit keys, so the ladder stops at q8_0
+    // keys with q4_0 values); every run (which ends at the poem's first line) stays under its
+    // budget.
     let rank = |p: &serde_json::Value| {
-        let kv = ["f16", "q8_0", "q4_0"].iter().position(|k| p["kv"] == *k).unwrap();
+        let kv = ["f16", "q8_0", "q8_0/q4_0"].iter().position(|k| p["kv"] == *k).unwrap();
         let spec = usize::from(p["spec"] == "off");
         let (k, n_batch) = (p["max_draft"].as_u64().unwrap(), p["n_batch"].as_u64().unwrap());
         (kv, spec, u64::MAX - k, u64::MAX - n_batch)
@@ -83,7 +85,8 @@ fn a_long_request_degrades_in_the_designed_order_then_is_refused() {
         })
     };
     assert!(gave_up("smaller_passes", None), "smaller prompt passes: {plans:?}");
-    assert!(gave_up("lower_kv", Some("q8_0")) && gave_up("lower_kv", Some("q4_0")), "{plans:?}");
+    assert!(gave_up("lower_kv", Some("q8_0")) && gave_up("lower_kv", Some("q8_0/q4_0")), "{plans:?}");
+    assert!(!gave_up("lower_kv", Some("q4_0")), "4-bit keys are never given unasked: {plans:?}");
     assert!(refused.is_some(), "150 MiB cannot hold 3500 tokens");
 }
 

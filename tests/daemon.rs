@@ -370,20 +370,7 @@ fn idle_models_are_unloaded_after_their_keep_alive() {
 fn dbus_generate_start_cancel_properties_and_named_errors() {
     let d = Daemon::start(Setup { dbus: true, ..Setup::default() });
     // As a shell script would call it: busctl and dbus-send.
-    let o = d.dbus(&[
-        "call",
-        "org.pocketd.Pocketd1",
-        "/org/pocketd/Pocketd1",
-        "org.pocketd.Pocketd1",
-        "Generate",
-        "ssa{sv}",
-        "",
-        "What is the capital of France?",
-        "1",
-        "max_tokens",
-        "u",
-        "24",
-    ]);
+    let o = d.busctl_generate(&[], "What is the capital of France?", &[&["max_tokens", "u", "24"]]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("Paris") && out.contains("completion_tokens"), "{out}");

@@ -113,31 +113,14 @@ fn a_chat_continues_its_parked_prefix_with_the_tokens_it_gives_without() {
 fn dbus_callers_continue_a_conversation_sent_as_history() {
     let d = Daemon::start(Setup { dbus: true, ..Setup::default() });
     let generate = |prompt: &str, history: &[(&str, &str)]| {
-        let mut args = vec![
-            "call",
-            "org.pocketd.Pocketd1",
-            "/org/pocketd/Pocketd1",
-            "org.pocketd.Pocketd1",
-            "Generate",
-            "ssa{sv}",
-            "",
-            prompt,
-            "3",
-            "max_tokens",
-            "u",
-            "16",
-            "cache_key",
-            "s",
-            "dbus-chat",
-            "history",
-            "a(ss)",
-        ];
         let n = history.len().to_string();
-        args.push(&n);
-        for (role, content) in history {
-            args.extend([*role, *content]);
-        }
-        let o = d.dbus(&["--json=short"].iter().copied().chain(args.iter().copied()).collect::<Vec<_>>());
+        let mut entries = vec!["history", "a(ss)", &n];
+        entries.extend(history.iter().flat_map(|(role, content)| [*role, *content]));
+        let o = d.busctl_generate(
+            &["--json=short"],
+            prompt,
+            &[&["max_tokens", "u", "16"], &["cache_key", "s", "dbus-chat"], &entries],
+        );
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let v: Value = serde_json::from_slice(&o.stdout).unwrap();
         let text = v["data"][0].as_str().unwrap().to_owned();
@@ -147,6 +130,19 @@ fn dbus_callers_continue_a_conversation_sent_as_history() {
     assert_eq!(cached, 0);
     let (_, cached) = generate(TURNS[1], &[("user", TURNS[0]), ("assistant", &first)]);
     assert!(cached > 0, "the second turn continues the first");
+    // A history of the wrong D-Bus type, or with a role that is not one, is refused naming the
+    // option and its type; the daemon goes on answering.
+    let call = |history: &[&str]| {
+        let entry: Vec<&str> = ["history"].into_iter().chain(history.iter().copied()).collect();
+        d.busctl_generate(&[], "Hi", &[&["max_tokens", "u", "4"], &entry])
+    };
+    for bad in [&["as", "1", "hello"][..], &["a(ss)", "1", "wizard", "hello"][..]] {
+        let o = call(bad);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains("history") && err.contains("a(ss)"), "{bad:?}: {err}");
+    }
+    let o = call(&["a(ss)", "0"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// What one conversation costs the daemon: the budget used with the model loaded and idle,

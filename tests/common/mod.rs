@@ -203,6 +203,27 @@ impl Daemon {
         Command::new("busctl").arg(format!("--address={}", b.address)).args(args).output().unwrap()
     }
 
+    /// `Generate` on the default model through busctl, as a shell script calls it:
+    /// `options` are the `a{sv}` entries, each as busctl writes them (`max_tokens u 24`), and
+    /// `flags` go before the call (`--json=short`).
+    pub(crate) fn busctl_generate(&self, flags: &[&str], prompt: &str, options: &[&[&str]]) -> Output {
+        let n = options.len().to_string();
+        let mut args = flags.to_vec();
+        args.extend([
+            "call",
+            "org.pocketd.Pocketd1",
+            "/org/pocketd/Pocketd1",
+            "org.pocketd.Pocketd1",
+            "Generate",
+            "ssa{sv}",
+            "",
+            prompt,
+            &n,
+        ]);
+        args.extend(options.iter().flat_map(|o| o.iter().copied()));
+        self.dbus(&args)
+    }
+
     pub(crate) fn dbus_send(&self, args: &[&str]) -> Output {
         let b = self.bus.as_ref().expect("started with D-Bus");
         Command::new("dbus-send")

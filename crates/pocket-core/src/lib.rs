@@ -35,8 +35,8 @@ pub use error::{Error, Result};
 pub use fingerprint::fingerprint;
 pub use generate::{Event, GenerateRequest, Generation, generate, generate_speculative};
 pub use model::{
-    CacheKey, DEFAULT_MAX_ROWS, Footprint, KvType, Logits, Model, ModelInfo, ModelKind, Rows, SavedState,
-    Session, SessionConfig, check_decode, default_threads, passes,
+    CacheKey, DEFAULT_MAX_ROWS, Footprint, KvElement, KvType, Logits, Model, ModelInfo, ModelKind, Rows,
+    SavedState, Session, SessionConfig, check_decode, check_restore, default_threads, passes,
 };
 pub use plan::{LayerPlan, MAX_LAYERS};
 pub use sampling::{Distribution, Sampler, SamplingConfig, argmax};

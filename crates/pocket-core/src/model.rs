@@ -41,10 +41,10 @@ pub struct ModelInfo {
     pub weights_bytes: u64,
 }
 
-/// Element type of the KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+/// Element type of one half of the KV cache: the keys or the values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum KvType {
+pub enum KvElement {
     /// 32-bit floats.
     F32,
     /// 16-bit floats: the reference for the quantized types.
@@ -56,28 +56,130 @@ pub enum KvType {
     Q4_0,
 }
 
-impl KvType {
-    /// All KV types, in order of decreasing precision.
-    pub const ALL: [KvType; 4] = [KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q4_0];
+impl KvElement {
+    /// All element types, in order of decreasing precision (the order of `Ord`).
+    pub const ALL: [KvElement; 4] = [KvElement::F32, KvElement::F16, KvElement::Q8_0, KvElement::Q4_0];
 
     /// Bytes that `n` values take (n a multiple of 32 for the quantized types).
     pub fn bytes_for(self, n: usize) -> usize {
         match self {
-            KvType::F32 => n * 4,
-            KvType::F16 => n * 2,
-            KvType::Q8_0 => n / 32 * 34,
-            KvType::Q4_0 => n / 32 * 18,
+            KvElement::F32 => n * 4,
+            KvElement::F16 => n * 2,
+            KvElement::Q8_0 => n / 32 * 34,
+            KvElement::Q4_0 => n / 32 * 18,
         }
+    }
+
+    /// Whether values are stored in quantized blocks.
+    pub fn is_quantized(self) -> bool {
+        matches!(self, KvElement::Q8_0 | KvElement::Q4_0)
     }
 
     /// The name used on the command line and in config files.
     pub fn name(self) -> &'static str {
         match self {
-            KvType::F32 => "f32",
-            KvType::F16 => "f16",
-            KvType::Q8_0 => "q8_0",
-            KvType::Q4_0 => "q4_0",
+            KvElement::F32 => "f32",
+            KvElement::F16 => "f16",
+            KvElement::Q8_0 => "q8_0",
+            KvElement::Q4_0 => "q4_0",
         }
+    }
+}
+
+impl fmt::Display for KvElement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for KvElement {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        KvElement::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| Error::invalid(format!("unknown KV type {s:?}; use f32, f16, q8_0 or q4_0")))
+    }
+}
+
+/// The types of the KV cache: one for the keys and one for the values. They may differ, as in
+/// llama.cpp (`-ctk`/`-ctv`): keys carry the outlier channels that decide which tokens
+/// attention picks, so on some models (Qwen2.5) 4-bit keys change most top-1 tokens while
+/// 4-bit values barely move them. Written `q8_0` when both are one type, `q8_0/q4_0` (keys,
+/// then values) when they differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct KvType {
+    /// The keys' element type.
+    pub k: KvElement,
+    /// The values' element type.
+    pub v: KvElement,
+}
+
+impl KvType {
+    /// 32-bit floats.
+    pub const F32: KvType = KvType::uniform(KvElement::F32);
+    /// 16-bit floats: the reference for the quantized types.
+    pub const F16: KvType = KvType::uniform(KvElement::F16);
+    /// q8_0 keys and values.
+    pub const Q8_0: KvType = KvType::uniform(KvElement::Q8_0);
+    /// q8_0 keys with q4_0 values: most of q4_0's saving where 4-bit keys would hurt.
+    pub const Q8_0_Q4_0: KvType = KvType { k: KvElement::Q8_0, v: KvElement::Q4_0 };
+    /// q4_0 keys and values.
+    pub const Q4_0: KvType = KvType::uniform(KvElement::Q4_0);
+
+    /// The memory ladder's KV types, in order of decreasing bytes: what a session gives up to
+    /// fit goes down this list from the type it asked for.
+    pub const ALL: [KvType; 5] = [KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q8_0_Q4_0, KvType::Q4_0];
+
+    /// Keys of `k` and values of `v`.
+    pub const fn new(k: KvElement, v: KvElement) -> Self {
+        KvType { k, v }
+    }
+
+    /// Keys and values of one type.
+    pub const fn uniform(t: KvElement) -> Self {
+        KvType { k: t, v: t }
+    }
+
+    /// Bytes that `n` values of K and `n` values of V take together (n a multiple of 32 for
+    /// the quantized types).
+    pub fn bytes_for(self, n: usize) -> usize {
+        self.k.bytes_for(n) + self.v.bytes_for(n)
+    }
+
+    /// Whether keys and values are of one type.
+    pub fn is_uniform(self) -> bool {
+        self.k == self.v
+    }
+
+    /// Whether neither keys nor values are stored more precisely than in `floor`: the types a
+    /// ladder going down to `floor` may reach.
+    pub fn at_least(self, floor: KvType) -> bool {
+        self.k <= floor.k && self.v <= floor.v
+    }
+
+    /// Whether this type stores keys and values no more precisely than `other` (and is not it).
+    pub fn is_below(self, other: KvType) -> bool {
+        self != other && self.k >= other.k && self.v >= other.v
+    }
+
+    /// The name used on the command line and in config files: `q8_0`, or `q8_0/q4_0` (keys,
+    /// then values) when they differ.
+    pub fn name(self) -> &'static str {
+        const NAMES: [[&str; 4]; 4] = [
+            ["f32", "f32/f16", "f32/q8_0", "f32/q4_0"],
+            ["f16/f32", "f16", "f16/q8_0", "f16/q4_0"],
+            ["q8_0/f32", "q8_0/f16", "q8_0", "q8_0/q4_0"],
+            ["q4_0/f32", "q4_0/f16", "q4_0/q8_0", "q4_0"],
+        ];
+        NAMES[self.k as usize][self.v as usize]
+    }
+}
+
+impl From<KvElement> for KvType {
+    fn from(t: KvElement) -> Self {
+        KvType::uniform(t)
     }
 }
 
@@ -91,10 +193,31 @@ impl FromStr for KvType {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        KvType::ALL
-            .into_iter()
-            .find(|t| t.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| Error::invalid(format!("unknown KV type {s:?}; use f32, f16, q8_0 or q4_0")))
+        let s = s.trim();
+        let parse = |t: &str| {
+            t.trim().parse::<KvElement>().map_err(|_| {
+                Error::invalid(format!(
+                    "unknown KV type {s:?}; use f32, f16, q8_0 or q4_0, or keys/values such as q8_0/q4_0"
+                ))
+            })
+        };
+        match s.split_once('/') {
+            Some((k, v)) => Ok(KvType::new(parse(k)?, parse(v)?)),
+            None => parse(s).map(KvType::uniform),
+        }
+    }
+}
+
+impl Serialize for KvType {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for KvType {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -215,6 +338,37 @@ pub fn check_decode(tokens: &[Token], n_vocab: usize, held: usize, n_ctx: usize)
         return Err(Error::ContextOverflow { needed, limit: n_ctx, prompt: tokens.len() });
     }
     Ok(())
+}
+
+/// What every engine's [`Session::restore`] checks before it changes anything: the session is
+/// empty (`held` 0), the state is in the session's KV type `kv`, `len` is within the saved
+/// tokens, and those are inside the vocabulary and the context. `Ok(false)`: nothing to
+/// restore (`len` 0).
+pub fn check_restore(
+    saved: &SavedState,
+    len: usize,
+    held: usize,
+    kv: KvType,
+    n_vocab: usize,
+    n_ctx: usize,
+) -> Result<bool> {
+    if held > 0 {
+        return Err(Error::invalid("only an empty session can be restored into"));
+    }
+    if saved.kv != kv {
+        return Err(Error::invalid(format!("a saved {} cache cannot be restored into a {kv} one", saved.kv)));
+    }
+    if len > saved.tokens.len() {
+        return Err(Error::invalid(format!(
+            "cannot restore {len} tokens of a saved session of {}",
+            saved.tokens.len()
+        )));
+    }
+    if len == 0 {
+        return Ok(false);
+    }
+    check_decode(&saved.tokens[..len], n_vocab, 0, n_ctx)?;
+    Ok(true)
 }
 
 /// The forward passes a batch of `batch` tokens is split into when it asks for logits of its
@@ -423,6 +577,23 @@ impl fmt::Debug for SavedState {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn kv_types_are_written_as_one_type_or_keys_slash_values() {
+        for kv in KvType::ALL {
+            assert_eq!(kv.name().parse::<KvType>().unwrap(), kv);
+            assert_eq!(serde_json::to_string(&kv).unwrap(), format!("\"{kv}\""));
+        }
+        let mixed: KvType = "Q8_0 / q4_0".parse().unwrap();
+        assert_eq!(mixed, KvType::new(KvElement::Q8_0, KvElement::Q4_0));
+        assert_eq!(mixed.to_string(), "q8_0/q4_0");
+        assert_eq!("f16/q8_0".parse::<KvType>().unwrap().name(), "f16/q8_0");
+        assert_eq!(serde_json::from_str::<KvType>("\"q8_0/q4_0\"").unwrap(), KvType::Q8_0_Q4_0);
+        assert_eq!(KvType::Q8_0_Q4_0.bytes_for(64), 68 + 36);
+        let e = "q8_0/q3".parse::<KvType>().unwrap_err().to_string();
+        assert!(e.contains("q8_0/q3") && e.contains("q8_0/q4_0"), "{e}");
+    }
+
     use super::*;
 
     #[test]

@@ -13,8 +13,8 @@
 
 use llama_cpp_sys_2 as sys;
 use memmap2::MmapOptions;
-use pocket_core::KvType;
 use pocket_core::memory::Reservation;
+use pocket_core::{KvElement, KvType};
 
 use crate::arch::Hparams;
 use crate::ffi::arena::{Arena, BufferId, HostMemory};
@@ -28,36 +28,41 @@ pub const KV_BLOCK_TOKENS: usize = 64;
 
 const PAGE: usize = 4096;
 
-/// ggml's element type for a KV type.
-pub(crate) fn ggml_type(kv: KvType) -> sys::ggml_type {
-    match kv {
-        KvType::F32 => sys::GGML_TYPE_F32,
-        KvType::F16 => sys::GGML_TYPE_F16,
-        KvType::Q8_0 => sys::GGML_TYPE_Q8_0,
-        KvType::Q4_0 => sys::GGML_TYPE_Q4_0,
+/// ggml's element type for a KV element type.
+pub(crate) fn ggml_type(t: KvElement) -> sys::ggml_type {
+    match t {
+        KvElement::F32 => sys::GGML_TYPE_F32,
+        KvElement::F16 => sys::GGML_TYPE_F16,
+        KvElement::Q8_0 => sys::GGML_TYPE_Q8_0,
+        KvElement::Q4_0 => sys::GGML_TYPE_Q4_0,
     }
 }
 
-/// Bytes of one token's K (or V) in one layer.
-pub(crate) fn row_bytes(hp: &Hparams, kv: KvType) -> usize {
-    width_bytes(hp.n_embd_kv(), kv)
+/// Bytes of one token's K (or V, by `t`) in one layer.
+pub(crate) fn row_bytes(hp: &Hparams, t: KvElement) -> usize {
+    width_bytes(hp.n_embd_kv(), t)
 }
 
-/// Bytes of `n` values of type `kv`, in whole blocks.
-pub(crate) fn width_bytes(n: usize, kv: KvType) -> usize {
+/// Bytes of `n` values of type `t`, in whole blocks.
+pub(crate) fn width_bytes(n: usize, t: KvElement) -> usize {
     // (ggml_row_size would abort on a row that is not whole blocks, which a footprint may be
     // asked of before a session refuses it.)
-    types::bytes_of(ggml_type(kv), n)
+    types::bytes_of(ggml_type(t), n)
 }
 
-/// Values per block of `kv` (1 for the float types).
-pub(crate) fn block_size(kv: KvType) -> usize {
-    types::info(ggml_type(kv)).block
+/// Values per block of `t` (1 for the float types).
+pub(crate) fn block_size(t: KvElement) -> usize {
+    types::info(ggml_type(t)).block
+}
+
+/// Values per block of the coarser of `kv`'s two types: what a head's size must divide by.
+pub(crate) fn kv_block_size(kv: KvType) -> usize {
+    block_size(kv.k).max(block_size(kv.v))
 }
 
 /// KV bytes per token over all layers, K and V.
 pub(crate) fn bytes_per_token(hp: &Hparams, kv: KvType) -> usize {
-    2 * hp.n_layer * row_bytes(hp, kv)
+    hp.n_layer * (row_bytes(hp, kv.k) + row_bytes(hp, kv.v))
 }
 
 pub(crate) struct KvCache {
@@ -65,14 +70,17 @@ pub(crate) struct KvCache {
     n_ctx: usize,
     /// Most tokens held; blocks are accounted up to here.
     limit: usize,
-    row_bytes: usize,
+    /// Bytes of one token's K in one layer, and of its V.
+    k_row_bytes: usize,
+    v_row_bytes: usize,
     n_layer: usize,
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     arena: Arena,
     buffer: BufferId,
     /// In host memory: the bytes each tensor's region takes (address space reserved for the
-    /// whole context, committed as written). None: device memory for the whole context.
+    /// whole context, committed as written; K's and V's rows may differ in size, and each
+    /// region fits the larger). None: device memory for the whole context.
     region: Option<usize>,
     /// Tokens of capacity currently committed (a multiple of the block size, or n_ctx).
     committed: usize,
@@ -94,7 +102,7 @@ impl KvCache {
         n_ctx: usize,
         mut reservation: Reservation,
     ) -> Result<Self> {
-        let block = block_size(kv);
+        let block = kv_block_size(kv);
         if !hp.head_dim.is_multiple_of(block) {
             return Err(Error::Core(pocket_core::Error::invalid(format!(
                 "a {kv} KV cache stores heads in blocks of {block} values; this model's heads have {}: \
@@ -103,20 +111,19 @@ impl KvCache {
             ))));
         }
         if !device.is_cpu() {
-            reservation.resize((2 * hp.n_layer * n_ctx * row_bytes(hp, kv)) as u64)?;
+            reservation.resize((n_ctx * bytes_per_token(hp, kv)) as u64)?;
         }
-        let row_bytes = row_bytes(hp, kv);
-        let ty = ggml_type(kv);
+        let (k_row_bytes, v_row_bytes) = (row_bytes(hp, kv.k), row_bytes(hp, kv.v));
         let n_tensors = 2 * hp.n_layer;
         let mut arena = Arena::new(n_tensors)?;
         let mut k = Vec::with_capacity(hp.n_layer);
         let mut v = Vec::with_capacity(hp.n_layer);
         for _ in 0..hp.n_layer {
-            k.push(arena.matrix(ty, hp.n_embd_kv(), n_ctx)?);
-            v.push(arena.matrix(ty, hp.n_embd_kv(), n_ctx)?);
+            k.push(arena.matrix(ggml_type(kv.k), hp.n_embd_kv(), n_ctx)?);
+            v.push(arena.matrix(ggml_type(kv.v), hp.n_embd_kv(), n_ctx)?);
         }
         let (buffer, region) = if device.is_cpu() {
-            let region = (n_ctx * row_bytes).next_multiple_of(PAGE);
+            let region = (n_ctx * k_row_bytes.max(v_row_bytes)).next_multiple_of(PAGE);
             let map = MmapOptions::new()
                 .len(region * n_tensors)
                 .map_anon()
@@ -143,7 +150,8 @@ impl KvCache {
             kv,
             n_ctx,
             limit: limit.min(n_ctx),
-            row_bytes,
+            k_row_bytes,
+            v_row_bytes,
             n_layer: hp.n_layer,
             k,
             v,
@@ -162,8 +170,8 @@ impl KvCache {
     pub(crate) fn hold_whole(&mut self) -> Result<()> {
         self.grow_to(self.limit)?;
         if let Some(region) = self.region {
-            let used = (self.limit * self.row_bytes).min(region);
             for i in 0..2 * self.n_layer {
+                let used = (self.limit * self.tensor_row_bytes(i)).min(region);
                 self.arena.zero(self.buffer, i * region..i * region + used);
             }
         }
@@ -184,9 +192,14 @@ impl KvCache {
         self.arena.is_host(self.buffer)
     }
 
-    /// Whether K (and so V: both use one type) is stored quantized.
+    /// Whether K is stored quantized.
     pub(crate) fn k_quantized(&self) -> bool {
-        matches!(self.kv, KvType::Q8_0 | KvType::Q4_0)
+        self.kv.k.is_quantized()
+    }
+
+    /// Whether V is stored quantized.
+    pub(crate) fn v_quantized(&self) -> bool {
+        self.kv.v.is_quantized()
     }
 
     /// Whether K and V are stored as f16.
@@ -194,12 +207,24 @@ impl KvCache {
         self.kv == KvType::F16
     }
 
-    pub(crate) fn v_quantized(&self) -> bool {
-        self.k_quantized()
+    /// Bytes of one token's K in one layer.
+    pub(crate) fn k_row_bytes(&self) -> usize {
+        self.k_row_bytes
     }
 
-    pub(crate) fn row_bytes(&self) -> usize {
-        self.row_bytes
+    /// Bytes of one token's V in one layer.
+    pub(crate) fn v_row_bytes(&self) -> usize {
+        self.v_row_bytes
+    }
+
+    /// Row bytes of the `i`-th tensor in placement order (K, V of layer 0, then of layer 1...).
+    fn tensor_row_bytes(&self, i: usize) -> usize {
+        if i.is_multiple_of(2) { self.k_row_bytes } else { self.v_row_bytes }
+    }
+
+    /// Bytes of one token's K and V over all layers.
+    fn token_bytes(&self) -> usize {
+        self.n_layer * (self.k_row_bytes + self.v_row_bytes)
     }
 
     pub(crate) fn n_ctx(&self) -> usize {
@@ -227,10 +252,11 @@ impl KvCache {
         if keep >= self.committed {
             return;
         }
-        let from = (keep * self.row_bytes).next_multiple_of(PAGE);
-        let to = (self.committed * self.row_bytes).next_multiple_of(PAGE).min(region);
-        if to > from {
-            for i in 0..2 * self.n_layer {
+        for i in 0..2 * self.n_layer {
+            let row = self.tensor_row_bytes(i);
+            let from = (keep * row).next_multiple_of(PAGE);
+            let to = (self.committed * row).next_multiple_of(PAGE).min(region);
+            if to > from {
                 self.arena.release(self.buffer, i * region + from..i * region + to);
             }
         }
@@ -241,10 +267,10 @@ impl KvCache {
 
     /// A copy of the first `tokens` positions: each layer's K rows, then its V rows.
     pub(crate) fn save(&self, tokens: usize) -> Result<Vec<u8>> {
-        let run = tokens * self.row_bytes;
-        let mut out = vec![0u8; 2 * self.n_layer * run];
-        for (il, chunk) in out.chunks_exact_mut(2 * run.max(1)).enumerate().take(self.n_layer) {
-            let (k, v) = chunk.split_at_mut(run);
+        let (k_run, v_run) = (tokens * self.k_row_bytes, tokens * self.v_row_bytes);
+        let mut out = vec![0u8; tokens * self.token_bytes()];
+        for (il, chunk) in out.chunks_exact_mut((k_run + v_run).max(1)).enumerate().take(self.n_layer) {
+            let (k, v) = chunk.split_at_mut(k_run);
             self.k[il].read_at(0, k)?;
             self.v[il].read_at(0, v)?;
         }
@@ -254,22 +280,22 @@ impl KvCache {
     /// Hold the first `tokens` positions of what [`KvCache::save`] copied out of a cache of
     /// the same model and type holding `saved` positions, reserving their blocks first.
     pub(crate) fn restore(&mut self, data: &[u8], saved: usize, tokens: usize) -> Result<()> {
-        let run = saved * self.row_bytes;
-        if tokens > saved || data.len() != 2 * self.n_layer * run {
+        let (k_run, v_run) = (saved * self.k_row_bytes, saved * self.v_row_bytes);
+        if tokens > saved || data.len() != saved * self.token_bytes() {
             return Err(Error::Core(pocket_core::Error::invalid(format!(
                 "a saved cache of {} bytes does not hold {saved} positions of this model's {} KV \
                  ({} bytes each)",
                 data.len(),
                 self.kv,
-                2 * self.n_layer * self.row_bytes
+                self.token_bytes()
             ))));
         }
         self.grow_to(tokens)?;
-        let used = tokens * self.row_bytes;
+        let (k_used, v_used) = (tokens * self.k_row_bytes, tokens * self.v_row_bytes);
         for il in 0..self.n_layer {
-            let k = 2 * il * run;
-            self.k[il].write_at(0, &data[k..k + used])?;
-            self.v[il].write_at(0, &data[k + run..k + run + used])?;
+            let k = il * (k_run + v_run);
+            self.k[il].write_at(0, &data[k..k + k_used])?;
+            self.v[il].write_at(0, &data[k + k_run..k + k_run + v_used])?;
         }
         Ok(())
     }
@@ -282,6 +308,6 @@ impl KvCache {
     /// Bytes `tokens` committed tokens take (each layer's K and V also ends on a page, up to
     /// 4 KiB more, which the process reserve covers).
     fn bytes_for(&self, tokens: usize) -> usize {
-        tokens * self.row_bytes * 2 * self.n_layer
+        tokens * self.token_bytes()
     }
 }

@@ -82,7 +82,7 @@ impl Shape {
 
     /// KV bytes per token over all layers, K and V.
     fn kv_bytes_per_token(&self, kv: KvType) -> usize {
-        self.kv_widths.iter().map(|&(k, v)| kv::width_bytes(k, kv) + kv::width_bytes(v, kv)).sum()
+        self.kv_widths.iter().map(|&(k, v)| kv::width_bytes(k, kv.k) + kv::width_bytes(v, kv.v)).sum()
     }
 
     /// The compute and output buffers of a context, estimated from the largest tensors of a
@@ -205,7 +205,7 @@ fn effective(inner: &Inner, config: &SessionConfig) -> SessionConfig {
 fn footprint(inner: &Inner, config: &SessionConfig) -> Result<Footprint> {
     let config = effective(inner, config);
     let shape = &inner.shape;
-    let block = kv::block_size(config.kv);
+    let block = kv::kv_block_size(config.kv);
     if block > 1 && (!shape.head_k.is_multiple_of(block) || !shape.head_v.is_multiple_of(block)) {
         return Err(Error::Core(CoreError::invalid(format!(
             "a {} KV cache needs heads whose size is a multiple of {block}; {} has heads of {} (K) and {} (V): \
@@ -411,21 +411,10 @@ impl Session for LlamaCppSession {
     }
 
     fn restore(&mut self, saved: &SavedState, len: usize) -> pocket_core::Result<()> {
-        if !self.tokens.is_empty() {
-            return Err(CoreError::invalid("only an empty session can be restored into"));
-        }
-        if saved.kv != self.config.kv || len > saved.tokens.len() {
-            return Err(CoreError::invalid(format!(
-                "a saved {} session of {} tokens cannot give {len} tokens to a {} one",
-                saved.kv,
-                saved.tokens.len(),
-                self.config.kv
-            )));
-        }
-        if len == 0 {
+        let (held, n_vocab) = (self.tokens.len(), self.model.info.n_vocab);
+        if !pocket_core::check_restore(saved, len, held, self.config.kv, n_vocab, self.config.n_ctx)? {
             return Ok(());
         }
-        pocket_core::check_decode(&saved.tokens, self.model.info.n_vocab, 0, self.config.n_ctx)?;
         // The cache was allocated (and paid for) whole with the context: nothing to reserve.
         if !self.ctx.load_sequence(&saved.data) {
             self.ctx.clear();

@@ -371,25 +371,10 @@ impl Session for GgmlSession {
     }
 
     fn restore(&mut self, saved: &SavedState, len: usize) -> pocket_core::Result<()> {
-        if !self.tokens.is_empty() {
-            return Err(CoreError::invalid("only an empty session can be restored into"));
-        }
-        if saved.kv != self.kv.kv {
-            return Err(CoreError::invalid(format!(
-                "a saved {} cache cannot be restored into a {} one",
-                saved.kv, self.kv.kv
-            )));
-        }
-        if len > saved.tokens.len() {
-            return Err(CoreError::invalid(format!(
-                "cannot restore {len} tokens of a saved session of {}",
-                saved.tokens.len()
-            )));
-        }
-        if len == 0 {
+        let (held, n_vocab) = (self.tokens.len(), self.model.hp.n_vocab);
+        if !pocket_core::check_restore(saved, len, held, self.kv.kv, n_vocab, self.config.n_ctx)? {
             return Ok(());
         }
-        pocket_core::check_decode(&saved.tokens[..len], self.model.hp.n_vocab, 0, self.config.n_ctx)?;
         if let Err(e) = self.kv.restore(&saved.data, saved.tokens.len(), len) {
             self.kv.shrink_to(0);
             return Err(e.into());

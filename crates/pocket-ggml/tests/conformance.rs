@@ -33,12 +33,17 @@ fn smol_q8_0() -> Subject {
     subject(smol(), KvType::Q8_0)
 }
 
+fn smol_q8_0_q4_0() -> Subject {
+    subject(smol(), KvType::Q8_0_Q4_0)
+}
+
 fn qwen_f16() -> Subject {
     subject(model(QWEN), KvType::F16)
 }
 
 pocket_core::conformance_tests!(smollm2_f16, smol_f16);
 pocket_core::conformance_tests!(smollm2_q8_0, smol_q8_0);
+pocket_core::conformance_tests!(smollm2_q8_0_q4_0, smol_q8_0_q4_0);
 pocket_core::conformance_tests!(qwen2_f16, qwen_f16);
 
 fn on_llama_cpp(path: &std::path::Path) -> LlamaCppModel {
@@ -53,6 +58,10 @@ fn llama_cpp_smol_q8_0() -> Subject {
     subject(on_llama_cpp(&model_path(SMOL)), KvType::Q8_0)
 }
 
+fn llama_cpp_smol_q8_0_q4_0() -> Subject {
+    subject(on_llama_cpp(&model_path(SMOL)), KvType::Q8_0_Q4_0)
+}
+
 fn llama_cpp_olmo2_f16() -> Subject {
     let model = on_llama_cpp(&Synthetic { arch: "olmo2", args: &[], weights: "f16" }.path());
     // Random weights make logits several times larger than a trained model's, and llama.cpp's
@@ -62,4 +71,5 @@ fn llama_cpp_olmo2_f16() -> Subject {
 
 pocket_core::conformance_tests!(llama_cpp_smollm2_f16, llama_cpp_smol_f16);
 pocket_core::conformance_tests!(llama_cpp_smollm2_q8_0, llama_cpp_smol_q8_0);
+pocket_core::conformance_tests!(llama_cpp_smollm2_q8_0_q4_0, llama_cpp_smol_q8_0_q4_0);
 pocket_core::conformance_tests!(llama_cpp_olmo2_f16, llama_cpp_olmo2_f16);

@@ -22,7 +22,9 @@ fn every_kv_type_decodes_and_the_type_is_really_used() {
     let prompt = prose(&model, 40);
     let more = other_prose(&model, 8);
     let mut last_rows = Vec::new();
-    for kv in [KvType::F16, KvType::Q8_0, KvType::Q4_0, KvType::F32] {
+    for kv in
+        [KvType::F16, KvType::Q8_0, KvType::Q4_0, KvType::F32, KvType::Q8_0_Q4_0, "f16/q8_0".parse().unwrap()]
+    {
         let mut s = session(&model, &with_kv(kv, 128));
         assert_eq!(s.config().kv, kv);
         s.decode(&prompt, &plan, Rows::None).unwrap();
@@ -42,7 +44,7 @@ fn every_kv_type_decodes_and_the_type_is_really_used() {
         // the type would give f16's logits exactly.
         assert!(d > 0.0, "{kv} gave f16's logits bit for bit: is the type used?");
         // Rotated 8-bit (and f32) keys change nothing that matters on plain prose.
-        if matches!(kv, KvType::Q8_0 | KvType::F32) {
+        if [KvType::Q8_0, KvType::F32].contains(kv) {
             assert_eq!(argmax(row), argmax(f16), "{kv} picks another token than f16 (max |Δ| {d})");
         }
         eprintln!("{kv} vs f16 after 48 tokens: max |Δlogit| {d:.4}");
@@ -60,8 +62,11 @@ fn quantized_kv_types_take_the_promised_fraction_of_f16() {
         assert!(q8 <= 0.55 * f16, "{name}: q8_0 {q8} B/token vs f16 {f16}");
         assert!(q4 <= 0.30 * f16, "{name}: q4_0 {q4} B/token vs f16 {f16}");
         assert_eq!(model.kv_bytes_per_token(KvType::F32) as f64, 2.0 * f16, "{name}");
+        // Keys of one type and values of another: each half at its own type's size.
+        let mixed = model.kv_bytes_per_token(KvType::Q8_0_Q4_0) as f64;
+        assert_eq!(mixed, (q8 + q4) / 2.0, "{name}");
         // The footprint the planner sees says the same.
-        for kv in [KvType::F16, KvType::Q8_0, KvType::Q4_0] {
+        for kv in [KvType::F16, KvType::Q8_0, KvType::Q4_0, KvType::Q8_0_Q4_0] {
             let fp = model.footprint(&with_kv(kv, 1024)).unwrap();
             assert_eq!(fp.kv_bytes_per_token, model.kv_bytes_per_token(kv) as u64, "{name} {kv}");
             assert_eq!(fp.kv_block_tokens, KV_BLOCK_TOKENS as u64);

@@ -48,7 +48,7 @@ fn parity_runs_on_the_llama_cpp_engine() {
         prompt: "The quick brown fox jumps over the lazy dog. Once upon a time".into(),
         n_tokens: 48,
         threads: THREADS,
-        kv_types: vec![KvType::F16, KvType::Q8_0],
+        kv_types: vec![KvType::F16, KvType::Q8_0, KvType::Q8_0_Q4_0],
         device: DeviceChoice::Cpu,
     };
     let report = parity(&olmo2(), &options).expect("parity");

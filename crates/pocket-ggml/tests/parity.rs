@@ -84,10 +84,18 @@ fn smollm2_agrees_with_llama_cpp_at_every_position_and_q8_0_with_f16() {
 #[test]
 fn qwen2_5_coder_agrees_with_llama_cpp_at_every_position() {
     let _serial = serial();
-    let report =
-        run(QWEN, "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n", vec![KvType::F16]);
+    let report = run(
+        QWEN,
+        "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n",
+        vec![KvType::F16, KvType::Q8_0_Q4_0],
+    );
     assert_eq!(report.top1(), N_TOKENS, "f16: {}", disagreements(&report).join("; "));
     own_attention_agrees(&report);
+    // Keys and values of different types, as llama.cpp's -ctk q8_0 -ctv q4_0: our graph
+    // against llama.cpp with the same cache.
+    let mixed = &report.kv[1];
+    eprintln!("{mixed:?}");
+    assert_eq!(mixed.kv, KvType::Q8_0_Q4_0);
 }
 
 /// Our attention kernel picks llama.cpp's token at 95% of the positions or more, and differs

@@ -1,5 +1,6 @@
-//! Learning about a model on this device — its verification cost curve, and a skip set for
-//! layer-skip drafting — off the request path: while the daemon is otherwise idle, or on an
+//! Learning about a model on this device — its verification cost curve, how well it keeps its
+//! answers with quantized KV caches, and a skip set for layer-skip drafting — off the request
+//! path: while the daemon is otherwise idle, or on an
 //! explicit `pocket tune`. What is learned is remembered ([`crate::Knowledge`]) and used by
 //! every later request; until it is, `auto` decodes plainly.
 //!
@@ -14,7 +15,7 @@ use pocket_core::memory::Ledger;
 use pocket_core::spec::{AutoConfig, LayerSkipConfig, LayerSkipDrafter, MAX_DRAFT, SkipSet, SpecMode};
 use pocket_core::{
     ChatMessage, GenerateRequest, KvType, LayerPlan, Model, ModelKind, Rows, SamplingConfig, Session,
-    SessionConfig, StopConfig, Token, generate_speculative,
+    SessionConfig, StopConfig, Token, argmax, generate_speculative,
 };
 
 use crate::text::{PROSE, SEARCH_QUESTIONS};
@@ -26,6 +27,13 @@ const GOOD_AGREEMENT: f64 = 0.93;
 /// Prompt tokens decoded per pass while learning: small enough that a request waits at most
 /// one short pass for the learner to give way.
 const PREFILL_CHUNK: usize = 16;
+
+/// Positions compared when measuring a KV type's agreement: enough that one flip moves it by
+/// well under the margin that decides ([`crate::GOOD_KV_AGREEMENT`]).
+const AGREEMENT_TOKENS: usize = 256;
+
+/// The KV types whose agreement the memory ladder asks about ([`crate::Knowledge::lowest_kv`]).
+pub const MEASURED_KV_TYPES: [KvType; 2] = [KvType::Q8_0_Q4_0, KvType::Q4_0];
 
 /// Tokens generated per round of a skip-set search.
 const SEARCH_TOKENS: usize = 128;
@@ -74,6 +82,10 @@ pub enum Progress<'a> {
     MeasuringCurve,
     /// The cost curve is measured.
     Curve(&'a [CostPoint]),
+    /// The quantized KV types' agreement is being measured.
+    MeasuringKvAgreement,
+    /// A KV type's top-1 agreement with an f16 cache was measured.
+    KvAgreement(KvType, f64),
     /// A skip-set search started (or resumed).
     Searching,
     /// A skip set was found.
@@ -91,6 +103,8 @@ pub struct Tuned {
     pub measured_curve: bool,
     /// Whether a skip set was found now.
     pub found_skip_set: bool,
+    /// Whether the KV types' agreement was measured now.
+    pub measured_kv_agreement: bool,
     /// Whether learning stopped because it was cancelled (what was done is kept).
     pub cancelled: bool,
 }
@@ -111,7 +125,14 @@ pub fn needs_tuning(model: &LoadedModel, settings: &TuneSettings) -> bool {
     }
     let known = model.knowledge().known(settings.threads, settings.kv);
     let Some(cost) = known.cost().filter(|_| !settings.again) else { return true };
-    known.skip_set.is_none() && search_wanted(model, settings, &cost)
+    kv_agreement_wanted(model) || (known.skip_set.is_none() && search_wanted(model, settings, &cost))
+}
+
+/// Whether a decoder's KV agreement is still to be measured (an encoder-decoder model's
+/// cache is quantized its own way, and stays at 8-bit keys).
+fn kv_agreement_wanted(model: &LoadedModel) -> bool {
+    model.model().info().kind == ModelKind::Decoder
+        && MEASURED_KV_TYPES.iter().any(|&kv| model.knowledge().kv_agreement(kv).is_none())
 }
 
 fn search_wanted(model: &LoadedModel, settings: &TuneSettings, cost: &CostModel) -> bool {
@@ -158,6 +179,28 @@ pub fn tune(
             }
         }
     };
+    if settings.again || kv_agreement_wanted(model) {
+        progress(Progress::MeasuringKvAgreement);
+        match measure_kv_agreement(model, settings.threads, &MEASURED_KV_TYPES, ledger, cancelled) {
+            Ok(measured) => {
+                for (kv, agreement) in measured {
+                    tracing::info!(model = %model.model().info().name, %kv, agreement,
+                        "measured a KV type's agreement with an f16 cache");
+                    knowledge.remember_kv_agreement(kv, agreement);
+                    progress(Progress::KvAgreement(kv, agreement));
+                }
+                tuned.measured_kv_agreement = true;
+            }
+            Err(Error::Core(pocket_core::Error::Cancelled)) => {
+                tuned.cancelled = true;
+                tuned.known = knowledge.known(settings.threads, settings.kv);
+                return Ok(tuned);
+            }
+            // A type the engine does not offer for this model (heads not a multiple of 32):
+            // nothing to learn, and the ladder never reaches it either.
+            Err(e) => tracing::info!(model = %model.model().info().name, "no KV agreement measured: {e}"),
+        }
+    }
     let cost = CostModel::from_curve(&curve);
     let searching =
         (settings.again || knowledge.skip_set().is_none()) && search_wanted(model, settings, &cost);
@@ -243,6 +286,54 @@ pub fn measure_curve(
         return Err(pocket_core::Error::Cancelled.into());
     }
     Ok(measure_cost_curve(session.as_mut(), info.n_layers, &tokens, &cc, cancelled)?)
+}
+
+/// Measure how often `model` picks the same next token with each of `kv_types` as with an f16
+/// cache: the built-in prose is fed through a session of each type (teacher forcing, so one
+/// flip cannot cascade), and the top-1 token at every position compared with the f16
+/// session's. [`pocket_core::Error::Cancelled`] when `cancelled`.
+pub fn measure_kv_agreement(
+    model: &LoadedModel,
+    threads: usize,
+    kv_types: &[KvType],
+    ledger: &Ledger,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Vec<(KvType, f64)>> {
+    let target = model.model();
+    let info = target.info();
+    let text = filler(target)?;
+    // Not cycled: a repeat is copied by any cache, which would flatter the quantized ones.
+    let tokens: Vec<Token> = text.iter().copied().take(AGREEMENT_TOKENS.min(info.n_ctx_train)).collect();
+    let plan = LayerPlan::full(info.n_layers)?;
+    let top1 = |kv: KvType| -> Result<Vec<Token>> {
+        let config = SessionConfig {
+            kv,
+            threads,
+            n_ctx: tokens.len(),
+            n_batch: PREFILL_CHUNK,
+            max_rows: PREFILL_CHUNK,
+            ..SessionConfig::default()
+        };
+        let mut session = target.session_in(&config, ledger)?;
+        let mut picked = Vec::with_capacity(tokens.len());
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            if cancelled() {
+                return Err(pocket_core::Error::Cancelled.into());
+            }
+            let logits = session.decode(chunk, &plan, Rows::Tail(chunk.len()))?;
+            picked.extend((0..logits.rows()).map(|i| argmax(logits.row(i))));
+        }
+        Ok(picked)
+    };
+    let reference = top1(KvType::F16)?;
+    kv_types
+        .iter()
+        .map(|&kv| {
+            let picked = top1(kv)?;
+            let same = picked.iter().zip(&reference).filter(|(a, b)| a == b).count();
+            Ok((kv, same as f64 / reference.len().max(1) as f64))
+        })
+        .collect()
 }
 
 /// Search a skip set by generating answers to the built-in questions with layer-skip drafting

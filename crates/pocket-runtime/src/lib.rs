@@ -33,7 +33,7 @@ pub mod weights;
 
 pub use engine::{Engine, LoadedModel, OpenOptions, is_onnx};
 pub use error::{Error, ErrorKind, Result};
-pub use knowledge::{Knowledge, Known, cache_dir};
+pub use knowledge::{GOOD_KV_AGREEMENT, Knowledge, Known, cache_dir};
 pub use pipeline::{Input, Outcome, Prepared, Request, Sink};
 pub use prompt_cache::PromptCache;
 

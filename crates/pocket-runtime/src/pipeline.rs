@@ -250,6 +250,7 @@ pub fn prepare(
         let asked = PlanRequest {
             tokens: wanted.min(n_ctx),
             kv: config.kv,
+            lowest_kv: model.knowledge().lowest_kv(),
             spec,
             max_draft: request.max_draft,
             n_batch: config.n_batch,

@@ -93,3 +93,66 @@ fn auto_decodes_plainly_until_the_device_is_measured_and_then_drafts_losslessly(
     assert!(drafter.starts_with("auto (") && !drafter.contains("not measured"), "{drafter}");
     assert_eq!(auto.generation.tokens, plain.generation.tokens, "greedy output is plain decoding's");
 }
+
+fn open(name: &str, cache: &std::path::Path) -> LoadedModel {
+    let dir = pocket_models::models_dir(None);
+    let path: PathBuf = pocket_models::resolve(name, &dir)
+        .unwrap_or_else(|e| panic!("the tests need {name} (pocket pull {name}): {e}"))
+        .path;
+    let options = OpenOptions { cache_dir: Some(cache.to_path_buf()), ..OpenOptions::default() };
+    LoadedModel::open(&path, &options).unwrap()
+}
+
+/// The KV types a request is given as the budget shrinks, until it no longer fits.
+fn kv_types_down_the_ladder(model: &LoadedModel) -> Vec<pocket_core::KvType> {
+    let mut r = request("Tell me a long story about a lighthouse keeper.", SpecMode::Off);
+    r.session.n_ctx = 8192;
+    r.stop.max_tokens = 8000;
+    let mut seen = Vec::new();
+    let mut budget = 1u64 << 30;
+    while let Ok(p) = pipeline::prepare(model, None, &r, &Ledger::new(budget)) {
+        let kv = p.plan.unwrap().kv;
+        if seen.last() != Some(&kv) {
+            seen.push(kv);
+        }
+        budget = budget * 15 / 16;
+    }
+    seen
+}
+
+#[test]
+fn the_memory_ladder_keeps_eight_bit_keys_where_four_bit_keys_change_the_answers() {
+    use pocket_core::KvType;
+    use pocket_runtime::GOOD_KV_AGREEMENT;
+    let cache = tempfile::tempdir().unwrap();
+    let model = open("qwen2.5-coder-0.5b", cache.path());
+    // Until the agreement is measured, keys stay at 8 bits.
+    assert_eq!(kv_types_down_the_ladder(&model), [KvType::F16, KvType::Q8_0, KvType::Q8_0_Q4_0]);
+    let kv_types = [KvType::Q8_0, KvType::Q8_0_Q4_0, KvType::Q4_0];
+    let measured =
+        learn::measure_kv_agreement(&model, 2, &kv_types, &Ledger::unlimited(), &|| false).unwrap();
+    eprintln!("{measured:?}");
+    let agreement = |kv| measured.iter().find(|m| m.0 == kv).unwrap().1;
+    // Qwen's keys lose the answer at 4 bits; its values do not.
+    assert!(agreement(KvType::Q4_0) < GOOD_KV_AGREEMENT, "{measured:?}");
+    assert!(agreement(KvType::Q8_0_Q4_0) >= GOOD_KV_AGREEMENT, "{measured:?}");
+    assert!(agreement(KvType::Q8_0) >= agreement(KvType::Q8_0_Q4_0), "{measured:?}");
+    // Once learned (as the daemon does while idle), the ladder stops at the mix...
+    let tuned = learn::tune(
+        &model,
+        &TuneSettings { skip_search: learn::SkipSearch::Never, ..TuneSettings::new(1, KvType::F16) },
+        &Ledger::unlimited(),
+        &|| false,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(tuned.measured_kv_agreement);
+    assert_eq!(model.knowledge().lowest_kv(), KvType::Q8_0_Q4_0);
+    assert_eq!(kv_types_down_the_ladder(&model), [KvType::F16, KvType::Q8_0, KvType::Q8_0_Q4_0]);
+    // ...and a model whose 4-bit keys keep the answers would go on to q4_0.
+    model.knowledge().remember_kv_agreement(KvType::Q4_0, 0.99);
+    assert_eq!(kv_types_down_the_ladder(&model).last(), Some(&KvType::Q4_0));
+    // What is measured is remembered for the next start.
+    let again = open("qwen2.5-coder-0.5b", cache.path());
+    assert_eq!(again.knowledge().kv_agreement(KvType::Q8_0_Q4_0), Some(agreement(KvType::Q8_0_Q4_0)));
+}

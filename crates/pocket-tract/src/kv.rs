@@ -11,7 +11,7 @@
 //! f32 tensors, so each call writes them out and drops them afterwards (counted as compute
 //! memory by the footprint).
 
-use pocket_core::{KvType, Result};
+use pocket_core::{KvElement, KvType, Result};
 use tract_onnx::prelude::*;
 
 use crate::kivi::{Bits, Kind, KvStore};
@@ -21,22 +21,21 @@ use crate::roles::LayerSlots;
 /// cutting a rejected draft never reaches quantized blocks.
 pub const KV_WINDOW: usize = pocket_core::spec::MAX_DRAFT + 1;
 
-/// How a session's [`KvType`] is stored by this engine: `f32` and `f16` as f32 (the graphs
-/// take f32), `q8_0` and `q4_0` as KIVI 8- and 4-bit groups of 32.
-pub fn kv_bits(kv: KvType) -> Bits {
-    match kv {
-        KvType::F32 | KvType::F16 => Bits::F32,
-        KvType::Q8_0 => Bits::Int8,
-        KvType::Q4_0 => Bits::Int4,
+/// How one half of a session's [`KvType`] is stored by this engine: `f32` and `f16` as f32
+/// (the graphs take f32), `q8_0` and `q4_0` as KIVI 8- and 4-bit groups of 32.
+pub fn kv_bits(t: KvElement) -> Bits {
+    match t {
+        KvElement::F32 | KvElement::F16 => Bits::F32,
+        KvElement::Q8_0 => Bits::Int8,
+        KvElement::Q4_0 => Bits::Int4,
     }
 }
 
-/// Bytes one more decoder token takes in a long cache of `kv`'s type.
+/// Bytes one more decoder token takes in a long cache of `kv`'s types.
 pub fn kv_bytes_per_token(kv: KvType, layers: usize, heads: usize, head_dim: usize) -> f64 {
-    let bits = kv_bits(kv);
     layers as f64
-        * (KvStore::bytes_per_token(Kind::Key, bits, heads, head_dim)
-            + KvStore::bytes_per_token(Kind::Value, bits, heads, head_dim))
+        * (KvStore::bytes_per_token(Kind::Key, kv_bits(kv.k), heads, head_dim)
+            + KvStore::bytes_per_token(Kind::Value, kv_bits(kv.v), heads, head_dim))
 }
 
 struct LayerCache {
@@ -75,8 +74,8 @@ impl DecoderCache {
                 return Err(pocket_core::Error::engine("the first decoder call returned no encoder K/V"));
             };
             layers.push(LayerCache {
-                key: KvStore::new(Kind::Key, kv_bits(kv), heads, head_dim, KV_WINDOW),
-                value: KvStore::new(Kind::Value, kv_bits(kv), heads, head_dim, KV_WINDOW),
+                key: KvStore::new(Kind::Key, kv_bits(kv.k), heads, head_dim, KV_WINDOW),
+                value: KvStore::new(Kind::Value, kv_bits(kv.v), heads, head_dim, KV_WINDOW),
                 cross_key: outputs[ck].clone(),
                 cross_value: outputs[cv].clone(),
             });

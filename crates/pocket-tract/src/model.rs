@@ -275,7 +275,9 @@ impl TractModel {
             let per_token = kv_bytes_per_token(config.kv, inner.info.n_layers, inner.heads, inner.head_dim);
             // Quantized groups are 32 tokens; the f32 window is charged at the quantized rate
             // plus its own f32 bytes in the compute figure.
-            let block = if crate::kv::kv_bits(config.kv) == crate::kivi::Bits::F32 { 1 } else { 32 };
+            let f32_only =
+                [config.kv.k, config.kv.v].iter().all(|&t| crate::kv::kv_bits(t) == crate::kivi::Bits::F32);
+            let block = if f32_only { 1 } else { 32 };
             let rows = config.max_rows.max(1);
             (per_token.ceil() as u64, block, inner.compute_bytes(rows, rows, n_ctx))
         } else {

@@ -37,7 +37,7 @@ pub struct RequestArgs {
     /// The draft model for `--spec draft`.
     #[arg(long)]
     draft_model: Option<String>,
-    /// KV cache type: f16, q8_0 or q4_0.
+    /// KV cache type: f16, q8_0 or q4_0, or keys/values such as q8_0/q4_0.
     #[arg(long)]
     kv: Option<String>,
     #[command(flatten)]

@@ -59,7 +59,7 @@ pub struct Args {
     /// Write the chart here (default: beside the JSON, with the extension .svg).
     #[arg(long, value_name = "FILE")]
     chart: Option<PathBuf>,
-    /// KV cache type for every mode: f16, q8_0 or q4_0.
+    /// KV cache type for every mode: f16, q8_0 or q4_0, or keys/values such as q8_0/q4_0.
     #[arg(long, default_value = "f16")]
     kv: KvType,
     /// Run only the first N prompts (and replay only the first N conversations).

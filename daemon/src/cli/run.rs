@@ -37,7 +37,7 @@ pub struct Args {
     /// Stop when this text appears (not included in the output); may be repeated.
     #[arg(long)]
     stop: Vec<String>,
-    /// KV cache type: f16, q8_0 or q4_0.
+    /// KV cache type: f16, q8_0 or q4_0, or keys/values such as q8_0/q4_0.
     #[arg(long, default_value = "f16")]
     kv: KvType,
     /// Context size in tokens (capped at the model's training context).

@@ -72,6 +72,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         let tuned = learn::tune(&model, &settings, &ledger, &|| false, &mut |p| match p {
             Progress::MeasuringCurve => eprintln!("  measuring the verification cost curve..."),
+            Progress::MeasuringKvAgreement => eprintln!("  measuring quantized KV caches against f16..."),
+            Progress::KvAgreement(kv, agreement) => println!(
+                "  {kv} KV cache: top-1 agreement with f16 {:.1}%{}",
+                agreement * 100.0,
+                if agreement >= pocket_runtime::GOOD_KV_AGREEMENT {
+                    ""
+                } else {
+                    ": the memory ladder does not use it"
+                }
+            ),
             Progress::Searching => eprintln!("  searching a layer-skip set..."),
             _ => {}
         })

@@ -197,7 +197,12 @@ fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<J
             }
             "system" => system = Some(string(v).ok_or_else(|| wrong(key, "a string"))?),
             "history" => {
-                history = messages(v).ok_or_else(|| wrong(key, "an array of (role, content) pairs, a(ss)"))?
+                history = messages(v).ok_or_else(|| {
+                    wrong(
+                        key,
+                        "an array of (role, content) pairs, a(ss), whose roles are system, user or assistant",
+                    )
+                })?
             }
             "cache_key" => o.cache_key = Some(string(v).ok_or_else(|| wrong(key, "a string"))?),
             "cache_prompt" => {

@@ -143,6 +143,7 @@ impl Scheduler {
                 let result = learn::tune(&model.model, &settings, &ledger, &cancelled, &mut |p| {
                     let doing = match p {
                         learn::Progress::MeasuringCurve => "cost curve",
+                        learn::Progress::MeasuringKvAgreement => "KV agreement",
                         learn::Progress::Searching => "skip set",
                         _ => return,
                     };

@@ -13,6 +13,6 @@ mod size;
 pub use ledger::{Ledger, Reservation};
 pub use plan::{
     Degradation, DraftModelCosts, MIN_PREFILL_BATCH, ModelCosts, Plan, PlanRequest, SUFFIX_BYTES_PER_TOKEN,
-    SessionCosts, plan, prefill_batches,
+    SessionCosts, kv_ladder, plan, prefill_batches,
 };
 pub use size::{BudgetSpec, MemoryLimits, format_size, parse_size, proc_field};

@@ -41,6 +41,10 @@ pub struct PlanRequest {
     pub tokens: usize,
     /// The KV type asked for.
     pub kv: KvType,
+    /// The lowest KV type the ladder may go down to: none stores keys or values less
+    /// precisely than it. [`KvType::Q4_0`] allows the whole ladder; a model whose measured
+    /// agreement says 4-bit keys would hurt stops at [`KvType::Q8_0_Q4_0`].
+    pub lowest_kv: KvType,
     /// The speculation asked for.
     pub spec: SpecMode,
     /// The longest draft asked for.
@@ -239,10 +243,7 @@ pub fn plan(ledger: &Ledger, request: &PlanRequest, costs: &mut dyn SessionCosts
     let available = ledger.available();
     let mut memo = Memo { costs, target: HashMap::new(), draft: HashMap::new() };
     let batches = prefill_batches(request.n_batch);
-    let start = KvType::ALL.iter().position(|&k| k == request.kv).unwrap_or(0);
-    if KvType::ALL[start] != request.kv
-        || memo.target(request.kv, batches[0], request.max_draft + 1)?.is_none()
-    {
+    if memo.target(request.kv, batches[0], request.max_draft + 1)?.is_none() {
         return Err(Error::invalid(format!("the engine offers no {} KV cache for this model", request.kv)));
     }
     let has_draft = memo.draft(request.kv, batches[0])?.is_some();
@@ -264,7 +265,7 @@ pub fn plan(ledger: &Ledger, request: &PlanRequest, costs: &mut dyn SessionCosts
     let mut least = None;
     // Lower-bit KV types are asked of the engine only when the one asked for does not fit
     // (measuring a footprint builds a graph).
-    for (ik, &kv) in KvType::ALL[start..].iter().enumerate() {
+    for (ik, kv) in kv_ladder(request.kv, request.lowest_kv).enumerate() {
         if memo.target(kv, batches[0], request.max_draft + 1)?.is_none() {
             continue; // not offered by this engine
         }
@@ -321,6 +322,14 @@ pub fn plan(ledger: &Ledger, request: &PlanRequest, costs: &mut dyn SessionCosts
         available,
         budget: ledger.budget(),
     })
+}
+
+/// The KV types a session asking for `asked` may be given, in the order the ladder tries them:
+/// `asked`, then the types of [`KvType::ALL`] below it (keys and values each at most as precise)
+/// and no lower than `lowest`.
+pub fn kv_ladder(asked: KvType, lowest: KvType) -> impl Iterator<Item = KvType> {
+    std::iter::once(asked)
+        .chain(KvType::ALL.into_iter().filter(move |kv| kv.is_below(asked) && kv.at_least(lowest)))
 }
 
 /// Bytes a session of `tokens` tokens holds at its largest with `footprint`, speculating with
@@ -381,7 +390,12 @@ mod tests {
 
     fn costs(with_draft: bool) -> Fake {
         Fake {
-            kv_types: vec![(KvType::F16, 23040), (KvType::Q8_0, 12240), (KvType::Q4_0, 6480)],
+            kv_types: vec![
+                (KvType::F16, 23040),
+                (KvType::Q8_0, 12240),
+                (KvType::Q8_0_Q4_0, 9360),
+                (KvType::Q4_0, 6480),
+            ],
             draft: with_draft.then_some(DraftModelCosts {
                 weights_bytes: 60 * MIB,
                 kv_bytes_per_token: 12288,
@@ -392,7 +406,14 @@ mod tests {
     }
 
     fn request(spec: SpecMode) -> PlanRequest {
-        PlanRequest { tokens: 1000, kv: KvType::F16, spec, max_draft: 8, n_batch: 256 }
+        PlanRequest {
+            tokens: 1000,
+            kv: KvType::F16,
+            lowest_kv: KvType::Q4_0,
+            spec,
+            max_draft: 8,
+            n_batch: 256,
+        }
     }
 
     #[test]
@@ -466,7 +487,39 @@ mod tests {
         c.asked = 0;
         assert!(plan(&Ledger::new(1), &req, &mut c).is_err());
         // (KV types) × (pass sizes) × (rows for K = 8, 4, 2, 1 and none)
-        assert_eq!(c.asked, 3 * 4 * 5, "each footprint is asked for once");
+        assert_eq!(c.asked, 4 * 4 * 5, "each footprint is asked for once");
+        assert!(seen.iter().any(|s| s.2 == KvType::Q8_0_Q4_0), "the mix is a step of the ladder: {seen:?}");
+    }
+
+    #[test]
+    fn the_ladder_goes_down_from_the_type_asked_for_and_stops_at_the_lowest_allowed() {
+        let ladder = |asked: &str, lowest: &str| {
+            kv_ladder(asked.parse().unwrap(), lowest.parse().unwrap()).map(|k| k.name()).collect::<Vec<_>>()
+        };
+        assert_eq!(ladder("f16", "q4_0"), ["f16", "q8_0", "q8_0/q4_0", "q4_0"]);
+        assert_eq!(ladder("f16", "q8_0/q4_0"), ["f16", "q8_0", "q8_0/q4_0"]);
+        assert_eq!(ladder("f16", "q8_0"), ["f16", "q8_0"]);
+        assert_eq!(ladder("q8_0/q4_0", "q4_0"), ["q8_0/q4_0", "q4_0"]);
+        // A type asked for outside the ladder is given when it fits; below it, the ladder's.
+        assert_eq!(ladder("f16/q8_0", "q4_0"), ["f16/q8_0", "q8_0", "q8_0/q4_0", "q4_0"]);
+        // What a user asks for is not refused for being below the lowest the ladder goes to.
+        assert_eq!(ladder("q4_0", "q8_0/q4_0"), ["q4_0"]);
+    }
+
+    #[test]
+    fn keys_that_need_eight_bits_keep_them_however_small_the_budget() {
+        let mut req = request(SpecMode::Off);
+        req.lowest_kv = KvType::Q8_0_Q4_0;
+        let mut c = costs(false);
+        let mut budget = 60 * MIB;
+        let mut last = None;
+        while let Ok(p) = plan(&Ledger::new(budget), &req, &mut c) {
+            last = Some(p);
+            budget -= MIB / 4;
+        }
+        let last = last.unwrap();
+        assert_eq!(last.kv, KvType::Q8_0_Q4_0);
+        assert!(last.degraded.contains(&Degradation::LowerKv { kv: KvType::Q8_0_Q4_0, asked: KvType::F16 }));
     }
 
     #[test]

@@ -222,8 +222,8 @@ impl LlamaContext {
             if params.flash_attn {
                 p.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_ENABLED;
             }
-            p.type_k = ggml_type(params.kv);
-            p.type_v = ggml_type(params.kv);
+            p.type_k = ggml_type(params.kv.k);
+            p.type_v = ggml_type(params.kv.v);
             // Every layer keeps the whole context: a sliding-window cache of the window's size
             // could not be rolled back past a rejected draft.
             p.swa_full = true;

@@ -151,15 +151,15 @@ impl Builder<'_> {
             Some(swa) if hp.is_swa(il) => swa,
             _ => self.inp.mask,
         };
-        // One cached row holds all KV heads of a token; heads are head_stride bytes apart.
-        let row = kv.row_bytes();
-        let head_stride = row / hp.n_head_kv;
+        // One cached row holds all KV heads of a token; heads are row / n_head_kv bytes apart.
+        // K's and V's rows differ in size where their types do.
+        let rows = (kv.k_row_bytes(), kv.v_row_bytes());
         let (hd, nkv, n_kv) = (hp.head_dim as i64, hp.n_head_kv as i64, shape.n_kv as i64);
         let mut attn = if shape.own_attention {
-            let view = |cache| ctx.view(cache, &[hd, nkv, n_kv], &[head_stride, row], 0);
-            attention::attend(ctx, q, view(k_cache), view(v_cache), mask, kq_scale)
+            let view = |cache, row: usize| ctx.view(cache, &[hd, nkv, n_kv], &[row / hp.n_head_kv, row], 0);
+            attention::attend(ctx, q, view(k_cache, rows.0), view(v_cache, rows.1), mask, kq_scale)
         } else {
-            flash_attention(ctx, q, k_cache, v_cache, mask, hp, row, shape, kq_scale)
+            flash_attention(ctx, q, (k_cache, v_cache), mask, hp, rows, shape, kq_scale)
         };
         if let Some(r) = self.inp.v_rot {
             attn = rotate(ctx, attn, r);
@@ -215,35 +215,35 @@ fn rotate(ctx: &Ctx, x: Tensor, rot: Tensor) -> Tensor {
 
 /// ggml's flash attention of `q` (`[head_dim, n_head, n_tokens]`) over the cached K and V,
 /// `[head_dim · n_head, n_tokens]`: for caches our own [`attention`] does not take.
+/// `rows` are the bytes of one token's K and of its V.
 #[allow(clippy::too_many_arguments)]
 fn flash_attention(
     ctx: &Ctx,
     q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
+    (k_cache, v_cache): (Tensor, Tensor),
     mask: Tensor,
     hp: &Hparams,
-    row: usize,
+    rows: (usize, usize),
     shape: PassShape,
     kq_scale: f32,
 ) -> Tensor {
     let (head_dim, n_head, n_head_kv) = (hp.head_dim as i64, hp.n_head as i64, hp.n_head_kv as i64);
     let (n_tokens, n_kv, q_rows) = (shape.n_tokens as i64, shape.n_kv as i64, shape.q_rows as i64);
-    let head_stride = row / hp.n_head_kv;
     // [head_dim, heads / g, tokens, g]: g = 1, except that a lone query over a long cache
     // puts each KV head's group of query heads in dimension 3 (see LoneQuery).
     let g = if shape.lone_query == LoneQuery::HeadsApart { n_head_kv } else { 1 };
     let q = if q_rows > n_tokens { ctx.concat(q, q, 2) } else { q };
     let q = ctx.reshape(q, &[head_dim, n_head / g, q_rows, g]);
-    let kv_view = |cache| {
+    let kv_view = |cache, row: usize| {
+        let head_stride = row / hp.n_head_kv;
         let stride3 = head_stride * (hp.n_head_kv / g as usize);
         ctx.view(cache, &[head_dim, n_head_kv / g, n_kv, g], &[head_stride, row, stride3], 0)
     };
     let perm = [0, 2, 1, 3];
     let attn = ctx.flash_attn(
         ctx.permute(q, perm),
-        ctx.permute(kv_view(k_cache), perm),
-        ctx.permute(kv_view(v_cache), perm),
+        ctx.permute(kv_view(k_cache, rows.0), perm),
+        ctx.permute(kv_view(v_cache, rows.1), perm),
         mask,
         kq_scale,
     );

@@ -330,20 +330,10 @@ fn read_whole(entry: &FileEntry) -> Result<SavedState, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pocket_core::{CacheKey, KvType};
+    use pocket_core::KvType;
 
     fn key() -> PrefixKey {
-        PrefixKey {
-            model: CacheKey {
-                fingerprint: "f00d".into(),
-                device: "CPU".into(),
-                kernels: "ggml".into(),
-                weights: "stored".into(),
-            },
-            threads: 2,
-            kv: KvType::F16,
-            whole: false,
-        }
+        super::super::tests::key(KvType::F16)
     }
 
     fn usable(saved: &[Token], tokens: &[Token]) -> usize {

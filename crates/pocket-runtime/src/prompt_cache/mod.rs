@@ -402,7 +402,8 @@ impl PromptCache {
 mod tests {
     use super::*;
 
-    fn key(kv: KvType) -> PrefixKey {
+    /// A key of one made-up model, two threads and `kv`, for the tests here and in `disk`.
+    pub(super) fn key(kv: KvType) -> PrefixKey {
         PrefixKey {
             model: CacheKey {
                 fingerprint: "f00d".into(),
