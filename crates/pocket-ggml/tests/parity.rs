@@ -92,10 +92,10 @@ fn qwen2_5_coder_agrees_with_llama_cpp_at_every_position() {
     assert_eq!(report.top1(), N_TOKENS, "f16: {}", disagreements(&report).join("; "));
     own_attention_agrees(&report);
     // Keys and values of different types, as llama.cpp's -ctk q8_0 -ctv q4_0: our graph
-    // against llama.cpp with the same cache.
+    // against llama.cpp with the same cache (bit for bit on x86-64 with AVX2).
     let mixed = &report.kv[1];
-    eprintln!("{mixed:?}");
     assert_eq!(mixed.kv, KvType::Q8_0_Q4_0);
+    assert_eq!(mixed.top1_vs_llama_cpp, N_TOKENS, "{mixed:?}");
 }
 
 /// Our attention kernel picks llama.cpp's token at 95% of the positions or more, and differs
