@@ -385,35 +385,9 @@ fn dbus_generate_start_cancel_properties_and_named_errors() {
     );
     let o = d.dbus_send(&["org.pocketd.Pocketd1.LoadModel", "string:nope"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("org.pocketd.Error.UnknownModel"), "{o:?}");
-    let o = d.dbus(&[
-        "call",
-        "org.pocketd.Pocketd1",
-        "/org/pocketd/Pocketd1",
-        "org.pocketd.Pocketd1",
-        "Generate",
-        "ssa{sv}",
-        "",
-        "hi",
-        "1",
-        "temperature",
-        "s",
-        "hot",
-    ]);
+    let o = d.busctl_generate(&[], "hi", &[&["temperature", "s", "hot"]]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("must be a double"), "{o:?}");
-    let o = d.dbus(&[
-        "call",
-        "org.pocketd.Pocketd1",
-        "/org/pocketd/Pocketd1",
-        "org.pocketd.Pocketd1",
-        "Generate",
-        "ssa{sv}",
-        "",
-        "hi",
-        "1",
-        "colour",
-        "s",
-        "blue",
-    ]);
+    let o = d.busctl_generate(&[], "hi", &[&["colour", "s", "blue"]]);
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains("unknown option") && e.contains("max_tokens"), "{e}");
     let o = d.dbus_send(&["org.pocketd.Pocketd1.Cancel", "objpath:/org/pocketd/Pocketd1/jobs/999"]);
