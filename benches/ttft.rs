@@ -37,10 +37,7 @@ fn median(v: &mut [f64]) -> f64 {
 /// render, tokenize, prepare, make the session, prefill, sample, until the first text.
 fn in_process(model: &LoadedModel, threads: usize) -> anyhow::Result<f64> {
     let start = Instant::now();
-    let mut request = Request::new(Input::Chat(vec![ChatMessage {
-        role: pocket_core::Role::User,
-        content: PROMPT.into(),
-    }]));
+    let mut request = Request::new(Input::Chat(vec![ChatMessage::new(pocket_core::Role::User, PROMPT)]));
     request.stop.max_tokens = 8;
     request.session = SessionConfig { threads, ..SessionConfig::default() };
     let ledger = Ledger::unlimited();

@@ -122,10 +122,7 @@ fn layer_skipping_and_draft_models_are_refused_for_encoder_decoders() {
     let e = pipeline::prepare(&model, None, &request, &Ledger::unlimited()).unwrap_err().to_string();
     assert!(e.contains("not available") && e.contains("inputcopy"), "{e}");
     // Chat messages need a chat template, which an encoder-decoder model does not have.
-    let chat = Request::new(Input::Chat(vec![pocket_core::ChatMessage {
-        role: pocket_core::Role::User,
-        content: "hi".into(),
-    }]));
+    let chat = Request::new(Input::Chat(vec![pocket_core::ChatMessage::new(pocket_core::Role::User, "hi")]));
     let e = pipeline::prepare(&model, None, &chat, &Ledger::unlimited()).unwrap_err().to_string();
     assert!(e.contains("no chat template") && e.contains("completion prompt"), "{e}");
 }

@@ -349,7 +349,7 @@ mod tests {
         assert_eq!(prompts[0].max_tokens, 64);
         assert_eq!(
             prompts[0].input,
-            PromptInput::Messages(vec![ChatMessage { role: pocket_core::Role::User, content: "hi".into() }])
+            PromptInput::Messages(vec![ChatMessage::new(pocket_core::Role::User, "hi")])
         );
         assert_eq!(prompts[1].kind, Kind::Seq2seq);
         assert_eq!(prompts[1].input, PromptInput::Text("translate".into()));

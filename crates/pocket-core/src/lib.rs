@@ -41,7 +41,7 @@ pub use model::{
 pub use plan::{LayerPlan, MAX_LAYERS};
 pub use sampling::{Distribution, Sampler, SamplingConfig, argmax};
 pub use stop::{Chunk, StopConfig, StopReason, TextStream};
-pub use tokenizer::{ChatMessage, Role, Tokenizer};
+pub use tokenizer::{ChatMessage, FunctionCall, Role, Tokenizer, ToolCall};
 
 /// A token id in a model's vocabulary.
 pub type Token = u32;

@@ -37,19 +37,83 @@ impl std::fmt::Display for Role {
     }
 }
 
-/// One message of a chat conversation.
+/// One message of a chat conversation, in OpenAI's shape.
+///
+/// `content` is read from a string, `null` (an assistant message that only calls tools) or
+/// an array of text parts (`[{"type": "text", "text": "…"}]`, joined); it is always written
+/// as a string.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// Who says it.
     pub role: Role,
     /// The message text.
+    #[serde(default, deserialize_with = "content::deserialize")]
     pub content: String,
+    /// The tools an assistant message calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// Which call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The tool's name, on a `tool` message (older clients send it instead of the id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
     /// A message of `role` saying `content`.
     pub fn new(role: Role, content: impl Into<String>) -> Self {
-        ChatMessage { role, content: content.into() }
+        ChatMessage { role, content: content.into(), tool_calls: Vec::new(), tool_call_id: None, name: None }
+    }
+}
+
+/// A call of a tool by the model: `{"id", "type": "function", "function": {"name", "arguments"}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call's id, which the `tool` message with its result names.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+fn function_kind() -> String {
+    "function".to_owned()
+}
+
+/// The function a [`ToolCall`] calls.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    /// The function's name, one of the request's `tools`.
+    pub name: String,
+    /// The arguments, as JSON text (OpenAI's shape: a string holding a JSON object).
+    pub arguments: String,
+}
+
+mod content {
+    use serde::{Deserialize, Deserializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Content {
+        Text(String),
+        Parts(Vec<Part>),
+    }
+
+    #[derive(Deserialize)]
+    #[serde(tag = "type", rename_all = "snake_case")]
+    enum Part {
+        Text { text: String },
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        Ok(match Option::<Content>::deserialize(d)? {
+            None => String::new(),
+            Some(Content::Text(s)) => s,
+            Some(Content::Parts(parts)) => parts.into_iter().map(|Part::Text { text }| text).collect(),
+        })
     }
 }
 

@@ -399,7 +399,7 @@ fn search_skip_set(
 fn search_prompt(model: &dyn Model, question: &str) -> Result<Vec<Token>> {
     let text = format!("{question}\n\n{PROSE}");
     let tokenizer = model.tokenizer();
-    let message = ChatMessage { role: pocket_core::Role::User, content: text.clone() };
+    let message = ChatMessage::new(pocket_core::Role::User, text.clone());
     let rendered = tokenizer.apply_chat_template(&[message], true).unwrap_or(text);
     Ok(tokenizer.encode(&rendered, true)?)
 }

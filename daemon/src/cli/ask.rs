@@ -206,9 +206,9 @@ pub fn ask(args: AskArgs) -> anyhow::Result<()> {
     let client = Client::new(&args.request.socket.socket);
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
-        messages.push(ChatMessage { role: pocket_core::Role::System, content: s.clone() });
+        messages.push(ChatMessage::new(pocket_core::Role::System, s.clone()));
     }
-    messages.push(ChatMessage { role: pocket_core::Role::User, content: prompt.clone() });
+    messages.push(ChatMessage::new(pocket_core::Role::User, prompt.clone()));
     let chat = (!args.raw).then_some(messages.as_slice());
     let (_, stats) = runtime()?.block_on(exchange(&client, chat, &prompt, &args.request))?;
     println!();
@@ -236,7 +236,7 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
     let interactive = std::io::stdin().is_terminal();
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
-        messages.push(ChatMessage { role: pocket_core::Role::System, content: s.clone() });
+        messages.push(ChatMessage::new(pocket_core::Role::System, s.clone()));
     }
     if interactive {
         eprintln!("pocket chat: type a message and press Enter; /exit or Ctrl-D ends.");
@@ -255,11 +255,11 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
         if line == "/exit" || line == "/quit" {
             break;
         }
-        messages.push(ChatMessage { role: pocket_core::Role::User, content: line.to_owned() });
+        messages.push(ChatMessage::new(pocket_core::Role::User, line.to_owned()));
         match rt.block_on(exchange(&client, Some(&messages), "", &args.request)) {
             Ok((text, _)) => {
                 println!();
-                messages.push(ChatMessage { role: pocket_core::Role::Assistant, content: text });
+                messages.push(ChatMessage::new(pocket_core::Role::Assistant, text));
             }
             Err(e) => {
                 // The conversation goes on without the turn that failed.

@@ -228,9 +228,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let input = if args.chat {
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
-            messages.push(ChatMessage { role: pocket_core::Role::System, content: system.clone() });
+            messages.push(ChatMessage::new(pocket_core::Role::System, system.clone()));
         }
-        messages.push(ChatMessage { role: pocket_core::Role::User, content: prompt });
+        messages.push(ChatMessage::new(pocket_core::Role::User, prompt));
         Input::Chat(messages)
     } else {
         Input::Text(prompt)

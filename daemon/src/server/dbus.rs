@@ -128,7 +128,7 @@ fn messages(v: &Variant<'_>) -> Option<Vec<ChatMessage>> {
                 "assistant" => pocket_core::Role::Assistant,
                 _ => return None,
             };
-            Some(ChatMessage { role, content: string(content)? })
+            Some(ChatMessage::new(role, string(content)?))
         })
         .collect()
 }
@@ -228,10 +228,10 @@ fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<J
     let input = if chat {
         let mut messages = Vec::new();
         if let Some(s) = system {
-            messages.push(ChatMessage { role: pocket_core::Role::System, content: s });
+            messages.push(ChatMessage::new(pocket_core::Role::System, s));
         }
         messages.extend(history);
-        messages.push(ChatMessage { role: pocket_core::Role::User, content: prompt.to_owned() });
+        messages.push(ChatMessage::new(pocket_core::Role::User, prompt.to_owned()));
         Input::Chat(messages)
     } else {
         Input::Text(prompt.to_owned())

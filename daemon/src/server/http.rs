@@ -143,7 +143,7 @@ async fn chat_completions(
         model,
         choices: vec![ChatChoice {
             index: 0,
-            message: ChatMessage { role: pocket_core::Role::Assistant, content: f.text },
+            message: ChatMessage::new(pocket_core::Role::Assistant, f.text),
             finish_reason: f.finish_reason,
         }],
         usage: f.usage,

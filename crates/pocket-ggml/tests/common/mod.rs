@@ -120,7 +120,7 @@ pub fn tokens(model: &GgmlModel, text: &str) -> Vec<Token> {
 
 /// The chat prompt for one user message, with the assistant's turn opened.
 pub fn chat(model: &GgmlModel, user: &str) -> Vec<Token> {
-    let messages = [ChatMessage { role: pocket_core::Role::User, content: user.into() }];
+    let messages = [ChatMessage::new(pocket_core::Role::User, user)];
     let text = model.tokenizer().apply_chat_template(&messages, true).expect("the model has a chat template");
     tokens(model, &text)
 }
