@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::constraint::{Constraint, Masker};
 use crate::sampling::{Distribution, Sampler, SamplingConfig};
 use crate::spec::{Batch, Draft, Drafter, MAX_DRAFT, SpecStats, verify_greedy, verify_sampled};
 use crate::stop::{StopConfig, StopReason, TextStream};
@@ -120,9 +121,42 @@ pub fn generate_speculative(
     session: &mut dyn Session,
     tokenizer: &dyn Tokenizer,
     request: &GenerateRequest,
-    mut drafter: Option<&mut dyn Drafter>,
+    drafter: Option<&mut dyn Drafter>,
     on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
 ) -> Result<Generation> {
+    let guide = Guide { drafter, ..Guide::default() };
+    generate_guided(info, session, tokenizer, request, guide, on_event)
+}
+
+/// What steers a generation besides sampling: a drafter proposing tokens and a constraint
+/// deciding which tokens may come at all.
+#[derive(Default)]
+pub struct Guide<'d, 'c> {
+    /// Proposes tokens for each verification pass (`None`: plain decoding, unless forced
+    /// tokens are drafted).
+    pub drafter: Option<&'d mut dyn Drafter>,
+    /// Masks the tokens a grammar forbids, at every step; drafted tokens it forbids are cut
+    /// before verification.
+    pub constraint: Option<&'c mut dyn Constraint>,
+    /// The longest run of tokens the constraint forces that is drafted for free instead of
+    /// asking the drafter (0: never). The session must return that many extra rows of logits.
+    pub max_forced: usize,
+}
+
+/// [`generate_speculative`] under a [`Guide`]: the constraint masks every row before it is
+/// sampled, so the output is what constrained plain decoding gives (token for token when
+/// greedy); where the constraint forces tokens, they are the step's draft and cost no
+/// drafter time.
+pub fn generate_guided(
+    info: &ModelInfo,
+    session: &mut dyn Session,
+    tokenizer: &dyn Tokenizer,
+    request: &GenerateRequest,
+    guide: Guide<'_, '_>,
+    on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+) -> Result<Generation> {
+    let Guide { mut drafter, constraint, max_forced } = guide;
+    let mut masker = Masker::new(constraint);
     let mut sampler = Sampler::new(request.sampling.clone())?;
     request.stop.validate()?;
     if request.prompt.is_empty() {
@@ -160,9 +194,14 @@ pub fn generate_speculative(
     let mut batch = Batch::new();
     let (mut p, mut residual) = (Distribution::new(), Distribution::new());
 
+    let mut forced = Vec::with_capacity(MAX_DRAFT);
+
     let start = Instant::now();
     let logits = session.decode(&request.prompt, &plan, Rows::Last)?;
-    let mut next = sampler.sample(last_row(&logits, info)?, &out.history);
+    let mut next = sampler.sample(masker.row(last_row(&logits, info)?)?, &out.history);
+    if !tokenizer.is_end(next) {
+        masker.advance(next)?;
+    }
     if let Some(d) = drafter.as_deref_mut() {
         d.prefill(session.tokens())?;
     }
@@ -187,10 +226,16 @@ pub fn generate_speculative(
             if base >= n_ctx {
                 break StopReason::ContextFull;
             }
-            // Propose: up to what the context and the token limit leave room for after `next`.
+            // Propose: up to what the context and the token limit leave room for after `next`;
+            // what the constraint forces if it forces anything, else the drafter's tokens up
+            // to the first one the constraint forbids.
             draft.clear();
             let max = MAX_DRAFT.min(n_ctx - base - 1).min(max_tokens - out.tokens.len() - 1);
-            if let Some(d) = drafter.as_deref_mut().filter(|_| max > 0) {
+            forced.clear();
+            masker.forced(max.min(max_forced), &mut forced)?;
+            draft.extend(forced.iter().copied().take(max));
+            let is_forced = !draft.is_empty();
+            if let Some(d) = drafter.as_deref_mut().filter(|_| max > 0 && !is_forced) {
                 let t0 = Instant::now();
                 context.push(next);
                 let drafted = d.draft(session, &context, max, &mut draft);
@@ -201,6 +246,8 @@ pub fn generate_speculative(
                     session.truncate(base)?;
                 }
                 stats.draft_seconds += t0.elapsed().as_secs_f64();
+                let allowed = masker.allowed_prefix(&draft)?;
+                draft.truncate(allowed);
             }
             // Decode: one full-plan pass over the pending token and the draft.
             batch.clear();
@@ -211,15 +258,19 @@ pub fn generate_speculative(
             let logits = session.decode(&batch, &plan, rows)?;
             check_rows(&logits, batch.len(), info)?;
             // Accept: the longest prefix of the draft the target agrees with, then its own token.
+            let h = &mut out.history;
             let verdict = if sampler.config().is_greedy() {
-                verify_greedy(&mut sampler, &logits, &draft, &mut out.history)
+                verify_greedy(&mut sampler, &logits, &draft, h, &mut masker)?
             } else {
-                verify_sampled(&mut sampler, &logits, &draft, &[], &mut out.history, &mut p, &mut residual)
+                verify_sampled(&mut sampler, &logits, &draft, &[], h, &mut masker, &mut p, &mut residual)?
             };
             sampled_at = Instant::now();
             stats.verify_seconds += sampled_at.duration_since(t0).as_secs_f64();
             stats.passes += 1;
-            if !draft.is_empty() {
+            if is_forced {
+                stats.forced += draft.len();
+                stats.forced_accepted += verdict.accepted;
+            } else if !draft.is_empty() {
                 stats.drafts += 1;
                 stats.drafted += draft.len();
                 stats.accepted += verdict.accepted;
@@ -247,8 +298,12 @@ pub fn generate_speculative(
             // Drop the rejected rest: the session holds `next` and the accepted tokens.
             session.truncate(base + 1 + verdict.accepted)?;
             next = verdict.next;
+            if !tokenizer.is_end(next) {
+                masker.advance(next)?;
+            }
         }
     };
+    stats.constraint_seconds = masker.seconds();
 
     let stop_string = out.stream.stopped().map(str::to_owned);
     let tail = out.stream.finish();
@@ -665,6 +720,114 @@ mod tests {
         // verifies 6 7 0, where 7 is the end token: two passes instead of six.
         assert_eq!(s.spec.passes, 2);
         assert_eq!((s.spec.drafted, s.spec.accepted, s.spec.drafts), (6, 6, 2));
+    }
+
+    /// A grammar that allows `steps[i]` at the i-th generated token, then only the end token.
+    struct Script {
+        steps: Vec<Vec<Token>>,
+        at: usize,
+    }
+
+    impl Script {
+        fn new(steps: &[&[Token]]) -> Self {
+            Script { steps: steps.iter().map(|s| s.to_vec()).collect(), at: 0 }
+        }
+
+        fn allowed(&self, i: usize) -> &[Token] {
+            self.steps.get(i).map_or(&[7], |s| s)
+        }
+    }
+
+    impl Constraint for Script {
+        fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
+            for (t, l) in logits.iter_mut().enumerate() {
+                if !self.allowed(self.at).contains(&(t as Token)) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+            Ok(())
+        }
+
+        fn advance(&mut self, token: Token) -> Result<()> {
+            assert!(self.allowed(self.at).contains(&token), "advanced with a forbidden token {token}");
+            self.at += 1;
+            Ok(())
+        }
+
+        fn allowed_prefix(&mut self, tokens: &[Token]) -> Result<usize> {
+            Ok(tokens.iter().enumerate().take_while(|&(i, t)| self.allowed(self.at + i).contains(t)).count())
+        }
+
+        fn forced(&mut self, max: usize, out: &mut Vec<Token>) -> Result<()> {
+            let steps = &self.steps[self.at.min(self.steps.len())..];
+            out.extend(steps.iter().take_while(|s| s.len() == 1).take(max).map(|s| s[0]));
+            Ok(())
+        }
+    }
+
+    fn guided(
+        session: &mut FakeSession,
+        steps: &[&[Token]],
+        drafter: Option<&mut dyn Drafter>,
+        max_forced: usize,
+    ) -> Generation {
+        let mut script = Script::new(steps);
+        let guide = Guide { drafter, constraint: Some(&mut script), max_forced };
+        let r = request(&[0], 100, &[]);
+        generate_guided(&info(), session, &FakeTokenizer::default(), &r, guide, &mut |_| {
+            ControlFlow::Continue(())
+        })
+        .unwrap()
+    }
+
+    const SCRIPT: &[&[Token]] = &[&[1, 2], &[3], &[4], &[2, 6], &[5], &[6], &[0, 1]];
+
+    #[test]
+    fn a_constraint_masks_every_step() {
+        // The model's pick after t is t + 1; where the script forbids it, the lowest allowed id
+        // (all others tie at 0). After the script only the end token is allowed.
+        let mut s = FakeSession::new(64);
+        let g = guided(&mut s, SCRIPT, None, 0);
+        assert_eq!((g.tokens, g.stop), (vec![1, 3, 4, 2, 5, 6, 0], StopReason::Eos));
+        assert_eq!(g.spec.passes, 7);
+    }
+
+    #[test]
+    fn forced_tokens_are_free_drafts_and_change_nothing() {
+        let mut plain = FakeSession::new(64);
+        let want = guided(&mut plain, SCRIPT, None, 0);
+        let mut spec = FakeSession::new(64);
+        let got = guided(&mut spec, SCRIPT, None, 8);
+        assert_eq!((&got.tokens, got.stop), (&want.tokens, want.stop));
+        assert_eq!(spec.tokens, plain.tokens);
+        // 1 is sampled; 3 4 are forced and drafted after it; 2 (a choice) comes from that pass.
+        assert_eq!((got.spec.forced, got.spec.forced_accepted), (4, 4));
+        assert_eq!((got.spec.drafted, got.spec.drafts), (0, 0));
+        assert!(got.spec.passes < want.spec.passes, "{} vs {}", got.spec.passes, want.spec.passes);
+    }
+
+    #[test]
+    fn drafted_tokens_the_constraint_forbids_are_cut_before_verification() {
+        let mut plain = FakeSession::new(64);
+        let want = guided(&mut plain, SCRIPT, None, 0);
+        for (right, wrong) in [(0, 2), (2, 1), (4, 0), (16, 0)] {
+            let mut d = PatternDrafter { right, wrong, verdicts: Vec::new(), prefills: Vec::new() };
+            let mut spec = FakeSession::new(64);
+            let got = guided(&mut spec, SCRIPT, Some(&mut d), 0);
+            assert_eq!((&got.tokens, got.stop), (&want.tokens, want.stop), "draft {right}+{wrong}");
+            assert_eq!(spec.tokens, plain.tokens, "draft {right}+{wrong}");
+            // Every verified draft held only allowed tokens: the drafter saw them all accepted
+            // up to where the model's pick differs from its own, never a forbidden one.
+            for call in spec.calls.iter().skip(1) {
+                let at = call.0 - 1; // the pending token's index among the generated ones
+                for (i, t) in call.1.iter().enumerate().skip(1) {
+                    assert!(
+                        Script::new(SCRIPT).allowed(at + i).contains(t),
+                        "draft {right}+{wrong}: {call:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 pub mod conformance;
+pub mod constraint;
 pub mod cost;
 mod error;
 mod fingerprint;
@@ -31,9 +32,12 @@ pub mod stop;
 mod testing;
 mod tokenizer;
 
+pub use constraint::Constraint;
 pub use error::{Error, Result};
 pub use fingerprint::fingerprint;
-pub use generate::{Event, GenerateRequest, Generation, generate, generate_speculative};
+pub use generate::{
+    Event, GenerateRequest, Generation, Guide, generate, generate_guided, generate_speculative,
+};
 pub use model::{
     CacheKey, DEFAULT_MAX_ROWS, Footprint, KvElement, KvType, Logits, Model, ModelInfo, ModelKind, Rows,
     SavedState, Session, SessionConfig, check_decode, check_restore, default_threads, passes,

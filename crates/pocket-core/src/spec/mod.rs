@@ -179,6 +179,15 @@ pub struct SpecStats {
     pub draft_seconds: f64,
     /// Seconds spent in the target's passes after the prompt (verification).
     pub verify_seconds: f64,
+    /// Tokens a constraint forced and the loop drafted for free (not counted in `drafted`).
+    #[serde(default)]
+    pub forced: usize,
+    /// Forced tokens the target accepted.
+    #[serde(default)]
+    pub forced_accepted: usize,
+    /// Seconds spent on the constraint: masks, advancing it, checking drafts, forced tokens.
+    #[serde(default)]
+    pub constraint_seconds: f64,
 }
 
 impl SpecStats {

@@ -3,8 +3,9 @@
 //! Row `i` of the verification pass holds the target's logits after the pending token and
 //! the first `i` drafted tokens, so it is what plain decoding would have seen at that point.
 
+use crate::constraint::Masker;
 use crate::sampling::{Distribution, Sampler};
-use crate::{Logits, Token};
+use crate::{Logits, Result, Token};
 
 /// The outcome of verifying a draft.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,26 +25,32 @@ pub struct Verdict {
 /// which makes the result exactly what plain decoding would have produced. `history` (prompt
 /// and output before the pending token's successor) is extended with each accepted token for
 /// the penalty and restored before returning. `logits` needs `draft.len() + 1` rows.
+///
+/// Each row is masked by `masker`'s constraint as it stands after the tokens before it, and
+/// the constraint is advanced past each accepted token (not past `next`): the picks are the
+/// ones constrained plain decoding makes.
 pub fn verify_greedy(
     sampler: &mut Sampler,
     logits: &Logits<'_>,
     draft: &[Token],
     history: &mut Vec<Token>,
-) -> Verdict {
+    masker: &mut Masker<'_>,
+) -> Result<Verdict> {
     let base = history.len();
     let mut accepted = 0;
     let next = loop {
-        let pick = sampler.sample(logits.row(accepted), history);
+        let pick = sampler.sample(masker.row(logits.row(accepted))?, history);
         match draft.get(accepted) {
             Some(&d) if d == pick => {
                 history.push(d);
+                masker.advance(d)?;
                 accepted += 1;
             }
             _ => break pick,
         }
     };
     history.truncate(base);
-    Verdict { accepted, next }
+    Ok(Verdict { accepted, next })
 }
 
 /// Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): accept drafted token `d`
@@ -54,22 +61,25 @@ pub fn verify_greedy(
 ///
 /// `q` holds one draft distribution per drafted token, or is empty for a deterministic
 /// drafter (q one-hot on the drafted token: accept with probability p(d), and resample from p
-/// with `d` removed). `p` and `residual` are scratch buffers. `history` is as for
-/// [`verify_greedy`].
+/// with `d` removed). `p` and `residual` are scratch buffers. `history` and `masker` are as
+/// for [`verify_greedy`]: p is the constrained distribution, so a draft token the grammar
+/// forbids is never kept.
+#[allow(clippy::too_many_arguments)]
 pub fn verify_sampled(
     sampler: &mut Sampler,
     logits: &Logits<'_>,
     draft: &[Token],
     q: &[Distribution],
     history: &mut Vec<Token>,
+    masker: &mut Masker<'_>,
     p: &mut Distribution,
     residual: &mut Distribution,
-) -> Verdict {
+) -> Result<Verdict> {
     debug_assert!(q.is_empty() || q.len() == draft.len());
     let base = history.len();
     let mut accepted = 0;
     let next = loop {
-        sampler.distribution(logits.row(accepted), history, p);
+        sampler.distribution(masker.row(logits.row(accepted))?, history, p);
         let Some(&d) = draft.get(accepted) else {
             break sampler.draw(p);
         };
@@ -84,6 +94,7 @@ pub fn verify_sampled(
         let keep = p_d > 0.0 && (q_d <= 0.0 || sampler.uniform() < f64::from(p_d) / f64::from(q_d));
         if keep {
             history.push(d);
+            masker.advance(d)?;
             accepted += 1;
             continue;
         }
@@ -99,7 +110,7 @@ pub fn verify_sampled(
         break if residual.is_empty() { sampler.draw(p) } else { sampler.draw(residual) };
     };
     history.truncate(base);
-    Verdict { accepted, next }
+    Ok(Verdict { accepted, next })
 }
 
 #[cfg(test)]
@@ -126,12 +137,12 @@ mod tests {
         let logits = Logits::new(&data, 8);
         let mut h = vec![0];
         assert_eq!(
-            verify_greedy(&mut greedy(), &logits, &[1, 2, 3], &mut h),
+            verify_greedy(&mut greedy(), &logits, &[1, 2, 3], &mut h, &mut Masker::none()).unwrap(),
             Verdict { accepted: 2, next: 5 }
         );
         assert_eq!(h, vec![0]);
         assert_eq!(
-            verify_greedy(&mut greedy(), &logits, &[7, 2, 5], &mut h),
+            verify_greedy(&mut greedy(), &logits, &[7, 2, 5], &mut h, &mut Masker::none()).unwrap(),
             Verdict { accepted: 0, next: 1 }
         );
     }
@@ -140,10 +151,10 @@ mod tests {
     fn greedy_all_accepted_gives_a_bonus_token() {
         let data = rows(&[1, 2, 5, 4]);
         let logits = Logits::new(&data, 8);
-        let v = verify_greedy(&mut greedy(), &logits, &[1, 2, 5], &mut vec![0]);
+        let v = verify_greedy(&mut greedy(), &logits, &[1, 2, 5], &mut vec![0], &mut Masker::none()).unwrap();
         assert_eq!(v, Verdict { accepted: 3, next: 4 });
         // No draft: plain decoding.
-        let v = verify_greedy(&mut greedy(), &logits, &[], &mut vec![0]);
+        let v = verify_greedy(&mut greedy(), &logits, &[], &mut vec![0], &mut Masker::none()).unwrap();
         assert_eq!(v, Verdict { accepted: 0, next: 1 });
     }
 
@@ -156,7 +167,7 @@ mod tests {
         let logits = Logits::new(&data, 8);
         let config = SamplingConfig { repetition_penalty: 2.0, ..SamplingConfig::default() };
         let mut s = Sampler::new(config).unwrap();
-        let v = verify_greedy(&mut s, &logits, &[2, 2], &mut vec![0]);
+        let v = verify_greedy(&mut s, &logits, &[2, 2], &mut vec![0], &mut Masker::none()).unwrap();
         assert_eq!(v, Verdict { accepted: 1, next: 6 });
     }
 
@@ -202,7 +213,17 @@ mod tests {
                 // A deterministic drafter that always guesses a fixed token per draw.
                 None => ((i % v) as Token, &[][..]),
             };
-            let verdict = verify_sampled(&mut target, &rows, &[d], qs, &mut history, &mut p, &mut r);
+            let verdict = verify_sampled(
+                &mut target,
+                &rows,
+                &[d],
+                qs,
+                &mut history,
+                &mut Masker::none(),
+                &mut p,
+                &mut r,
+            )
+            .unwrap();
             let first = if verdict.accepted == 1 { d } else { verdict.next };
             counts[first as usize] += 1;
         }
