@@ -1,12 +1,18 @@
 //! Turning a row of logits into the next token.
 //!
-//! The pipeline follows llama.cpp's order: repetition penalty → (greedy: argmax) → top-k →
-//! temperature → softmax → top-p → min-p → draw. Speculative sampling needs the processed
+//! The pipeline follows llama.cpp's sampler chain: logit bias → repetition penalty →
+//! presence/frequency penalty → (greedy: argmax) → top-k → temperature → softmax → top-p →
+//! min-p → draw. The first three adjust logits one token at a time, so a greedy config with
+//! any of them picks the adjusted argmax. Speculative sampling needs the processed
 //! distribution itself (it accepts a draft token with probability min(1, p/q) and resamples
 //! from norm(max(0, p − q))), so [`Sampler::distribution`] and [`Sampler::draw`] expose the
 //! two halves of [`Sampler::sample`].
+//!
+//! [`token_logprob`] reports OpenAI's `logprobs`/`top_logprobs` for a chosen token, from the
+//! model's own logits (before any of the above).
 
 use std::cmp::Ordering;
+use std::collections::BinaryHeap;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -32,9 +38,24 @@ pub struct SamplingConfig {
     /// Penalty for tokens seen in the last `repeat_last_n` tokens (positive logits are
     /// divided by it, negative ones multiplied); 1 = off.
     pub repetition_penalty: f32,
-    /// How many of the most recent tokens (prompt included) the repetition penalty looks
-    /// at; 0 = off.
+    /// How many of the most recent tokens (prompt included) the repetition, presence and
+    /// frequency penalties look at; 0 turns all three off.
     pub repeat_last_n: usize,
+    /// OpenAI's presence penalty, in [-2, 2]: subtracted once from the logit of every token
+    /// that occurs in the last `repeat_last_n` tokens of the history; 0 = off.
+    ///
+    /// The window is the repetition penalty's and includes the prompt, as in llama.cpp's
+    /// sampler (OpenAI counts the generated text only).
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty, in [-2, 2]: subtracted from a token's logit once per
+    /// occurrence in the same window as `presence_penalty`; 0 = off.
+    pub frequency_penalty: f32,
+    /// OpenAI's `logit_bias`: `(token, bias)` pairs, each bias in [-100, 100], added to the
+    /// token's logit before anything else (-100 effectively bans a token, +100 effectively
+    /// forces it). A token listed twice gets both biases. Ids outside the vocabulary are
+    /// ignored when sampling: the vocabulary size is not known here, so checking ids is the
+    /// API layer's job.
+    pub logit_bias: Vec<(Token, f32)>,
     /// Seed of the random generator: the same seed, logits and history give the same tokens.
     pub seed: u64,
 }
@@ -48,6 +69,9 @@ impl Default for SamplingConfig {
             min_p: 0.0,
             repetition_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0,
         }
     }
@@ -76,16 +100,43 @@ impl SamplingConfig {
                 self.repetition_penalty
             ));
         }
+        // `contains` is false for NaN and the infinities.
+        for (name, value) in
+            [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)]
+        {
+            if !(-2.0..=2.0).contains(&value) {
+                problems.push(format!("{name} must be a finite number in [-2, 2] (0 = off), not {value}"));
+            }
+        }
+        for &(token, bias) in &self.logit_bias {
+            if !(-100.0..=100.0).contains(&bias) {
+                problems.push(format!(
+                    "logit_bias for token {token} must be a finite number in [-100, 100], not {bias}"
+                ));
+            }
+        }
         if problems.is_empty() { Ok(()) } else { Err(Error::invalid(problems.join("; "))) }
     }
 
-    /// Whether sampling always picks the (penalised) argmax: temperature 0, or top-k 1.
+    /// Whether sampling always picks the argmax of the adjusted logits (see
+    /// [`SamplingConfig::adjusts_logits`]): temperature 0, or top-k 1.
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0 || self.top_k == 1
     }
 
+    /// Whether the logits are changed before any filter: a logit bias, or a repetition,
+    /// presence or frequency penalty. When not, a greedy config picks the plain
+    /// [`argmax`] of the logits.
+    pub fn adjusts_logits(&self) -> bool {
+        self.penalises() || self.logit_bias.iter().any(|&(_, bias)| bias != 0.0)
+    }
+
+    /// Whether any of the penalties that count recent tokens is on.
     fn penalises(&self) -> bool {
-        self.repetition_penalty != 1.0 && self.repeat_last_n > 0
+        self.repeat_last_n > 0
+            && (self.repetition_penalty != 1.0
+                || self.presence_penalty != 0.0
+                || self.frequency_penalty != 0.0)
     }
 }
 
@@ -183,13 +234,15 @@ const TOP_P_CHUNK: usize = 64;
 
 /// Chooses tokens under a [`SamplingConfig`], with its own seeded random generator.
 ///
-/// Its buffers are reused: after the first call with the largest vocabulary, sampling does
-/// not allocate.
+/// Its buffers are reused: after the first call with the largest vocabulary and the longest
+/// penalty window, sampling does not allocate.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     config: SamplingConfig,
     rng: ChaCha8Rng,
     dist: Distribution,
+    /// The penalty window, sorted so that equal tokens form runs (one run per distinct
+    /// token, its length the count).
     seen: Vec<Token>,
 }
 
@@ -213,7 +266,8 @@ impl Sampler {
     /// The next token after `history` (prompt and generated tokens so far), given the
     /// `logits` of the last position.
     pub fn sample(&mut self, logits: &[f32], history: &[Token]) -> Token {
-        if self.config.is_greedy() && !self.config.penalises() {
+        // The fast path: no copy of the logits, so only when nothing adjusts them.
+        if self.config.is_greedy() && !self.config.adjusts_logits() {
             return argmax(logits);
         }
         let mut dist = std::mem::take(&mut self.dist);
@@ -225,9 +279,10 @@ impl Sampler {
         token
     }
 
-    /// The distribution [`Sampler::sample`] draws from, written into `out`: every filter
-    /// applied, probabilities summing to 1. For a greedy config, the argmax with
-    /// probability 1.
+    /// The distribution [`Sampler::sample`] draws from, written into `out`: logit bias and
+    /// penalties applied (with `history` as for [`Sampler::sample`]), then every filter,
+    /// probabilities summing to 1. For a greedy config, the argmax of the adjusted logits
+    /// with probability 1.
     pub fn distribution(&mut self, logits: &[f32], history: &[Token], out: &mut Distribution) {
         let c = &self.config;
         let e = &mut out.entries;
@@ -240,8 +295,15 @@ impl Sampler {
                 .enumerate()
                 .map(|(i, &l)| (i as Token, if l.is_nan() { f32::NEG_INFINITY } else { l })),
         );
+        // `e` is in token order here, so `e[t]` is token `t`. Biases and penalties are finite
+        // and the logits are not NaN, so no NaN can appear (inf - inf needs two infinities).
+        for &(t, bias) in &c.logit_bias {
+            if let Some(x) = e.get_mut(t as usize) {
+                x.1 += bias;
+            }
+        }
         if c.penalises() {
-            penalise(e, &mut self.seen, history, c.repeat_last_n, c.repetition_penalty);
+            penalise(e, &mut self.seen, history, c);
         }
         if e.is_empty() {
             return;
@@ -312,16 +374,142 @@ impl Sampler {
     }
 }
 
-/// CTRL-style repetition penalty over the distinct tokens in the last `n` of `history`.
-/// `e` is in token order, so `e[t]` is token `t`.
-fn penalise(e: &mut [(Token, f32)], seen: &mut Vec<Token>, history: &[Token], n: usize, p: f32) {
+/// The penalties over the last `repeat_last_n` tokens of `history`, per distinct token `t`
+/// seen `count` times there, as llama.cpp applies them: the CTRL-style repetition penalty
+/// (once, whatever the count), then
+/// `logit -= presence_penalty * (count > 0) + frequency_penalty * count`.
+/// `e` is in token order, so `e[t]` is token `t`; tokens outside it are ignored.
+fn penalise(e: &mut [(Token, f32)], seen: &mut Vec<Token>, history: &[Token], c: &SamplingConfig) {
     seen.clear();
-    seen.extend_from_slice(&history[history.len().saturating_sub(n)..]);
+    seen.extend_from_slice(&history[history.len().saturating_sub(c.repeat_last_n)..]);
+    // Sorting makes each distinct token one run whose length is its count: counting without
+    // a vocabulary-sized table or a map.
     seen.sort_unstable();
-    seen.dedup();
-    for &t in seen.iter() {
-        if let Some(x) = e.get_mut(t as usize) {
+    let p = c.repetition_penalty;
+    for run in seen.chunk_by(|a, b| a == b) {
+        if let Some(x) = e.get_mut(run[0] as usize) {
+            // Dividing or multiplying by 1 and subtracting 0 are exact, so penalties that are
+            // off leave the logit as it was.
             x.1 = if x.1 > 0.0 { x.1 / p } else { x.1 * p };
+            x.1 -= c.presence_penalty + c.frequency_penalty * run.len() as f32;
+        }
+    }
+}
+
+/// The log-probability of a chosen token and the most likely alternatives (OpenAI's
+/// `logprobs` and `top_logprobs`); see [`token_logprob`].
+///
+/// Log-probabilities are natural logarithms, at most 0. A token the model gives no
+/// probability has `f32::NEG_INFINITY`. OpenAI never sends that, and serde_json writes a
+/// non-finite float as `null`, so the API layer should write it as a large negative number
+/// such as -9999 instead.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    /// The chosen token.
+    pub token: Token,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens with their log-probabilities, most likely first (ties: lower id
+    /// first). The chosen token is among them when it ranks high enough.
+    pub top: Vec<(Token, f32)>,
+}
+
+/// The log-softmax of the raw `logits` at `token`, and the `top_n` most likely tokens with
+/// theirs, most likely first (ties: lower id first; fewer than `top_n` when the vocabulary is
+/// smaller).
+///
+/// This is the model's own distribution, before logit bias, penalties, temperature or any
+/// filter: what OpenAI and vLLM report by default. NaN logits count as -inf. A token whose
+/// logit is -inf, or which is outside `logits`, gets `f32::NEG_INFINITY`; so does every
+/// token when no logit is above -inf. Logits of +inf share all the probability.
+///
+/// OpenAI allows `top_n` up to 20; larger values work too. The cost is two passes over the
+/// logits and a heap of `top_n` entries: no copy or sort of the vocabulary, so only the
+/// returned `top` is allocated.
+pub fn token_logprob(logits: &[f32], token: Token, top_n: usize) -> TokenLogprob {
+    let ls = LogSoftmax::new(logits);
+    let logprob = logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| ls.at(l));
+    let top_n = top_n.min(logits.len());
+    let mut top = Vec::new();
+    if top_n > 0 {
+        // A max-heap of the `top_n` best so far whose top is the worst of them: each further
+        // logit costs one comparison unless it displaces that one.
+        let mut heap = BinaryHeap::with_capacity(top_n);
+        for (i, &l) in logits.iter().enumerate() {
+            let c = Candidate(i as Token, finite_or_below(l));
+            if heap.len() < top_n {
+                heap.push(c);
+            } else if let Some(mut worst) = heap.peek_mut()
+                && c < *worst
+            {
+                *worst = c;
+            }
+        }
+        // Ascending in `Candidate`'s order: most likely first.
+        top = heap.into_sorted_vec().into_iter().map(|c| (c.0, ls.at(c.1))).collect();
+    }
+    TokenLogprob { token, logprob, top }
+}
+
+/// NaN as -inf: a NaN logit is a token the model gives no probability.
+fn finite_or_below(l: f32) -> f32 {
+    if l.is_nan() { f32::NEG_INFINITY } else { l }
+}
+
+/// A `(token, logit)` entry of the top, ordered more likely first, then lower id first (the
+/// order of the result), so that the greatest is the first to drop. Logits are never NaN
+/// here; -0 and 0 are equal, as they are as logits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Candidate(Token, f32);
+
+impl Eq for Candidate {}
+
+impl Ord for Candidate {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.1.partial_cmp(&self.1).unwrap_or(Ordering::Equal).then(self.0.cmp(&other.0))
+    }
+}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// The log-softmax of a row of logits, computed stably: log p(l) = (l − max) − ln Σ exp(lᵢ −
+/// max), in f64 so that a vocabulary of 150k small terms sums without losing precision.
+struct LogSoftmax {
+    max: f32,
+    /// ln Σ exp(lᵢ − max) when `max` is finite.
+    log_z: f64,
+    /// How many logits equal `max`: they share the mass when it is +inf.
+    at_max: usize,
+}
+
+impl LogSoftmax {
+    fn new(logits: &[f32]) -> Self {
+        let max = logits.iter().fold(f32::NEG_INFINITY, |m, &l| finite_or_below(l).max(m));
+        let at_max = logits.iter().filter(|&&l| l == max).count();
+        let log_z = if max.is_finite() {
+            let max = f64::from(max);
+            // NaN and -inf logits contribute exp(-inf) = 0.
+            logits.iter().map(|&l| (f64::from(finite_or_below(l)) - max).exp()).sum::<f64>().ln()
+        } else {
+            0.0
+        };
+        LogSoftmax { max, log_z, at_max }
+    }
+
+    /// The log-probability of a token with logit `l` (NaN counts as -inf).
+    fn at(&self, l: f32) -> f32 {
+        let l = finite_or_below(l);
+        if l == f32::NEG_INFINITY {
+            f32::NEG_INFINITY
+        } else if self.max == f32::INFINITY {
+            // exp(l − max) is NaN for l = +inf; the limit gives the +inf logits equal shares.
+            if l == f32::INFINITY { -(self.at_max as f64).ln() as f32 } else { f32::NEG_INFINITY }
+        } else {
+            (f64::from(l) - f64::from(self.max) - self.log_z) as f32
         }
     }
 }
@@ -436,6 +624,7 @@ mod tests {
             repetition_penalty: 1.3,
             repeat_last_n: 8,
             seed: 1234,
+            ..SamplingConfig::default()
         };
         // Penalised: 3 → 2.31, 5 → 1.92; top-k drops token 4; top-p and min-p keep the other
         // five (the four largest carry 0.92 < 0.95). Token 4 must never appear.
@@ -623,6 +812,343 @@ mod tests {
         let both = bad(SamplingConfig { top_p: 2.0, min_p: 2.0, ..d.clone() });
         assert!(both.contains("top_p") && both.contains("min_p"), "{both}");
         assert!(Sampler::new(SamplingConfig { top_p: f32::NAN, ..d.clone() }).is_err());
-        assert!(d.validate().is_ok() && d.is_greedy());
+        assert!(d.validate().is_ok() && d.is_greedy() && !d.adjusts_logits());
+    }
+
+    #[test]
+    fn invalid_penalties_and_biases_are_errors_naming_the_field_and_range() {
+        let bad = |c: SamplingConfig| match c.validate() {
+            Err(Error::InvalidArgument(msg)) => msg,
+            other => panic!("expected an error, got {other:?}"),
+        };
+        let d = SamplingConfig::default();
+        for v in [2.5, -2.01, f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let msg = bad(SamplingConfig { presence_penalty: v, ..d.clone() });
+            assert!(msg.contains("presence_penalty") && msg.contains("[-2, 2]"), "{msg}");
+            assert!(!msg.contains("frequency_penalty"), "{msg}");
+            let msg = bad(SamplingConfig { frequency_penalty: v, ..d.clone() });
+            assert!(msg.contains("frequency_penalty") && msg.contains("[-2, 2]"), "{msg}");
+            assert!(!msg.contains("presence_penalty"), "{msg}");
+        }
+        for v in [100.5, -101.0, f32::NAN, f32::INFINITY] {
+            let msg = bad(SamplingConfig { logit_bias: vec![(3, 1.0), (17, v)], ..d.clone() });
+            assert!(msg.contains("logit_bias for token 17") && msg.contains("[-100, 100]"), "{msg}");
+            assert!(!msg.contains("token 3 "), "{msg}");
+        }
+        // Every bad value is named.
+        let all = bad(SamplingConfig {
+            presence_penalty: 3.0,
+            frequency_penalty: -3.0,
+            logit_bias: vec![(1, 200.0), (2, -200.0)],
+            ..d.clone()
+        });
+        for name in ["presence_penalty", "frequency_penalty", "token 1", "token 2"] {
+            assert!(all.contains(name), "{all}");
+        }
+        // The ends of the ranges are allowed, and an id no vocabulary has cannot be judged here.
+        let edges = SamplingConfig {
+            presence_penalty: -2.0,
+            frequency_penalty: 2.0,
+            logit_bias: vec![(0, -100.0), (Token::MAX, 100.0)],
+            ..d
+        };
+        assert!(edges.validate().is_ok());
+        assert!(Sampler::new(SamplingConfig { frequency_penalty: f32::NAN, ..edges }).is_err());
+    }
+
+    #[test]
+    fn new_fields_default_to_off_in_json() {
+        let c: SamplingConfig = serde_json::from_str(r#"{"temperature": 0.5}"#).unwrap();
+        assert_eq!(c, SamplingConfig { temperature: 0.5, ..SamplingConfig::default() });
+        assert!(!c.adjusts_logits());
+        // `logit_bias` is a list of `[token, bias]` pairs.
+        let c: SamplingConfig =
+            serde_json::from_str(r#"{"presence_penalty": 0.5, "logit_bias": [[3, -100], [7, 2.5]]}"#)
+                .unwrap();
+        assert_eq!(c.logit_bias, vec![(3, -100.0), (7, 2.5)]);
+        assert_eq!(c.presence_penalty, 0.5);
+        assert!(c.validate().is_ok() && c.adjusts_logits());
+    }
+
+    #[test]
+    fn greedy_without_adjustments_takes_the_fast_path() {
+        let d = SamplingConfig::default();
+        assert!(!d.adjusts_logits());
+        // Penalties whose window is empty, and zero biases, adjust nothing.
+        let off = SamplingConfig {
+            repeat_last_n: 0,
+            repetition_penalty: 1.5,
+            presence_penalty: 1.0,
+            frequency_penalty: 1.0,
+            logit_bias: vec![(2, 0.0)],
+            ..d.clone()
+        };
+        assert!(!off.adjusts_logits());
+        let logits = [0.5, -1.0, 2.5, 2.5, 1.0];
+        let mut s = sampler(off);
+        assert_eq!(s.sample(&logits, &[2, 2, 3]), 2);
+        assert_eq!(dist_of(&mut s, &logits, &[2, 2, 3]), vec![(2, 1.0)]);
+        for c in [
+            SamplingConfig { presence_penalty: 0.1, ..d.clone() },
+            SamplingConfig { frequency_penalty: -0.1, ..d.clone() },
+            SamplingConfig { repetition_penalty: 1.1, ..d.clone() },
+            SamplingConfig { logit_bias: vec![(9, 1.0)], ..d.clone() },
+        ] {
+            assert!(c.adjusts_logits(), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_change_the_argmax() {
+        // Token 0 is never seen, 1 once, 2 three times (counts 0, 1, 3).
+        let history = [2, 1, 2, 2];
+        let greedy = |presence_penalty, frequency_penalty, logits: &[f32]| {
+            let c = SamplingConfig { presence_penalty, frequency_penalty, ..SamplingConfig::default() };
+            let mut s = sampler(c);
+            let t = s.sample(logits, &history);
+            // `distribution` agrees with `sample`.
+            assert_eq!(dist_of(&mut s, logits, &history), vec![(t, 1.0)]);
+            t
+        };
+        // Presence: 1 and 2 both lose 1.5 whatever their count: 0 (3.0) beats 2 (4.0 - 1.5)
+        // and 1 (3.5 - 1.5).
+        let logits = [3.0, 3.5, 4.0];
+        assert_eq!(greedy(0.0, 0.0, &logits), 2);
+        assert_eq!(greedy(1.5, 0.0, &logits), 0);
+        // A smaller presence penalty leaves 2 ahead: 4.0 - 0.4 > 3.5 - 0.4 > 3.0.
+        assert_eq!(greedy(0.4, 0.0, &logits), 2);
+        // Frequency: 0.3 per occurrence: 2 → 4.0 - 0.9 = 3.1, 1 → 3.5 - 0.3 = 3.2, so 1 wins.
+        assert_eq!(greedy(0.0, 0.3, &logits), 1);
+        // Both: 2 → 4.0 - 0.2 - 0.6 = 3.2, 1 → 3.5 - 0.2 - 0.2 = 3.1, 0 stays 3.0.
+        assert_eq!(greedy(0.2, 0.2, &logits), 2);
+        // Negative penalties favour seen tokens: 0 leads by 1, and 2 gains 0.5 * 3.
+        assert_eq!(greedy(0.0, -0.5, &[5.0, 3.0, 4.0]), 2);
+        assert_eq!(greedy(-2.0, 0.0, &[5.0, 3.0, 4.0]), 2);
+
+        // The exact logits, through the temperature-1 distribution.
+        let c = SamplingConfig { presence_penalty: 0.5, frequency_penalty: 0.25, ..temp(1.0) };
+        let mut s = sampler(c);
+        let d = dist_of(&mut s, &logits, &history);
+        let w = [3.0f32.exp(), (3.5f32 - 0.5 - 0.25).exp(), (4.0f32 - 0.5 - 0.75).exp()];
+        let z: f32 = w.iter().sum();
+        assert_probs(&d, &[(0, w[0] / z), (1, w[1] / z), (2, w[2] / z)]);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_count_the_window_prompt_included() {
+        // The history given to the sampler is the prompt followed by the output: a token
+        // only in the prompt counts.
+        let logits = [1.0, 2.0, 1.8];
+        let c = SamplingConfig { frequency_penalty: 0.5, ..SamplingConfig::default() };
+        let mut s = sampler(c.clone());
+        assert_eq!(s.sample(&logits, &[]), 1);
+        assert_eq!(s.sample(&logits, &[1]), 2);
+        // Only the last `repeat_last_n` count: with a window of 2, token 1 is seen once, not
+        // three times (2.0 - 0.5 = 1.5 vs 1.8 - 0.5 = 1.3).
+        let history = [1, 1, 2, 1];
+        let mut s = sampler(SamplingConfig { repeat_last_n: 2, ..c.clone() });
+        assert_eq!(s.sample(&logits, &history), 1);
+        let mut s = sampler(c.clone());
+        assert_eq!(s.sample(&logits, &history), 2);
+        // Out-of-vocabulary history is ignored, not a panic.
+        let mut s = sampler(c);
+        assert_eq!(s.sample(&logits, &[99, 99, 99]), 1);
+    }
+
+    #[test]
+    fn penalties_follow_the_repetition_penalty() {
+        // llama.cpp's order: token 1 (2.0, seen twice) → 2.0 / 2 = 1.0 → 1.0 - 0.3 - 2 * 0.1.
+        let c = SamplingConfig {
+            repetition_penalty: 2.0,
+            presence_penalty: 0.3,
+            frequency_penalty: 0.1,
+            ..temp(1.0)
+        };
+        let mut s = sampler(c);
+        let d = dist_of(&mut s, &[0.0, 2.0], &[1, 1]);
+        let w = [1.0f32, (1.0f32 - 0.3 - 0.2).exp()];
+        let z: f32 = w.iter().sum();
+        assert_probs(&d, &[(0, w[0] / z), (1, w[1] / z)]);
+    }
+
+    #[test]
+    fn logit_bias_bans_and_forces_tokens() {
+        let logits = [0.5, 3.0, 2.0, -1.0];
+        let bias = |logit_bias: Vec<(Token, f32)>, base: SamplingConfig| {
+            sampler(SamplingConfig { logit_bias, ..base })
+        };
+        let greedy = SamplingConfig::default;
+        // -100 bans the argmax: 2 takes over, in `sample` and in `distribution`.
+        let mut s = bias(vec![(1, -100.0)], greedy());
+        assert_eq!(s.sample(&logits, &[]), 2);
+        assert_eq!(dist_of(&mut s, &logits, &[]), vec![(2, 1.0)]);
+        // +100 forces the least likely token.
+        let mut s = bias(vec![(3, 100.0)], greedy());
+        assert_eq!(s.sample(&logits, &[]), 3);
+        assert_eq!(dist_of(&mut s, &logits, &[]), vec![(3, 1.0)]);
+        // Sampled: a banned token keeps no probability worth the name and is never drawn; a
+        // forced one is always drawn.
+        let mut s = bias(vec![(1, -100.0)], temp(1.0));
+        let d = dist_of(&mut s, &logits, &[]);
+        assert!(Distribution { entries: d }.prob(1) < 1e-40);
+        assert!((0..200).all(|_| s.sample(&logits, &[]) != 1));
+        let mut s = bias(vec![(3, 100.0)], temp(1.0));
+        assert!(dist_of(&mut s, &logits, &[]).iter().all(|e| e.0 == 3 || e.1 < 1e-40));
+        assert!((0..200).all(|_| s.sample(&logits, &[]) == 3));
+        // Small biases add to the logit: 2.0 + 1.5 beats 3.0 - 0.25; the exact softmax too.
+        let mut s = bias(vec![(2, 1.5), (1, -0.25)], greedy());
+        assert_eq!(s.sample(&logits, &[]), 2);
+        let mut s = bias(vec![(2, 1.5), (1, -0.25)], temp(1.0));
+        let w = [0.5f32.exp(), 2.75f32.exp(), 3.5f32.exp(), (-1.0f32).exp()];
+        let z: f32 = w.iter().sum();
+        let want: Vec<(Token, f32)> = (0..4).map(|i| (i as Token, w[i] / z)).collect();
+        assert_probs(&dist_of(&mut s, &logits, &[]), &want);
+        // A token listed twice gets both biases; ids outside the vocabulary are ignored.
+        let mut s = bias(vec![(2, 0.6), (2, 0.6), (4, 100.0), (Token::MAX, 100.0)], greedy());
+        assert_eq!(s.sample(&logits, &[]), 2);
+    }
+
+    #[test]
+    fn logit_bias_comes_before_the_penalties() {
+        // Token 1 biased from 1.0 to 3.0, then divided by the repetition penalty: 1.5 < 2.0.
+        // Penalising first would give 1.0 / 2 + 2.0 = 2.5 > 2.0.
+        let c = SamplingConfig {
+            repetition_penalty: 2.0,
+            logit_bias: vec![(1, 2.0)],
+            ..SamplingConfig::default()
+        };
+        let mut s = sampler(c);
+        assert_eq!(s.sample(&[2.0, 1.0], &[1]), 0);
+    }
+
+    #[test]
+    fn greedy_with_adjustments_follows_the_history() {
+        // Greedy verification replays `sample` with the history growing token by token: with
+        // a frequency penalty and a ban, each pick must follow from the tokens before it.
+        let c = SamplingConfig {
+            frequency_penalty: 1.0,
+            logit_bias: vec![(0, -100.0)],
+            ..SamplingConfig::default()
+        };
+        let mut s = sampler(c);
+        let logits = [9.0, 2.0, 1.5, 1.2];
+        let mut history = vec![];
+        let got: Vec<Token> = (0..4)
+            .map(|_| {
+                let t = s.sample(&logits, &history);
+                history.push(t);
+                t
+            })
+            .collect();
+        // 0 is banned; 1 (2.0) wins, then counts: 1.0 < 1.5, so 2; 2 drops to 0.5 and 1.2
+        // wins; with 1, 2 and 3 seen once each, 1 (1.0) leads 3 (0.2) and 2 (0.5) again.
+        assert_eq!(got, [1, 2, 3, 1]);
+    }
+
+    #[test]
+    fn seeded_sampling_with_adjustments_is_deterministic() {
+        let config = SamplingConfig {
+            temperature: 0.9,
+            top_p: 0.95,
+            presence_penalty: 0.4,
+            frequency_penalty: 0.3,
+            logit_bias: vec![(4, 1.0), (0, -100.0)],
+            seed: 99,
+            ..SamplingConfig::default()
+        };
+        let got = golden(config.clone(), &[3, 3, 5, 1]);
+        // Token 0 is banned.
+        assert!(!got.contains(&0), "{got:?}");
+        // Another seed gives another sequence (the stream is really random).
+        assert_ne!(golden(SamplingConfig { seed: 100, ..config }, &[3, 3, 5, 1]), got);
+    }
+
+    fn close(got: f32, want: f64) -> bool {
+        (f64::from(got) - want).abs() < 1e-6
+    }
+
+    #[test]
+    fn token_logprob_matches_the_log_softmax() {
+        // Probabilities 1/6, 2/6, 3/6.
+        let logits = [0.0, 2f32.ln(), 3f32.ln()];
+        let lp = token_logprob(&logits, 1, 3);
+        assert_eq!(lp.token, 1);
+        assert!(close(lp.logprob, (2.0f64 / 6.0).ln()), "{lp:?}");
+        assert_eq!(lp.top.iter().map(|e| e.0).collect::<Vec<_>>(), [2, 1, 0]);
+        for (&(t, l), want) in lp.top.iter().zip([0.5f64, 2.0 / 6.0, 1.0 / 6.0]) {
+            assert!(close(l, want.ln()), "token {t}: {l}");
+        }
+        // Shifting every logit changes nothing; large logits do not overflow.
+        let shifted: Vec<f32> = logits.iter().map(|l| l + 1000.0).collect();
+        let far = token_logprob(&shifted, 0, 1);
+        assert!((far.logprob - (1.0f32 / 6.0).ln()).abs() < 1e-3, "{far:?}");
+        assert_eq!(far.top.len(), 1);
+        assert_eq!(far.top[0].0, 2);
+        // No alternatives asked for.
+        let none = token_logprob(&logits, 2, 0);
+        assert!(none.top.is_empty() && close(none.logprob, 0.5f64.ln()));
+    }
+
+    #[test]
+    fn token_logprob_top_is_ordered_with_ties_to_the_lower_id() {
+        let logits = [1.0, 3.0, 2.0, 3.0, -0.0, 0.0, 2.0];
+        let lp = token_logprob(&logits, 4, 4);
+        assert_eq!(lp.top.iter().map(|e| e.0).collect::<Vec<_>>(), [1, 3, 2, 6]);
+        assert_eq!(lp.top[0].1, lp.top[1].1);
+        assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        // -0 and 0 tie, so the lower id comes first.
+        let lp = token_logprob(&logits, 4, 7);
+        assert_eq!(lp.top.iter().map(|e| e.0).collect::<Vec<_>>(), [1, 3, 2, 6, 0, 4, 5]);
+        assert_eq!(lp.logprob, lp.top[5].1);
+        // More alternatives than tokens: every token once.
+        let lp = token_logprob(&logits, 0, 20);
+        assert_eq!(lp.top.len(), logits.len());
+        let sum: f64 = lp.top.iter().map(|e| f64::from(e.1).exp()).sum();
+        assert!((sum - 1.0).abs() < 1e-6, "{sum}");
+        // Against a full sort over a larger, scrambled vocabulary (with many ties).
+        let big: Vec<f32> = (0..5000).map(|i| ((i * 7919) % 613) as f32 / 50.0).collect();
+        let mut want: Vec<(Token, f32)> = big.iter().enumerate().map(|(i, &l)| (i as Token, l)).collect();
+        want.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let lp = token_logprob(&big, 17, 20);
+        assert_eq!(
+            lp.top.iter().map(|e| e.0).collect::<Vec<_>>(),
+            want[..20].iter().map(|e| e.0).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn token_logprob_handles_nan_and_infinities() {
+        // NaN counts as -inf: the others share the mass as if it were absent.
+        let logits = [f32::NAN, 0.0, f32::NEG_INFINITY, 0.0];
+        let lp = token_logprob(&logits, 1, 4);
+        assert!(close(lp.logprob, 0.5f64.ln()), "{lp:?}");
+        assert_eq!(token_logprob(&logits, 0, 0).logprob, f32::NEG_INFINITY);
+        assert_eq!(token_logprob(&logits, 2, 0).logprob, f32::NEG_INFINITY);
+        // The impossible tokens come last, lower id first.
+        assert_eq!(lp.top.iter().map(|e| e.0).collect::<Vec<_>>(), [1, 3, 0, 2]);
+        assert_eq!(lp.top[2].1, f32::NEG_INFINITY);
+        assert_eq!(lp.top[3].1, f32::NEG_INFINITY);
+        // +inf logits share all the mass.
+        let lp = token_logprob(&[f32::INFINITY, 5.0, f32::INFINITY], 2, 3);
+        assert!(close(lp.logprob, 0.5f64.ln()), "{lp:?}");
+        assert_eq!(lp.top[2], (1, f32::NEG_INFINITY));
+        // No finite logit at all, an empty row, a token outside the row: no probability.
+        let lp = token_logprob(&[f32::NEG_INFINITY, f32::NAN], 0, 2);
+        assert_eq!(lp.logprob, f32::NEG_INFINITY);
+        assert!(lp.top.iter().all(|e| e.1 == f32::NEG_INFINITY));
+        let lp = token_logprob(&[], 0, 5);
+        assert_eq!((lp.logprob, lp.top.len()), (f32::NEG_INFINITY, 0));
+        assert_eq!(token_logprob(&[1.0, 2.0], 2, 1).logprob, f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn token_logprob_over_a_large_vocabulary_is_accurate() {
+        // A vocabulary of Qwen's size: 150k equal logits each have log-probability
+        // -ln(150000); the top is the first 20 ids.
+        let n = 150_000;
+        let logits = vec![0.25f32; n];
+        let lp = token_logprob(&logits, 1234, 20);
+        assert!(close(lp.logprob, -(n as f64).ln()), "{}", lp.logprob);
+        assert_eq!(lp.top.iter().map(|e| e.0).collect::<Vec<_>>(), (0..20).collect::<Vec<Token>>());
     }
 }
