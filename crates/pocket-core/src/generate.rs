@@ -10,7 +10,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::constraint::{Constraint, Masker};
-use crate::sampling::{Distribution, Sampler, SamplingConfig};
+use crate::sampling::{Distribution, Sampler, SamplingConfig, TokenLogprob, token_logprob};
 use crate::spec::{Batch, Draft, Drafter, MAX_DRAFT, SpecStats, verify_greedy, verify_sampled};
 use crate::stop::{StopConfig, StopReason, TextStream};
 use crate::{Error, LayerPlan, Logits, ModelInfo, Result, Rows, Session, Token, Tokenizer};
@@ -63,6 +63,10 @@ pub struct Generation {
     /// What speculation did (all zero for plain decoding).
     #[serde(default)]
     pub spec: SpecStats,
+    /// Each generated token's log-probability and the most likely alternatives, when the
+    /// guide asked for them ([`Guide::logprobs`]); one per entry of `tokens`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 impl Generation {
@@ -141,6 +145,9 @@ pub struct Guide<'d, 'c> {
     /// The longest run of tokens the constraint forces that is drafted for free instead of
     /// asking the drafter (0: never). The session must return that many extra rows of logits.
     pub max_forced: usize,
+    /// Report each generated token's log-probability under the model (its raw logits, before
+    /// any mask, penalty or temperature) with this many most likely alternatives.
+    pub logprobs: Option<usize>,
 }
 
 /// [`generate_speculative`] under a [`Guide`]: the constraint masks every row before it is
@@ -155,7 +162,7 @@ pub fn generate_guided(
     guide: Guide<'_, '_>,
     on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
 ) -> Result<Generation> {
-    let Guide { mut drafter, constraint, max_forced } = guide;
+    let Guide { mut drafter, constraint, max_forced, logprobs } = guide;
     let mut masker = Masker::new(constraint);
     let mut sampler = Sampler::new(request.sampling.clone())?;
     request.stop.validate()?;
@@ -179,7 +186,11 @@ pub fn generate_guided(
         tokens: Vec::with_capacity(room),
         text: String::new(),
         max_tokens,
+        logprobs: Vec::new(),
     };
+    // The log-probabilities of `next` and of the draft tokens accepted after it.
+    let mut pending_lp: Option<TokenLogprob> = None;
+    let mut draft_lp: Vec<TokenLogprob> = Vec::new();
     out.history.extend_from_slice(session.tokens());
     out.history.extend_from_slice(&request.prompt);
     // Everything the session holds, then the pending token: what drafters continue.
@@ -199,6 +210,9 @@ pub fn generate_guided(
     let start = Instant::now();
     let logits = session.decode(&request.prompt, &plan, Rows::Last)?;
     let mut next = sampler.sample(masker.row(last_row(&logits, info)?)?, &out.history);
+    if let Some(n) = logprobs {
+        pending_lp = Some(token_logprob(logits.last(), next, n));
+    }
     if !tokenizer.is_end(next) {
         masker.advance(next)?;
     }
@@ -218,6 +232,9 @@ pub fn generate_guided(
             // `next` is sampled but not yet in the session.
             if !tokenizer.is_end(next) {
                 last_at = sampled_at;
+            }
+            if let Some(lp) = pending_lp.take().filter(|_| !tokenizer.is_end(next)) {
+                out.logprobs.push(lp);
             }
             if let Some(reason) = out.emit(next, on_event) {
                 break reason;
@@ -267,6 +284,11 @@ pub fn generate_guided(
             sampled_at = Instant::now();
             stats.verify_seconds += sampled_at.duration_since(t0).as_secs_f64();
             stats.passes += 1;
+            if let Some(n) = logprobs {
+                draft_lp.clear();
+                draft_lp.extend(draft[..verdict.accepted].iter().enumerate().map(|(j, &t)| token_logprob(logits.row(j), t, n)));
+                pending_lp = Some(token_logprob(logits.row(verdict.accepted), verdict.next, n));
+            }
             if is_forced {
                 stats.forced += draft.len();
                 stats.forced_accepted += verdict.accepted;
@@ -285,6 +307,9 @@ pub fn generate_guided(
             for (j, &token) in draft[..verdict.accepted].iter().enumerate() {
                 if !tokenizer.is_end(token) {
                     last_at = sampled_at;
+                }
+                if let Some(lp) = draft_lp.get(j).filter(|_| !tokenizer.is_end(token)) {
+                    out.logprobs.push(lp.clone());
                 }
                 if let Some(reason) = out.emit(token, on_event) {
                     // As plain decoding would leave it: everything before the last token.
@@ -322,6 +347,7 @@ pub fn generate_guided(
         prefill_seconds,
         decode_seconds: last_at.duration_since(first_at).as_secs_f64(),
         spec: stats,
+        logprobs: out.logprobs,
     })
 }
 
@@ -334,6 +360,7 @@ struct Output<'t> {
     tokens: Vec<Token>,
     text: String,
     max_tokens: usize,
+    logprobs: Vec<TokenLogprob>,
 }
 
 impl Output<'_> {
@@ -772,7 +799,7 @@ mod tests {
         max_forced: usize,
     ) -> Generation {
         let mut script = Script::new(steps);
-        let guide = Guide { drafter, constraint: Some(&mut script), max_forced };
+        let guide = Guide { drafter, constraint: Some(&mut script), max_forced, logprobs: Some(2) };
         let r = request(&[0], 100, &[]);
         generate_guided(&info(), session, &FakeTokenizer::default(), &r, guide, &mut |_| {
             ControlFlow::Continue(())
@@ -800,6 +827,10 @@ mod tests {
         let got = guided(&mut spec, SCRIPT, None, 8);
         assert_eq!((&got.tokens, got.stop), (&want.tokens, want.stop));
         assert_eq!(spec.tokens, plain.tokens);
+        // Log-probabilities come from the same rows, whichever pass computed them.
+        assert_eq!(got.logprobs, want.logprobs);
+        assert_eq!(got.logprobs.iter().map(|l| l.token).collect::<Vec<_>>(), got.tokens);
+        assert_eq!(got.logprobs[0].top.len(), 2);
         // 1 is sampled; 3 4 are forced and drafted after it; 2 (a choice) comes from that pass.
         assert_eq!((got.spec.forced, got.spec.forced_accepted), (4, 4));
         assert_eq!((got.spec.drafted, got.spec.drafts), (0, 0));
@@ -842,6 +873,7 @@ mod tests {
             prefill_seconds: 0.5,
             decode_seconds: 0.0,
             spec: SpecStats::default(),
+            logprobs: Vec::new(),
         };
         assert_eq!(g.prefill_tok_per_s(), 20.0);
         // Tokens a kept prefix held were not prefilled.

@@ -138,5 +138,26 @@ pub trait Tokenizer: Send + Sync {
 
     /// Render `messages` with the model's chat template, ending with the assistant's turn
     /// opened when `add_assistant` is set. An error if the model has no chat template.
+    ///
+    /// This is the engine's own rendering (llama.cpp's detection of well-known templates);
+    /// the runtime prefers the template's Jinja source ([`Tokenizer::chat_template`]).
     fn apply_chat_template(&self, messages: &[ChatMessage], add_assistant: bool) -> Result<String>;
+
+    /// The Jinja source of the chat template the model file ships, if it has one.
+    fn chat_template(&self) -> Option<&str> {
+        None
+    }
+
+    /// The text of the beginning- and end-of-sequence tokens, which chat templates get as
+    /// `bos_token` and `eos_token` (empty where the model has none).
+    fn bos_eos_text(&self) -> (String, String) {
+        (String::new(), String::new())
+    }
+
+    /// The text of a special (control) token such as `<|im_end|>`, which
+    /// [`Tokenizer::piece`] renders as nothing; `None` for every other token.
+    fn special_text(&self, token: Token) -> Option<String> {
+        let _ = token;
+        None
+    }
 }

@@ -11,6 +11,7 @@ use pocket_core::{Model, SessionConfig};
 use pocket_ggml::{DeviceChoice, GgmlModel, GraphSupport, LlamaCppModel, LoadOptions, WeightFormat};
 use pocket_tract::TractModel;
 
+use crate::grammar::Grammars;
 use crate::prompt_cache::PrefixKey;
 use crate::{Error, Knowledge, PromptCache, Result};
 
@@ -102,6 +103,8 @@ pub struct LoadedModel {
     /// A skip-set search that a request interrupted, resumed when learning resumes.
     pub(crate) search: Mutex<Option<LayerSkipDrafter>>,
     prompt_cache: Option<Arc<PromptCache>>,
+    /// llguidance's view of the vocabulary, built on the first constrained request.
+    grammars: Mutex<Option<Arc<Grammars>>>,
 }
 
 impl Drop for LoadedModel {
@@ -214,7 +217,24 @@ impl LoadedModel {
             knowledge,
             search: Mutex::new(None),
             prompt_cache: options.prompt_cache.clone(),
+            grammars: Mutex::new(None),
         }
+    }
+
+    /// What compiles grammars for this model's vocabulary (built on first use, then shared).
+    pub fn grammars(&self) -> Result<Arc<Grammars>> {
+        let mut slot = self.grammars.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = slot.as_ref() {
+            return Ok(g.clone());
+        }
+        let built = Arc::new(Grammars::new(self.model.clone())?);
+        tracing::info!(
+            model = %self.model.info().name,
+            seconds = format!("{:.3}", built.build_seconds),
+            "built the vocabulary's token trie for grammars"
+        );
+        *slot = Some(built.clone());
+        Ok(built)
     }
 
     /// Where its finished sessions are parked, if anywhere.

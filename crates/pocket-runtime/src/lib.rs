@@ -23,6 +23,7 @@
 pub mod drafters;
 mod engine;
 mod error;
+pub mod grammar;
 mod knowledge;
 pub mod learn;
 pub mod pipeline;

@@ -13,11 +13,12 @@ use std::time::Instant;
 use pocket_core::memory::{self, Ledger, ModelCosts, Plan, PlanRequest};
 use pocket_core::spec::SpecMode;
 use pocket_core::{
-    ChatMessage, Event, GenerateRequest, Generation, Model, ModelKind, SamplingConfig, SessionConfig,
-    StopConfig, Token, generate_speculative,
+    ChatMessage, Constraint, Event, GenerateRequest, Generation, Guide, Model, ModelKind, SamplingConfig,
+    SessionConfig, StopConfig, Token, generate_guided,
 };
 
 use crate::drafters::{self, Setup};
+use crate::grammar::{GRAMMAR_STATE_BYTES, Grammar, GrammarConstraint};
 use crate::prompt_cache::{Adoption, PrefixKey};
 use crate::{DEFAULT_MAX_DRAFT, Error, LoadedModel, Result};
 
@@ -61,6 +62,11 @@ pub struct Request {
     /// The client's hint for which parked sessions may be continued (OpenAI's
     /// `prompt_cache_key`, or `user`): only those parked under the same hint.
     pub cache_hint: Option<String>,
+    /// What the output must be (a JSON schema, any JSON object, a Lark grammar): enforced
+    /// token by token.
+    pub grammar: Option<Grammar>,
+    /// Report each generated token's log-probability with this many alternatives.
+    pub logprobs: Option<usize>,
 }
 
 impl Request {
@@ -77,6 +83,8 @@ impl Request {
             planned: true,
             prompt_cache: true,
             cache_hint: None,
+            grammar: None,
+            logprobs: None,
         }
     }
 }
@@ -104,6 +112,13 @@ pub struct Prepared {
     pub adopted: Option<Adoption>,
     /// Park the session when it ends (under this hint).
     pub park: Option<Park>,
+    /// The request's grammar, compiled, in its start state.
+    pub grammar: Option<GrammarConstraint>,
+    /// Seconds compiling the grammar took (building the model's token trie, on its first
+    /// constrained request, included).
+    pub grammar_seconds: f64,
+    /// Log-probabilities asked for.
+    pub logprobs: Option<usize>,
 }
 
 /// Where a finished session is parked.
@@ -155,6 +170,8 @@ pub struct Outcome {
     pub kv_bytes: u64,
     /// Bytes the session held at the end (KV, compute and logits buffers).
     pub session_bytes: u64,
+    /// Seconds compiling the request's grammar took.
+    pub grammar_seconds: f64,
 }
 
 /// The tokens of `input` for `model`: chat messages through its chat template (the
@@ -223,6 +240,14 @@ pub fn prepare(
     request.sampling.validate().map_err(|e| param_error("temperature", e))?;
     request.stop.validate().map_err(|e| param_error("stop", e))?;
 
+    let (grammar, grammar_seconds) = match &request.grammar {
+        None => (None, 0.0),
+        Some(g) => {
+            let start = Instant::now();
+            let compiled = model.grammars()?.compile(g)?;
+            (Some(compiled), start.elapsed().as_secs_f64())
+        }
+    };
     let tokens = render(target, &request.input)?;
     if tokens.is_empty() {
         return Err(Error::invalid("prompt", "the prompt is empty; it needs at least one token"));
@@ -291,6 +316,9 @@ pub fn prepare(
         plan,
         sampling: request.sampling.clone(),
         stop: request.stop.clone(),
+        grammar,
+        grammar_seconds,
+        logprobs: request.logprobs,
     })
 }
 
@@ -361,11 +389,19 @@ pub fn run(
     };
     let encode_seconds = start.elapsed().as_secs_f64();
     let request = GenerateRequest { prompt, sampling: p.sampling.clone(), stop: p.stop.clone() };
-    let drafter = built.as_mut().map(|b| b.as_drafter());
+    // The grammar's state is paid for like the session's.
+    let mut constraint = p.grammar.clone();
+    let _grammar_memory =
+        constraint.as_ref().map(|_| ledger.reserve(GRAMMAR_STATE_BYTES, "the output grammar's state")).transpose()?;
+    let guide = Guide {
+        drafter: built.as_mut().map(|b| b.as_drafter()),
+        constraint: constraint.as_mut().map(|c| c as &mut dyn Constraint),
+        // Forced tokens ride in the draft window the plan gave speculation.
+        max_forced: if p.spec == SpecMode::Off { 0 } else { p.max_draft },
+        logprobs: p.logprobs,
+    };
     let mut generation =
-        generate_speculative(info, session.as_mut(), target.tokenizer(), &request, drafter, &mut |event| {
-            sink.event(event)
-        })?;
+        generate_guided(info, session.as_mut(), target.tokenizer(), &request, guide, &mut |event| sink.event(event))?;
     // The prompt is all of it, restored and encoded parts included, and so is its time.
     generation.prompt_tokens = p.tokens.len();
     generation.cached_tokens = cached;
@@ -388,6 +424,7 @@ pub fn run(
         plan: p.plan.clone(),
         kv_bytes,
         session_bytes,
+        grammar_seconds: p.grammar_seconds,
         generation,
     })
 }

@@ -245,6 +245,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         planned: true,
         prompt_cache: false, // one request: nothing to continue
         cache_hint: None,
+        grammar: None,
+        logprobs: None,
     };
     let prepared = pipeline::prepare(&model, draft.as_ref(), &request, &ledger)?;
     // A plan that gave the draft model up gives its weights back to the budget.

@@ -557,6 +557,8 @@ impl Scheduler {
             planned: true,
             prompt_cache: job.options.cache_prompt,
             cache_hint: job.options.cache_key.clone(),
+            grammar: None,
+            logprobs: None,
         };
         // Tokenize and plan; when the budget is full, make room or wait for it.
         let deadline = Instant::now() + MEMORY_WAIT;

@@ -86,6 +86,8 @@ impl Runner for PipelineRunner {
             // cache either); conversations measure the cache through the daemon.
             prompt_cache: false,
             cache_hint: None,
+            grammar: None,
+            logprobs: None,
         };
         let draft = self.draft_model.as_deref();
         let prepared = pipeline::prepare(&self.model, draft, &request, &self.ledger)?;

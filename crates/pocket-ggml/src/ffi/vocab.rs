@@ -17,6 +17,8 @@ pub struct Vocab {
     owner: Arc<LlamaWeights>,
     vocab: *const sys::llama_vocab,
     template: Option<CString>,
+    /// The template as UTF-8 text, for rendering it ourselves.
+    template_text: Option<String>,
 }
 
 // SAFETY: after loading, the vocabulary is only read: llama.cpp's tokenizer and piece lookups
@@ -39,7 +41,8 @@ impl Vocab {
     pub(crate) fn of(owner: Arc<LlamaWeights>) -> Self {
         let vocab = owner.vocab();
         let template = owner.chat_template();
-        Vocab { owner, vocab, template }
+        let template_text = template.as_ref().and_then(|t| t.to_str().ok()).map(str::to_owned);
+        Vocab { owner, vocab, template, template_text }
     }
 
     /// Number of tokens in the vocabulary.
@@ -50,6 +53,32 @@ impl Vocab {
     /// Whether the model comes with a chat template.
     pub fn has_chat_template(&self) -> bool {
         self.template.is_some()
+    }
+}
+
+impl Vocab {
+    /// The bytes of `token`; `special` renders control tokens (`<|im_end|>`) as their text
+    /// instead of nothing.
+    fn render(&self, token: Token, special: bool) -> Vec<u8> {
+        let mut buf = vec![0u8; 32];
+        loop {
+            // SAFETY: buf has room for buf.len() bytes; invalid ids yield an empty piece.
+            let n = unsafe {
+                sys::llama_token_to_piece(
+                    self.vocab,
+                    token as sys::llama_token,
+                    buf.as_mut_ptr() as *mut _,
+                    buf.len() as i32,
+                    0,
+                    special,
+                )
+            };
+            if n >= 0 {
+                buf.truncate(n as usize);
+                return buf;
+            }
+            buf.resize((-n) as usize, 0);
+        }
     }
 }
 
@@ -83,25 +112,31 @@ impl Tokenizer for Vocab {
     }
 
     fn piece(&self, token: Token) -> Vec<u8> {
-        let mut buf = vec![0u8; 32];
-        loop {
-            // SAFETY: buf has room for buf.len() bytes; invalid ids yield an empty piece.
-            let n = unsafe {
-                sys::llama_token_to_piece(
-                    self.vocab,
-                    token as sys::llama_token,
-                    buf.as_mut_ptr() as *mut _,
-                    buf.len() as i32,
-                    0,
-                    false,
-                )
-            };
-            if n >= 0 {
-                buf.truncate(n as usize);
-                return buf;
+        self.render(token, false)
+    }
+
+    fn chat_template(&self) -> Option<&str> {
+        self.template_text.as_deref()
+    }
+
+    fn bos_eos_text(&self) -> (String, String) {
+        // SAFETY: valid vocab; these return a token id or -1 (LLAMA_TOKEN_NULL).
+        let (bos, eos) = unsafe { (sys::llama_vocab_bos(self.vocab), sys::llama_vocab_eos(self.vocab)) };
+        let text = |t: sys::llama_token| {
+            if t < 0 {
+                return String::new();
             }
-            buf.resize((-n) as usize, 0);
+            String::from_utf8_lossy(&self.render(t as Token, true)).into_owned()
+        };
+        (text(bos), text(eos))
+    }
+
+    fn special_text(&self, token: Token) -> Option<String> {
+        if !self.render(token, false).is_empty() {
+            return None;
         }
+        let text = self.render(token, true);
+        (!text.is_empty()).then(|| String::from_utf8_lossy(&text).into_owned())
     }
 
     fn is_end(&self, token: Token) -> bool {

@@ -1,0 +1,250 @@
+//! Structured output: JSON schemas and grammars compiled with llguidance into a
+//! [`pocket_core::Constraint`] for the generation loop.
+//!
+//! A model's [`Grammars`] is built once, on its first constrained request: the trie of every
+//! token's bytes (special tokens marked, so that a grammar never emits `<|im_end|>` as text)
+//! and llguidance's precomputed token classes. Each request then compiles its own grammar into
+//! a [`GrammarConstraint`] that follows the tokens it generates.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use pocket_core::{Constraint, Model, Token};
+use serde_json::{Value, json};
+
+use crate::{Error, Result};
+
+/// The largest grammar source accepted (a JSON schema's or a Lark grammar's text): schemas
+/// apps send are a few kilobytes; one this large would take long to compile and is refused
+/// before trying.
+pub const MAX_GRAMMAR_BYTES: usize = 256 << 10;
+
+/// Bytes a request's grammar state is charged in the memory budget: the parser's rows and
+/// lexer states (bounded by [`limits`]) and the mask, as an allowance rather than a
+/// measurement (llguidance does not report its heap).
+pub const GRAMMAR_STATE_BYTES: u64 = 4 << 20;
+
+/// What a request constrains its output to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Grammar {
+    /// Any JSON object (OpenAI's `response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// JSON valid against `schema`; `strict` refuses schemas using keywords that cannot be
+    /// enforced instead of enforcing the rest.
+    JsonSchema {
+        /// The JSON schema.
+        schema: Value,
+        /// OpenAI's `strict`.
+        strict: bool,
+    },
+    /// A grammar in llguidance's Lark dialect (it may inline JSON schemas with `%json`).
+    Lark(String),
+}
+
+impl Grammar {
+    /// The request field a grammar comes from, for errors.
+    pub fn param(&self) -> &'static str {
+        match self {
+            Grammar::JsonObject | Grammar::JsonSchema { .. } => "response_format",
+            Grammar::Lark(_) => "grammar",
+        }
+    }
+
+    /// llguidance's form of this grammar. JSON is written the way people and models write it
+    /// (`", "` and `": "`, no free whitespace, which a small model can otherwise fill
+    /// forever); a schema's own `x-guidance` options win.
+    fn top_level(&self) -> Result<TopLevelGrammar> {
+        let options = json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+        let with_options = |mut schema: Value, lenient: bool| {
+            if let Value::Object(map) = &mut schema {
+                let mut o = options.clone();
+                o["lenient"] = Value::Bool(lenient);
+                map.entry("x-guidance").or_insert(o);
+            }
+            schema
+        };
+        Ok(match self {
+            Grammar::JsonObject => TopLevelGrammar::from_json_schema(with_options(json!({"type": "object"}), false)),
+            Grammar::JsonSchema { schema, strict } => {
+                let size = serde_json::to_string(schema).map_or(0, |s| s.len());
+                check_size(self.param(), size)?;
+                if !schema.is_object() && !schema.is_boolean() {
+                    return Err(Error::invalid(
+                        self.param(),
+                        "json_schema.schema must be a JSON schema (an object)",
+                    ));
+                }
+                TopLevelGrammar::from_json_schema(with_options(schema.clone(), !strict))
+            }
+            Grammar::Lark(text) => {
+                check_size(self.param(), text.len())?;
+                TopLevelGrammar::from_lark(text.clone())
+            }
+        })
+    }
+}
+
+fn check_size(param: &'static str, size: usize) -> Result<()> {
+    if size > MAX_GRAMMAR_BYTES {
+        return Err(Error::invalid(
+            param,
+            format!("the grammar is {size} bytes; pocketd compiles grammars of at most {MAX_GRAMMAR_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// The bounds a grammar compiles and runs within: llguidance's own, with the grammar size
+/// and lexer states lowered to what a board's memory and a request's latency allow. A
+/// grammar past them is refused when it is compiled (or, for the per-step ones, ends the
+/// request with an error) rather than stalling the daemon.
+pub fn limits() -> ParserLimits {
+    ParserLimits {
+        max_grammar_size: 100_000,
+        max_lexer_states: 50_000,
+        initial_lexer_fuel: 500_000,
+        ..ParserLimits::default()
+    }
+}
+
+/// A model's vocabulary as llguidance sees it, built once and shared by its requests.
+pub struct Grammars {
+    factory: ParserFactory,
+    /// Every end token of the model: the grammar's end-of-sequence stands for all of them.
+    ends: Vec<Token>,
+    eos: Token,
+    /// Seconds building it took.
+    pub build_seconds: f64,
+}
+
+impl Grammars {
+    /// The trie of `model`'s tokens and llguidance's factory over it.
+    pub fn new(model: Arc<dyn Model>) -> Result<Self> {
+        let start = Instant::now();
+        let n_vocab = model.info().n_vocab;
+        let tokenizer = model.tokenizer();
+        let ends: Vec<Token> = (0..n_vocab as Token).filter(|&t| tokenizer.is_end(t)).collect();
+        let Some(&eos) = ends.first() else {
+            return Err(Error::invalid(
+                "response_format",
+                format!("{} has no end token, so a grammar cannot end its output", model.info().name),
+            ));
+        };
+        let words: Vec<Vec<u8>> = (0..n_vocab as Token)
+            .map(|t| match tokenizer.special_text(t) {
+                Some(text) => [&[TokTrie::SPECIAL_TOKEN_MARKER][..], text.as_bytes()].concat(),
+                None => tokenizer.piece(t),
+            })
+            .collect();
+        let info = TokRxInfo::new(n_vocab as u32, eos);
+        let trie = TokTrie::from(&info, &words);
+        let env: TokEnv = Arc::new(ModelTokens { trie, model });
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| grammar_error("response_format", e))?;
+        factory.set_stderr_log_level(0);
+        *factory.limits_mut() = limits();
+        Ok(Grammars { factory, ends, eos, build_seconds: start.elapsed().as_secs_f64() })
+    }
+
+    /// Compile `grammar` for one request. Errors name the request field and say what
+    /// llguidance could not accept (an unsupported keyword under `strict`, a Lark syntax
+    /// error, a grammar past the [`limits`]).
+    pub fn compile(&self, grammar: &Grammar) -> Result<GrammarConstraint> {
+        let parser = self.factory.create_parser(grammar.top_level()?).map_err(|e| grammar_error(grammar.param(), e))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(grammar_error(grammar.param(), e));
+        }
+        Ok(GrammarConstraint { matcher, ends: self.ends.clone(), eos: self.eos, saved: Vec::new() })
+    }
+}
+
+fn grammar_error(param: &'static str, e: impl std::fmt::Display) -> Error {
+    Error::invalid(param, format!("cannot compile the grammar: {e}"))
+}
+
+/// llguidance's view of a model's tokenizer: the trie, and the model's own tokenizer for the
+/// forced text it turns back into tokens.
+struct ModelTokens {
+    trie: TokTrie,
+    model: Arc<dyn Model>,
+}
+
+impl TokenizerEnv for ModelTokens {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<toktrie::TokenId> {
+        // Forced text is whole characters in practice; a split one only costs a draft.
+        self.model.tokenizer().encode(&String::from_utf8_lossy(s), false).unwrap_or_default()
+    }
+}
+
+/// One request's grammar state.
+#[derive(Clone)]
+pub struct GrammarConstraint {
+    matcher: Matcher,
+    ends: Vec<Token>,
+    eos: Token,
+    /// The end tokens' logits while a mask is applied.
+    saved: Vec<(Token, f32)>,
+}
+
+impl std::fmt::Debug for GrammarConstraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarConstraint").field("ends", &self.ends).finish_non_exhaustive()
+    }
+}
+
+impl GrammarConstraint {
+    fn error(&self, what: &str, e: impl std::fmt::Display) -> pocket_core::Error {
+        pocket_core::Error::InvalidArgument(format!("the output grammar failed {what}: {e}"))
+    }
+}
+
+impl Constraint for GrammarConstraint {
+    fn mask(&mut self, logits: &mut [f32]) -> pocket_core::Result<()> {
+        let mask = self.matcher.compute_mask_or_eos().map_err(|e| self.error("computing a mask", e))?;
+        // The grammar's one end token stands for all of the model's (`<|im_end|>` and
+        // `<|endoftext|>` alike): they keep their own logits when it may end here.
+        let end_allowed = mask.is_allowed(self.eos);
+        self.saved.clear();
+        if end_allowed {
+            self.saved.extend(self.ends.iter().filter_map(|&t| Some((t, *logits.get(t as usize)?))));
+        }
+        for (word, chunk) in mask.as_slice().iter().zip(logits.chunks_mut(32)) {
+            if *word == u32::MAX {
+                continue;
+            }
+            for (bit, l) in chunk.iter_mut().enumerate() {
+                if word & (1 << bit) == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        // Rows past the trie's vocabulary (padding some models have) are never allowed.
+        for l in logits.iter_mut().skip(mask.len()) {
+            *l = f32::NEG_INFINITY;
+        }
+        for &(t, l) in &self.saved {
+            logits[t as usize] = l;
+        }
+        Ok(())
+    }
+
+    fn advance(&mut self, token: Token) -> pocket_core::Result<()> {
+        self.matcher.consume_token(token).map_err(|e| self.error("on a token", e))
+    }
+
+    fn allowed_prefix(&mut self, tokens: &[Token]) -> pocket_core::Result<usize> {
+        self.matcher.validate_tokens(tokens).map_err(|e| self.error("checking a draft", e))
+    }
+
+    fn forced(&mut self, max: usize, out: &mut Vec<Token>) -> pocket_core::Result<()> {
+        out.extend(self.matcher.compute_ff_tokens().into_iter().take(max));
+        Ok(())
+    }
+}

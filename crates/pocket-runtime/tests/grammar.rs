@@ -1,0 +1,106 @@
+//! Structured output on a real model (SmolLM2): JSON schemas and grammars enforced token by
+//! token, identical with and without speculation, refused clearly when they cannot compile.
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+
+use pocket_core::memory::Ledger;
+use pocket_core::spec::SpecMode;
+use pocket_core::{ChatMessage, Role, SessionConfig};
+use pocket_runtime::grammar::Grammar;
+use pocket_runtime::pipeline::{self, Input, OnEvent, Outcome, Request};
+use pocket_runtime::{ErrorKind, LoadedModel, OpenOptions};
+use serde_json::{Value, json};
+
+fn smollm2(cache: &std::path::Path) -> LoadedModel {
+    let dir = pocket_models::models_dir(None);
+    let path: PathBuf = pocket_models::resolve("smollm2-135m", &dir)
+        .unwrap_or_else(|e| panic!("the tests need smollm2-135m (pocket pull smollm2-135m): {e}"))
+        .path;
+    let options = OpenOptions { cache_dir: Some(cache.to_path_buf()), ..OpenOptions::default() };
+    LoadedModel::open(&path, &options).unwrap()
+}
+
+fn request(text: &str, grammar: Grammar, spec: SpecMode) -> Request {
+    let mut r = Request::new(Input::Chat(vec![ChatMessage::new(Role::User, text)]));
+    r.spec = spec;
+    r.grammar = Some(grammar);
+    r.stop.max_tokens = 200;
+    r.prompt_cache = false;
+    r.session = SessionConfig { threads: 2, n_ctx: 1024, ..SessionConfig::default() };
+    r
+}
+
+fn run(model: &LoadedModel, r: &Request) -> Outcome {
+    let ledger = Ledger::unlimited();
+    let prepared = pipeline::prepare(model, None, r, &ledger).unwrap();
+    pipeline::run(model, None, &prepared, &ledger, &mut OnEvent::new(|_| ControlFlow::Continue(()))).unwrap()
+}
+
+fn person() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 40},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "languages": {"type": "array", "items": {"enum": ["rust", "python", "c"]}, "maxItems": 3}
+        },
+        "required": ["name", "age", "languages"],
+        "additionalProperties": false
+    })
+}
+
+#[test]
+fn a_schema_is_enforced_and_speculation_gives_the_same_tokens_faster() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = smollm2(cache.path());
+    let grammar = Grammar::JsonSchema { schema: person(), strict: true };
+    let ask = "Describe a programmer named Ada as JSON.";
+    let plain = run(&model, &request(ask, grammar.clone(), SpecMode::Off));
+    let value: Value = serde_json::from_str(&plain.generation.text)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", plain.generation.text));
+    let age = value["age"].as_i64().unwrap();
+    assert!((0..=150).contains(&age), "{value}");
+    assert!(value["name"].is_string() && value["languages"].is_array(), "{value}");
+    assert_eq!(plain.generation.spec.forced, 0, "plain decoding drafts nothing");
+    assert!(plain.grammar_seconds > 0.0);
+
+    for spec in [SpecMode::Suffix, SpecMode::Auto] {
+        let fast = run(&model, &request(ask, grammar.clone(), spec));
+        assert_eq!(fast.generation.tokens, plain.generation.tokens, "{spec}");
+        let s = fast.generation.spec;
+        assert!(s.forced_accepted > 0, "{spec}: the schema's keys are forced: {s:?}");
+        assert!(s.passes < plain.generation.spec.passes, "{spec}: {s:?}");
+    }
+}
+
+#[test]
+fn json_object_parses_and_a_lark_grammar_is_followed() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = smollm2(cache.path());
+    let out = run(&model, &request("Give me a JSON object about cats.", Grammar::JsonObject, SpecMode::Auto));
+    let value: Value = serde_json::from_str(&out.generation.text)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", out.generation.text));
+    assert!(value.is_object());
+
+    let lark = Grammar::Lark(r#"start: "The answer is " ("yes" | "no") "."#.into());
+    let out = run(&model, &request("Is the sky blue?", lark, SpecMode::Off));
+    assert!(["The answer is yes.", "The answer is no."].contains(&out.generation.text.as_str()), "{}", out.generation.text);
+}
+
+#[test]
+fn grammars_that_cannot_compile_are_refused_naming_the_field() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = smollm2(cache.path());
+    let ledger = Ledger::unlimited();
+    let refuse = |g: Grammar| pipeline::prepare(&model, None, &request("hi", g, SpecMode::Off), &ledger).unwrap_err();
+    let e = refuse(Grammar::Lark("start: (".into()));
+    assert_eq!((e.kind(), e.param()), (ErrorKind::Invalid, Some("grammar")), "{e}");
+    let e = refuse(Grammar::JsonSchema { schema: json!("a string"), strict: true });
+    assert_eq!(e.param(), Some("response_format"), "{e}");
+    // Too large to compile within the bound: refused before trying.
+    let big: serde_json::Map<String, Value> =
+        (0..20_000).map(|i| (format!("field_{i}"), json!({"type": "string"}))).collect();
+    let e = refuse(Grammar::JsonSchema { schema: json!({"type": "object", "properties": big}), strict: true });
+    assert!(e.to_string().contains("at most"), "{e}");
+}
