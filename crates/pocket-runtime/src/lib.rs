@@ -20,6 +20,7 @@
 //! device, `auto` does not use it.
 #![deny(missing_docs)]
 
+pub mod chat_template;
 pub mod drafters;
 mod engine;
 mod error;
