@@ -3,7 +3,7 @@
 //! directories on tract.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use pocket_core::memory::Ledger;
 use pocket_core::spec::{LayerSkipDrafter, SpecMode};
@@ -11,6 +11,7 @@ use pocket_core::{Model, SessionConfig};
 use pocket_ggml::{DeviceChoice, GgmlModel, GraphSupport, LlamaCppModel, LoadOptions, WeightFormat};
 use pocket_tract::TractModel;
 
+use crate::chat_template::ChatTemplate;
 use crate::grammar::Grammars;
 use crate::prompt_cache::PrefixKey;
 use crate::{Error, Knowledge, PromptCache, Result};
@@ -105,6 +106,9 @@ pub struct LoadedModel {
     prompt_cache: Option<Arc<PromptCache>>,
     /// llguidance's view of the vocabulary, built on the first constrained request.
     grammars: Mutex<Option<Arc<Grammars>>>,
+    /// The chat template the file ships, compiled on first use (`None`: it has none, or
+    /// minijinja cannot compile it and llama.cpp's detection renders instead).
+    chat_template: OnceLock<Option<Arc<ChatTemplate>>>,
 }
 
 impl Drop for LoadedModel {
@@ -218,7 +222,27 @@ impl LoadedModel {
             search: Mutex::new(None),
             prompt_cache: options.prompt_cache.clone(),
             grammars: Mutex::new(None),
+            chat_template: OnceLock::new(),
         }
+    }
+
+    /// The model's own chat template, compiled with minijinja; `None` where the file has none
+    /// (or it does not compile: then the engine's rendering is used, and a warning logged).
+    pub fn chat_template(&self) -> Option<Arc<ChatTemplate>> {
+        self.chat_template
+            .get_or_init(|| {
+                let tokenizer = self.model.tokenizer();
+                let source = tokenizer.chat_template()?;
+                let (bos, eos) = tokenizer.bos_eos_text();
+                match ChatTemplate::new(source, &bos, &eos) {
+                    Ok(t) => Some(Arc::new(t)),
+                    Err(e) => {
+                        tracing::warn!(model = %self.model.info().name, "cannot compile the chat template: {e}");
+                        None
+                    }
+                }
+            })
+            .clone()
     }
 
     /// What compiles grammars for this model's vocabulary (built on first use, then shared).

@@ -67,7 +67,7 @@ impl Grammar {
             schema
         };
         Ok(match self {
-            Grammar::JsonObject => TopLevelGrammar::from_json_schema(with_options(json!({"type": "object"}), false)),
+            Grammar::JsonObject => TopLevelGrammar::from_lark(json_object_lark()),
             Grammar::JsonSchema { schema, strict } => {
                 let size = serde_json::to_string(schema).map_or(0, |s| s.len());
                 check_size(self.param(), size)?;
@@ -81,10 +81,43 @@ impl Grammar {
             }
             Grammar::Lark(text) => {
                 check_size(self.param(), text.len())?;
-                TopLevelGrammar::from_lark(text.clone())
+                // llguidance's lexer wants a grammar's last line ended (a final string literal
+                // without a newline is a lexer error); people rarely write one.
+                let mut text = text.clone();
+                if !text.ends_with('\n') {
+                    text.push('\n');
+                }
+                TopLevelGrammar::from_lark(text)
             }
         })
     }
+}
+
+/// How deep objects and arrays nest in a `json_object` answer, how many members each holds,
+/// and how long its strings are: any JSON object within these bounds is allowed. An open
+/// `{"type": "object"}` lets a small model add keys until `max_tokens` cuts the JSON off;
+/// bounded, it has to close its objects, so the answer always parses.
+pub const JSON_OBJECT_BOUNDS: (usize, usize, usize) = (3, 12, 256);
+
+/// The Lark grammar of a `json_object` answer (see [`JSON_OBJECT_BOUNDS`]).
+fn json_object_lark() -> String {
+    let (depth, members, chars) = JSON_OBJECT_BOUNDS;
+    let more = members - 1;
+    let mut g = String::from("start: object0\n");
+    for d in 0..depth {
+        g += &format!("object{d}: \"{{\" (member{d} (\", \" member{d}){{0,{more}}})? \"}}\"\n");
+        g += &format!("member{d}: STRING \": \" value{d}\n");
+        g += &format!("array{d}: \"[\" (value{d} (\", \" value{d}){{0,{more}}})? \"]\"\n");
+        if d + 1 < depth {
+            g += &format!("value{d}: scalar | object{n} | array{n}\n", n = d + 1);
+        } else {
+            g += &format!("value{d}: scalar\n");
+        }
+    }
+    g += "scalar: STRING | NUMBER | \"true\" | \"false\" | \"null\"\n";
+    g += &format!(r#"STRING: /"([^"\\\x00-\x1f]|\\(["\\\/bfnrt]|u[0-9a-fA-F]{{4}})){{0,{chars}}}"/"#);
+    g += "\nNUMBER: /-?(0|[1-9][0-9]{0,15})(\\.[0-9]{1,15})?([eE][+-]?[0-9]{1,3})?/\n";
+    g
 }
 
 fn check_size(param: &'static str, size: usize) -> Result<()> {

@@ -30,6 +30,7 @@ pub mod learn;
 pub mod pipeline;
 pub mod process;
 pub mod prompt_cache;
+pub mod tools;
 mod text;
 pub mod weights;
 

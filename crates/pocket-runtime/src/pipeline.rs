@@ -13,12 +13,13 @@ use std::time::Instant;
 use pocket_core::memory::{self, Ledger, ModelCosts, Plan, PlanRequest};
 use pocket_core::spec::SpecMode;
 use pocket_core::{
-    ChatMessage, Constraint, Event, GenerateRequest, Generation, Guide, Model, ModelKind, SamplingConfig,
+    ChatMessage, Constraint, Event, Role, ToolCall, GenerateRequest, Generation, Guide, ModelKind, SamplingConfig,
     SessionConfig, StopConfig, Token, generate_guided,
 };
 
 use crate::drafters::{self, Setup};
 use crate::grammar::{GRAMMAR_STATE_BYTES, Grammar, GrammarConstraint};
+use crate::tools::{self, Tools};
 use crate::prompt_cache::{Adoption, PrefixKey};
 use crate::{DEFAULT_MAX_DRAFT, Error, LoadedModel, Result};
 
@@ -67,6 +68,8 @@ pub struct Request {
     pub grammar: Option<Grammar>,
     /// Report each generated token's log-probability with this many alternatives.
     pub logprobs: Option<usize>,
+    /// The tools the model may call (OpenAI's `tools`, `tool_choice`, `parallel_tool_calls`).
+    pub tools: Tools,
 }
 
 impl Request {
@@ -85,6 +88,7 @@ impl Request {
             cache_hint: None,
             grammar: None,
             logprobs: None,
+            tools: Tools::default(),
         }
     }
 }
@@ -119,6 +123,8 @@ pub struct Prepared {
     pub grammar_seconds: f64,
     /// Log-probabilities asked for.
     pub logprobs: Option<usize>,
+    /// Whether the answer is read for tool calls.
+    pub tool_calls: bool,
 }
 
 /// Where a finished session is parked.
@@ -172,17 +178,27 @@ pub struct Outcome {
     pub session_bytes: u64,
     /// Seconds compiling the request's grammar took.
     pub grammar_seconds: f64,
+    /// The answer's text without its tool calls (the generation's text when it made none).
+    pub content: String,
+    /// The tools the answer calls, in OpenAI's shape.
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// The tokens of `input` for `model`: chat messages through its chat template (the
 /// assistant's turn opened), text as it is.
 ///
+/// The template is the one the model file ships, rendered with minijinja as transformers
+/// renders it (with `tools` when the model may call them); a model without one is rendered
+/// by llama.cpp's detection of well-known templates. Where the template does not render
+/// tools itself, they are described in the system message.
+///
 /// The model's BOS is added when its vocabulary asks for one, unless the rendered text
 /// already starts with it: some templates write the BOS themselves (Gemma's), llama.cpp's
 /// built-in ones mostly do not (Llama 3's), and a doubled BOS changes the output.
-pub fn render(model: &dyn Model, input: &Input) -> Result<Vec<Token>> {
-    let info = model.info();
-    let tokenizer = model.tokenizer();
+pub fn render(model: &LoadedModel, input: &Input, tools: &Tools) -> Result<Vec<Token>> {
+    let target = model.model();
+    let info = target.info();
+    let tokenizer = target.tokenizer();
     let text = match input {
         Input::Tokens(tokens) => return Ok(tokens.clone()),
         Input::Chat(_) if info.kind == ModelKind::EncoderDecoder => {
@@ -195,9 +211,7 @@ pub fn render(model: &dyn Model, input: &Input) -> Result<Vec<Token>> {
                 ),
             ));
         }
-        Input::Chat(messages) => tokenizer
-            .apply_chat_template(messages, true)
-            .map_err(|e| Error::invalid("messages", e.to_string()))?,
+        Input::Chat(messages) => render_chat(model, messages, tools)?,
         Input::Text(text) => text.clone(),
     };
     let encode =
@@ -207,6 +221,31 @@ pub fn render(model: &dyn Model, input: &Input) -> Result<Vec<Token>> {
         && with_special.get(1..) == Some(&plain[..])
         && plain.first() == with_special.first();
     Ok(if doubled_bos { plain } else { with_special })
+}
+
+fn render_chat(model: &LoadedModel, messages: &[ChatMessage], tools: &Tools) -> Result<String> {
+    let template = model.chat_template();
+    let offered = tools.offered();
+    let mut described;
+    let mut messages = messages;
+    if offered && !template.as_ref().is_some_and(|t| t.renders_tools()) {
+        // The tools go into the system message: the first one's, or one of their own.
+        described = messages.to_vec();
+        let prompt = tools.system_prompt();
+        match described.first_mut() {
+            Some(m) if m.role == Role::System => m.content = format!("{}\n\n{prompt}", m.content),
+            _ => described.insert(0, ChatMessage::new(Role::System, prompt)),
+        }
+        messages = &described;
+    }
+    let invalid = |e: String| Error::invalid("messages", e);
+    match template {
+        Some(t) => {
+            let defs: &[serde_json::Value] = if offered { &tools.tools } else { &[] };
+            t.render(messages, defs, true).map_err(|e| invalid(e.to_string()))
+        }
+        None => model.model().tokenizer().apply_chat_template(messages, true).map_err(|e| invalid(e.to_string())),
+    }
 }
 
 /// Render, tokenize and check `request` for `model` (speculating with `draft` where given),
@@ -240,7 +279,16 @@ pub fn prepare(
     request.sampling.validate().map_err(|e| param_error("temperature", e))?;
     request.stop.validate().map_err(|e| param_error("stop", e))?;
 
-    let (grammar, grammar_seconds) = match &request.grammar {
+    request.tools.validate()?;
+    let tool_grammar = request.tools.grammar();
+    if tool_grammar.is_some() && request.grammar.is_some() {
+        return Err(Error::invalid(
+            "response_format",
+            "response_format (or grammar) and tools cannot be combined: the answer is either a tool call or \
+             the format asked for; send tool_choice \"none\" to use the format",
+        ));
+    }
+    let (grammar, grammar_seconds) = match request.grammar.as_ref().or(tool_grammar.as_ref()) {
         None => (None, 0.0),
         Some(g) => {
             let start = Instant::now();
@@ -248,7 +296,7 @@ pub fn prepare(
             (Some(compiled), start.elapsed().as_secs_f64())
         }
     };
-    let tokens = render(target, &request.input)?;
+    let tokens = render(model, &request.input, &request.tools)?;
     if tokens.is_empty() {
         return Err(Error::invalid("prompt", "the prompt is empty; it needs at least one token"));
     }
@@ -319,6 +367,7 @@ pub fn prepare(
         grammar,
         grammar_seconds,
         logprobs: request.logprobs,
+        tool_calls: request.tools.offered(),
     })
 }
 
@@ -412,6 +461,12 @@ pub fn run(
         tracing::info!(model = %info.name, skip = ?set.skip, agreement = set.agreement, "found a layer-skip set");
         model.knowledge().remember_skip_set(set);
     }
+    let (content, tool_calls) = if p.tool_calls {
+        let seed = format!("{:?}/{}", std::time::SystemTime::now(), generation.tokens.len());
+        tools::parse_calls(&generation.text, &seed)
+    } else {
+        (generation.text.clone(), Vec::new())
+    };
     let (kv_bytes, session_bytes) = (session.kv_bytes(), session.memory());
     if let (Some(park), Some(cache)) = (&p.park, model.prompt_cache())
         && let Err(e) = cache.park_session(park.key.clone(), park.hint.clone(), session.as_ref())
@@ -425,6 +480,8 @@ pub fn run(
         kv_bytes,
         session_bytes,
         grammar_seconds: p.grammar_seconds,
+        content,
+        tool_calls,
         generation,
     })
 }

@@ -83,7 +83,7 @@ fn json_object_parses_and_a_lark_grammar_is_followed() {
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", out.generation.text));
     assert!(value.is_object());
 
-    let lark = Grammar::Lark(r#"start: "The answer is " ("yes" | "no") "."#.into());
+    let lark = Grammar::Lark(r##"start: "The answer is " ("yes" | "no") ".""##.into());
     let out = run(&model, &request("Is the sky blue?", lark, SpecMode::Off));
     assert!(["The answer is yes.", "The answer is no."].contains(&out.generation.text.as_str()), "{}", out.generation.text);
 }
@@ -103,4 +103,26 @@ fn grammars_that_cannot_compile_are_refused_naming_the_field() {
         (0..20_000).map(|i| (format!("field_{i}"), json!({"type": "string"}))).collect();
     let e = refuse(Grammar::JsonSchema { schema: json!({"type": "object", "properties": big}), strict: true });
     assert!(e.to_string().contains("at most"), "{e}");
+}
+
+#[test]
+fn a_required_tool_call_comes_back_in_openais_shape_with_valid_arguments() {
+    use pocket_runtime::tools::{ToolChoice, Tools};
+    let cache = tempfile::tempdir().unwrap();
+    let model = smollm2(cache.path());
+    let weather = json!({"type": "function", "function": {"name": "get_weather", "description": "The weather in a city now",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+            "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"], "additionalProperties": false}}});
+    let mut r = Request::new(Input::Chat(vec![ChatMessage::new(Role::User, "What is the weather in Paris?")]));
+    r.tools = Tools { tools: vec![weather], choice: ToolChoice::Required, parallel: false };
+    r.stop.max_tokens = 120;
+    r.spec = SpecMode::Auto;
+    r.session = SessionConfig { threads: 2, n_ctx: 1024, ..SessionConfig::default() };
+    let out = run(&model, &r);
+    assert_eq!(out.tool_calls.len(), 1, "{}", out.generation.text);
+    let call = &out.tool_calls[0];
+    assert_eq!(call.function.name, "get_weather");
+    let args: Value = serde_json::from_str(&call.function.arguments).unwrap();
+    assert!(args["city"].is_string() && ["celsius", "fahrenheit"].contains(&args["unit"].as_str().unwrap()), "{args}");
+    assert_eq!(out.content, "");
 }

@@ -247,6 +247,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cache_hint: None,
         grammar: None,
         logprobs: None,
+        tools: Default::default(),
     };
     let prepared = pipeline::prepare(&model, draft.as_ref(), &request, &ledger)?;
     // A plan that gave the draft model up gives its weights back to the budget.

@@ -559,6 +559,7 @@ impl Scheduler {
             cache_hint: job.options.cache_key.clone(),
             grammar: None,
             logprobs: None,
+            tools: Default::default(),
         };
         // Tokenize and plan; when the budget is full, make room or wait for it.
         let deadline = Instant::now() + MEMORY_WAIT;

@@ -88,6 +88,7 @@ impl Runner for PipelineRunner {
             cache_hint: None,
             grammar: None,
             logprobs: None,
+            tools: Default::default(),
         };
         let draft = self.draft_model.as_deref();
         let prepared = pipeline::prepare(&self.model, draft, &request, &self.ledger)?;

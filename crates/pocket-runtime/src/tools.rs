@@ -1,0 +1,243 @@
+//! Tool calls: the request's OpenAI `tools` and `tool_choice`, turned into what the model is
+//! told, what its output may be, and OpenAI's `tool_calls` read back from that output.
+//!
+//! One wire format for every model: a call is `<tool_call>\n{"name": …, "arguments": {…}}\n
+//! </tool_call>`, the format Qwen2.5's template teaches (and Hermes-style models use). A model
+//! whose template renders `tools` itself is told by its template; for one whose template does
+//! not, the tools and the format are described in the system message. Either way the call's
+//! JSON is enforced by a grammar, so `arguments` always matches the tool's parameters.
+
+use pocket_core::{FunctionCall, ToolCall};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::grammar::Grammar;
+use crate::{Error, Result};
+
+/// The most calls one answer may make (parallel calls allowed): a small model that repeats
+/// itself stops here.
+pub const MAX_CALLS: usize = 8;
+
+/// OpenAI's `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ToolChoice {
+    /// The model answers in text; the tools are not offered.
+    None,
+    /// The model chooses between text and calls (the default when tools are given).
+    #[default]
+    Auto,
+    /// The model calls at least one tool.
+    Required,
+    /// The model calls this function.
+    Function(String),
+}
+
+/// The tools a request offers and how they may be used.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Tools {
+    /// OpenAI tool definitions: `{"type": "function", "function": {"name", "description",
+    /// "parameters"}}`.
+    pub tools: Vec<Value>,
+    /// Whether and which tool must be called.
+    pub choice: ToolChoice,
+    /// Several calls in one answer (OpenAI's `parallel_tool_calls`, default true).
+    pub parallel: bool,
+}
+
+impl Tools {
+    /// Check the definitions and the choice; the error names `tools` or `tool_choice` and
+    /// says what is expected.
+    pub fn validate(&self) -> Result<()> {
+        let mut names = Vec::new();
+        for (i, tool) in self.tools.iter().enumerate() {
+            if tool.get("type").and_then(Value::as_str).unwrap_or("function") != "function" {
+                return Err(Error::invalid("tools", format!("tools[{i}].type must be \"function\"")));
+            }
+            let name = function(tool).and_then(|f| f.get("name")).and_then(Value::as_str);
+            let Some(name) = name.filter(|n| !n.is_empty()) else {
+                return Err(Error::invalid("tools", format!("tools[{i}].function.name is missing")));
+            };
+            if names.contains(&name) {
+                return Err(Error::invalid("tools", format!("two tools are named {name:?}")));
+            }
+            if let Some(p) = function(tool).and_then(|f| f.get("parameters"))
+                && !p.is_object()
+            {
+                return Err(Error::invalid(
+                    "tools",
+                    format!("tools[{i}].function.parameters must be a JSON schema object"),
+                ));
+            }
+            names.push(name);
+        }
+        match &self.choice {
+            ToolChoice::Function(name) if !names.contains(&name.as_str()) => Err(Error::invalid(
+                "tool_choice",
+                format!("tool_choice names {name:?}, which is not one of the tools ({})", names.join(", ")),
+            )),
+            ToolChoice::Required | ToolChoice::Function(_) if self.tools.is_empty() => {
+                Err(Error::invalid("tool_choice", "tool_choice asks for a tool call but no tools are given"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the model is offered the tools at all.
+    pub fn offered(&self) -> bool {
+        !self.tools.is_empty() && self.choice != ToolChoice::None
+    }
+
+    /// The grammar the answer must follow: text or calls (`auto`), calls only (`required`),
+    /// calls of one function (a named choice).
+    pub fn grammar(&self) -> Option<Grammar> {
+        if !self.offered() {
+            return None;
+        }
+        let variants: Vec<Value> = self
+            .tools
+            .iter()
+            .filter_map(function)
+            .filter(|f| match &self.choice {
+                ToolChoice::Function(name) => f.get("name").and_then(Value::as_str) == Some(name),
+                _ => true,
+            })
+            .map(|f| {
+                let parameters = f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"}));
+                json!({
+                    "type": "object",
+                    "properties": {"name": {"const": f.get("name")}, "arguments": parameters},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        let body = json!({
+            "anyOf": variants,
+            "x-guidance": {
+                "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "lenient": true
+            },
+        });
+        let more = if self.parallel { format!("(\"\\n\" call){{0,{}}}", MAX_CALLS - 1) } else { String::new() };
+        // Text must not start with '<', so that an answer starting a call is held to the grammar.
+        let start = if self.choice == ToolChoice::Auto { "start: TEXT | calls" } else { "start: calls" };
+        Some(Grammar::Lark(format!(
+            "{start}\ncalls: call {more}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {body}\n\
+             TEXT: /[^<](.|\\n)*/\n"
+        )))
+    }
+
+    /// What a system message says for a model whose template does not render tools itself.
+    pub fn system_prompt(&self) -> String {
+        let mut s = String::from(
+            "You can call functions to help answer. These are the functions, as JSON signatures, \
+             between <tools> and </tools>:\n<tools>",
+        );
+        for tool in &self.tools {
+            s.push('\n');
+            s.push_str(&tool.to_string());
+        }
+        s.push_str(
+            "\n</tools>\nTo call a function, answer with its name and arguments as a JSON object \
+             between <tool_call> and </tool_call>:\n<tool_call>\n{\"name\": <function-name>, \
+             \"arguments\": <args-json-object>}\n</tool_call>",
+        );
+        s
+    }
+}
+
+fn function(tool: &Value) -> Option<&Value> {
+    tool.get("function")
+}
+
+/// The text of an answer without its tool calls, and the calls in OpenAI's shape. Calls
+/// whose JSON does not parse are left in the text. `seed` makes the call ids unique (the
+/// request's id).
+pub fn parse_calls(text: &str, seed: &str) -> (String, Vec<ToolCall>) {
+    const OPEN: &str = "<tool_call>";
+    const CLOSE: &str = "</tool_call>";
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(OPEN) {
+        let after = &rest[start + OPEN.len()..];
+        let Some(end) = after.find(CLOSE) else { break };
+        let Some(call) = read_call(&after[..end]) else {
+            content.push_str(&rest[..start + OPEN.len() + end + CLOSE.len()]);
+            rest = &after[end + CLOSE.len()..];
+            continue;
+        };
+        content.push_str(&rest[..start]);
+        calls.push(ToolCall { id: call_id(seed, calls.len()), kind: "function".into(), function: call });
+        rest = &after[end + CLOSE.len()..];
+    }
+    content.push_str(rest);
+    let content = if calls.is_empty() { content } else { content.trim().to_owned() };
+    (content, calls)
+}
+
+fn read_call(body: &str) -> Option<FunctionCall> {
+    let value: Value = serde_json::from_str(body.trim()).ok()?;
+    let name = value.get("name")?.as_str()?.to_owned();
+    let arguments = match value.get("arguments") {
+        None => "{}".to_owned(),
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
+    };
+    Some(FunctionCall { name, arguments })
+}
+
+fn call_id(seed: &str, index: usize) -> String {
+    let digest = Sha256::digest(format!("{seed}/{index}").as_bytes());
+    let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
+    format!("call_{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weather() -> Value {
+        json!({"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
+    }
+
+    #[test]
+    fn calls_are_read_back_in_openais_shape() {
+        let text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n\
+                    <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
+        let (content, calls) = parse_calls(text, "pocketd-1");
+        assert_eq!(content, "");
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].function.name, "get_weather");
+        assert_eq!(calls[1].function.arguments, r#"{"city":"Rome"}"#);
+        assert_ne!(calls[0].id, calls[1].id);
+        assert!(calls[0].id.starts_with("call_"));
+        // Text without calls, and a call that is not JSON, stay text.
+        assert_eq!(parse_calls("Hello.", "x"), ("Hello.".to_owned(), Vec::new()));
+        let broken = "<tool_call>not json</tool_call>";
+        assert_eq!(parse_calls(broken, "x"), (broken.to_owned(), Vec::new()));
+    }
+
+    #[test]
+    fn bad_tools_and_choices_are_refused_naming_the_field() {
+        let t = |tools: Vec<Value>, choice| Tools { tools, choice, parallel: true }.validate();
+        assert!(t(vec![weather()], ToolChoice::Auto).is_ok());
+        let e = t(vec![weather()], ToolChoice::Function("nope".into())).unwrap_err();
+        assert_eq!(e.param(), Some("tool_choice"));
+        let e = t(vec![json!({"type": "function", "function": {}})], ToolChoice::Auto).unwrap_err();
+        assert_eq!(e.param(), Some("tools"));
+        let e = t(vec![weather(), weather()], ToolChoice::Auto).unwrap_err();
+        assert!(e.to_string().contains("two tools"), "{e}");
+        assert!(t(Vec::new(), ToolChoice::Required).is_err());
+    }
+
+    #[test]
+    fn the_grammar_follows_the_choice() {
+        let tools = |choice| Tools { tools: vec![weather()], choice, parallel: false };
+        assert_eq!(tools(ToolChoice::None).grammar(), None);
+        let Some(Grammar::Lark(auto)) = tools(ToolChoice::Auto).grammar() else { panic!() };
+        assert!(auto.starts_with("start: TEXT | calls"), "{auto}");
+        let Some(Grammar::Lark(required)) = tools(ToolChoice::Required).grammar() else { panic!() };
+        assert!(required.starts_with("start: calls\ncalls: call \n"), "{required}");
+    }
+}
