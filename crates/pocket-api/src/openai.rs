@@ -1,12 +1,17 @@
 //! OpenAI-compatible requests and responses (`/v1/chat/completions`, `/v1/completions`,
 //! `/v1/models`), with pocketd's extra request fields.
 //!
-//! Unknown request fields are ignored, as OpenAI-compatible servers do, so that clients that
-//! send newer fields still work; fields pocketd cannot honour (`n` > 1, `logprobs`, tools) are
-//! refused by the daemon with a 400 that names them.
+//! No field is silently ignored: every OpenAI field pocketd reads is honoured (sampling,
+//! penalties, `logit_bias`, `logprobs`, `response_format`, `tools`), and any other field is
+//! collected in [`GenerationOptions::unsupported`] and refused by the daemon with a 400 that
+//! names it — except the few that change nothing about the answer (`metadata`, `store`,
+//! `service_tier`, `stream_options`), which are accepted.
 
-pub use pocket_core::{ChatMessage, Role};
+use std::collections::BTreeMap;
+
+pub use pocket_core::{ChatMessage, FunctionCall, Role, ToolCall};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// `stop`: one string or several.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +85,88 @@ pub struct GenerationOptions {
     /// nothing, as without a prompt cache (for measuring what it saves).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_prompt: Option<bool>,
+    /// What the answer must be: `{"type": "text"}`, `{"type": "json_object"}` or
+    /// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+    /// pocketd: a grammar the answer must follow, in llguidance's Lark dialect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
+    /// Functions the model may call: `[{"type": "function", "function": {"name",
+    /// "description", "parameters"}}]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<Value>>,
+    /// `"none"`, `"auto"` (the default with tools), `"required"`, or
+    /// `{"type": "function", "function": {"name": …}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<Value>,
+    /// Several calls in one answer (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// Chat: `true` to return each token's log-probability. Completions: how many
+    /// alternatives to return with each token (0–20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<LogprobsOption>,
+    /// Chat: how many alternatives with each token's log-probability (0–20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
+    /// Lowers the logits of tokens already present (−2 to 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f32>,
+    /// Lowers the logits of tokens by how often they are present (−2 to 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f32>,
+    /// llama.cpp's multiplicative penalty (1 = off), `repeat_penalty` accepted too.
+    #[serde(default, alias = "repeat_penalty", skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<f32>,
+    /// Added to the logits of the given token ids (−100 to 100), keys as strings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    /// Every other field of the request; the daemon refuses those that would change the answer.
+    #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unsupported: BTreeMap<String, Value>,
+}
+
+/// Fields OpenAI defines that change nothing about an answer, accepted and not used.
+pub const IGNORED_FIELDS: &[&str] = &["metadata", "store", "service_tier", "stream_options"];
+
+/// `logprobs`: a boolean in chat completions, a count in text completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum LogprobsOption {
+    /// Chat: whether to return them.
+    Enabled(bool),
+    /// Completions: how many alternatives.
+    Count(u32),
+}
+
+/// `response_format`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    /// Free text (the default).
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid against a schema.
+    JsonSchema {
+        /// The schema and its name.
+        json_schema: JsonSchemaFormat,
+    },
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JsonSchemaFormat {
+    /// The schema's name.
+    #[serde(default)]
+    pub name: String,
+    /// The JSON schema.
+    #[serde(default)]
+    pub schema: Value,
+    /// Refuse schemas with keywords that cannot be enforced (else enforce the rest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -118,6 +205,8 @@ pub enum FinishReason {
     Length,
     /// The request was cancelled (by its client, or by the daemon stopping): pocketd's own.
     Cancelled,
+    /// The answer calls tools (`message.tool_calls`).
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -127,6 +216,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Cancelled => "cancelled",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 }
@@ -183,6 +273,18 @@ pub struct Timings {
     /// The most bytes the request's session (and drafter) held in the memory budget.
     #[serde(default)]
     pub peak_bytes: u64,
+    /// Milliseconds compiling the request's grammar (JSON schema, tools) took.
+    #[serde(default)]
+    pub grammar_ms: f64,
+    /// Milliseconds spent on the grammar while generating: token masks, forced tokens.
+    #[serde(default)]
+    pub constraint_ms: f64,
+    /// Tokens the grammar forced and speculation drafted for free.
+    #[serde(default)]
+    pub forced: u64,
+    /// Of those, how many the model's own choice confirmed.
+    #[serde(default)]
+    pub forced_accepted: u64,
 }
 
 /// One answer of a chat completion.
@@ -191,9 +293,86 @@ pub struct ChatChoice {
     /// Always 0.
     pub index: u32,
     /// The answer.
-    pub message: ChatMessage,
-    /// `stop` (an end token or a stop string) or `length` (`max_tokens` or the context).
+    pub message: AssistantMessage,
+    /// `stop` (an end token or a stop string), `length` (`max_tokens` or the context) or
+    /// `tool_calls`.
     pub finish_reason: FinishReason,
+    /// Each token's log-probability, when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<ChatLogprobs>,
+}
+
+/// The model's answer in a chat completion: text, or tool calls (then `content` is null).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    /// `assistant`.
+    pub role: Role,
+    /// The text; `null` when the answer only calls tools.
+    pub content: Option<String>,
+    /// The calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// `choices[].logprobs` of a chat completion.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ChatLogprobs {
+    /// One entry per generated token.
+    pub content: Vec<TokenLogprob>,
+}
+
+/// A token's log-probability and the most likely alternatives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    /// The token's text (invalid UTF-8 replaced).
+    pub token: String,
+    /// Its natural-log probability under the model (−9999 for an impossible token).
+    pub logprob: f32,
+    /// The token's bytes.
+    pub bytes: Vec<u8>,
+    /// The most likely tokens at this position.
+    #[serde(default)]
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// One alternative in [`TokenLogprob::top_logprobs`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// `choices[].logprobs` of a text completion (the legacy shape).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct CompletionLogprobs {
+    /// Each token's text.
+    pub tokens: Vec<String>,
+    /// Each token's log-probability.
+    pub token_logprobs: Vec<f32>,
+    /// The alternatives at each position, text → log-probability.
+    pub top_logprobs: Vec<BTreeMap<String, f32>>,
+    /// Where each token starts in the text, in bytes.
+    pub text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    /// The legacy shape of the same figures.
+    pub fn from_tokens(tokens: &[TokenLogprob]) -> Self {
+        let mut out = CompletionLogprobs::default();
+        let mut offset = 0;
+        for t in tokens {
+            out.tokens.push(t.token.clone());
+            out.token_logprobs.push(t.logprob);
+            out.top_logprobs.push(t.top_logprobs.iter().map(|a| (a.token.clone(), a.logprob)).collect());
+            out.text_offset.push(offset);
+            offset += t.bytes.len();
+        }
+        out
+    }
 }
 
 /// The response of `POST /v1/chat/completions` without streaming.
@@ -229,6 +408,23 @@ pub struct ChatDelta {
     /// Text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Tool calls, each whole in one chunk.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<DeltaToolCall>,
+}
+
+/// A tool call in a stream chunk (OpenAI's shape: its `index` among the answer's calls).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaToolCall {
+    /// Which call of the answer.
+    pub index: u32,
+    /// The call's id.
+    pub id: String,
+    /// `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Its name and arguments.
+    pub function: FunctionCall,
 }
 
 /// One choice of a stream chunk.
@@ -240,6 +436,9 @@ pub struct ChatChunkChoice {
     pub delta: ChatDelta,
     /// Set in the last chunk.
     pub finish_reason: Option<FinishReason>,
+    /// The log-probabilities, when asked for (in the last chunk, for every token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<ChatLogprobs>,
 }
 
 /// One server-sent event of a streamed chat completion (`data: {…}`), ending with
@@ -277,6 +476,9 @@ pub struct CompletionChoice {
     pub text: String,
     /// `stop` or `length`; `null` in stream chunks before the last.
     pub finish_reason: Option<FinishReason>,
+    /// The log-probabilities, when asked for (in a stream, on the last chunk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<CompletionLogprobs>,
 }
 
 /// The response of `POST /v1/completions`, and each chunk of its stream.
@@ -368,10 +570,26 @@ mod tests {
         assert_eq!(r.options.stop.clone().map(Stop::into_vec), Some(vec!["\n".to_string()]));
         assert!(r.options.stream);
         assert_eq!(r.options.spec.as_deref(), Some("suffix"));
+        assert_eq!(r.options.frequency_penalty, Some(0.0));
+        assert!(r.options.unsupported.is_empty(), "{:?}", r.options.unsupported);
         let c: CompletionRequest =
             serde_json::from_str(r#"{"prompt":"Once","stop":["a","b"],"temperature":0.5}"#).unwrap();
         assert_eq!(c.model, None);
         assert_eq!(c.options.stop.map(Stop::into_vec).unwrap(), ["a", "b"]);
+        // Fields pocketd does not read are kept for the daemon to refuse by name.
+        let c: CompletionRequest =
+            serde_json::from_str(r#"{"prompt":"x","echo":true,"logprobs":2,"best_of":3}"#).unwrap();
+        assert_eq!(c.options.unsupported.keys().collect::<Vec<_>>(), ["best_of", "echo"]);
+        assert_eq!(c.options.logprobs, Some(LogprobsOption::Count(2)));
+        let r: ChatCompletionRequest = serde_json::from_str(
+            r#"{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":3,
+                "response_format":{"type":"json_schema","json_schema":{"name":"p","schema":{"type":"object"},"strict":true}},
+                "tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.options.logprobs, Some(LogprobsOption::Enabled(true)));
+        assert!(matches!(r.options.response_format, Some(ResponseFormat::JsonSchema { .. })));
+        assert!(r.options.unsupported.is_empty());
     }
 
     #[test]

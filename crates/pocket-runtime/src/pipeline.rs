@@ -276,7 +276,16 @@ pub fn prepare(
     if spec == SpecMode::Draft && draft.is_none() {
         return Err(Error::invalid("draft_model", "spec = draft needs a draft model"));
     }
-    request.sampling.validate().map_err(|e| param_error("temperature", e))?;
+    request.sampling.validate().map_err(|e| {
+        let field = sampling_field(&e.to_string());
+        param_error(field, e)
+    })?;
+    if let Some(&(t, _)) = request.sampling.logit_bias.iter().find(|(t, _)| *t as usize >= info.n_vocab) {
+        return Err(Error::invalid(
+            "logit_bias",
+            format!("logit_bias names token {t}; {} has tokens 0 to {}", info.name, info.n_vocab - 1),
+        ));
+    }
     request.stop.validate().map_err(|e| param_error("stop", e))?;
 
     request.tools.validate()?;
@@ -369,6 +378,15 @@ pub fn prepare(
         logprobs: request.logprobs,
         tool_calls: request.tools.offered(),
     })
+}
+
+/// The sampling field a validation message is about (each message starts with its name).
+pub fn sampling_field(message: &str) -> &'static str {
+    let message = message.strip_prefix("invalid argument: ").unwrap_or(message);
+    ["top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias"]
+        .into_iter()
+        .find(|f| message.starts_with(f))
+        .unwrap_or("temperature")
 }
 
 fn param_error(param: &'static str, e: pocket_core::Error) -> Error {

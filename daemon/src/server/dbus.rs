@@ -20,7 +20,15 @@
 //! `system`, `user`, `assistant`), `cache_key` (string: only conversations parked under the
 //! same key are continued) and `cache_prompt` (boolean, default true: continue a parked
 //! conversation sharing the prompt's beginning and park this one; `cached_tokens` in the stats
-//! says how many tokens that saved).
+//! says how many tokens that saved), `presence_penalty`, `frequency_penalty`,
+//! `repetition_penalty` (double).
+//!
+//! Structured output: `json_schema` (a JSON schema, as a string; enforced strictly),
+//! `json_object` (boolean: any JSON object), `grammar` (a Lark grammar), `tools` (OpenAI tool
+//! definitions as a JSON string) and `tool_choice` (`auto`, `none`, `required` or a function's
+//! name). The text returned is then the JSON; a tool call is in the stats as `tool_calls`
+//! (OpenAI's shape, as a JSON string) with `content` the text around it; `grammar_ms` is the
+//! time compiling the grammar took. `history` may hold `tool` messages (tool results).
 //! Errors are `org.pocketd.Error.{InvalidArgument, UnknownModel, OverBudget, QueueFull,
 //! TooLarge, Busy, ShuttingDown, Cancelled, Failed}`.
 
@@ -35,7 +43,9 @@ use zbus::{Connection, ObjectPath, OwnedObjectPath, OwnedVariant, Str, Variant};
 
 use super::config::Bus;
 use super::error::ServeError;
-use super::scheduler::{Canceller, Finished, Input, Job, JobOptions, Piece, Scheduler};
+use super::scheduler::{Canceller, Finished, Input, Job, JobOptions, Piece, Scheduler, tool_choice};
+use pocket_runtime::grammar::Grammar;
+use pocket_runtime::tools::ToolChoice;
 
 /// The well-known name.
 pub const BUS_NAME: &str = "org.pocketd.Pocketd1";
@@ -126,6 +136,7 @@ fn messages(v: &Variant<'_>) -> Option<Vec<ChatMessage>> {
                 "system" => pocket_core::Role::System,
                 "user" => pocket_core::Role::User,
                 "assistant" => pocket_core::Role::Assistant,
+                "tool" => pocket_core::Role::Tool,
                 _ => return None,
             };
             Some(ChatMessage::new(role, string(content)?))
@@ -160,16 +171,47 @@ fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<J
                 o.sampling.seed =
                     integer(v).filter(|n| *n >= 0).ok_or_else(|| wrong(key, "an integer ≥ 0"))? as u64
             }
-            "temperature" | "top_p" => {
+            "temperature" | "top_p" | "presence_penalty" | "frequency_penalty" | "repetition_penalty" => {
                 let x = match v {
                     Variant::F64(x) => *x,
                     other => integer(other).ok_or_else(|| wrong(key, "a double"))? as f64,
                 } as f32;
-                if key == "temperature" {
-                    o.sampling.temperature = x;
-                } else {
-                    o.sampling.top_p = x;
+                let field = match key.as_str() {
+                    "temperature" => &mut o.sampling.temperature,
+                    "top_p" => &mut o.sampling.top_p,
+                    "presence_penalty" => &mut o.sampling.presence_penalty,
+                    "frequency_penalty" => &mut o.sampling.frequency_penalty,
+                    _ => &mut o.sampling.repetition_penalty,
+                };
+                *field = x;
+            }
+            "json_schema" => {
+                let text = string(v).ok_or_else(|| wrong(key, "a string holding a JSON schema"))?;
+                let schema = serde_json::from_str(&text)
+                    .map_err(|e| ServeError::invalid(key, format!("json_schema is not JSON: {e}")))?;
+                // Like OpenAI's strict mode: a keyword that cannot be enforced is an error.
+                o.grammar = Some(Grammar::JsonSchema { schema, strict: true });
+            }
+            "json_object" => {
+                if matches!(v, Variant::Bool(true)) {
+                    o.grammar = Some(Grammar::JsonObject);
+                } else if !matches!(v, Variant::Bool(false)) {
+                    return Err(wrong(key, "a boolean"));
                 }
+            }
+            "grammar" => o.grammar = Some(Grammar::Lark(string(v).ok_or_else(|| wrong(key, "a string"))?)),
+            "tools" => {
+                let text = string(v).ok_or_else(|| wrong(key, "a string holding a JSON array of tools"))?;
+                o.tools.tools = serde_json::from_str(&text).map_err(|e| {
+                    ServeError::invalid(key, format!("tools is not a JSON array of OpenAI tool definitions: {e}"))
+                })?;
+            }
+            "tool_choice" => {
+                let text = string(v).ok_or_else(|| wrong(key, "a string"))?;
+                o.tools.choice = match text.as_str() {
+                    "none" | "auto" | "required" => tool_choice(&serde_json::Value::from(text))?,
+                    name => ToolChoice::Function(name.to_owned()),
+                };
             }
             "stop" => {
                 o.stop = match v {
@@ -200,7 +242,7 @@ fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<J
                 history = messages(v).ok_or_else(|| {
                     wrong(
                         key,
-                        "an array of (role, content) pairs, a(ss), whose roles are system, user or assistant",
+                        "an array of (role, content) pairs, a(ss), whose roles are system, user, assistant or tool",
                     )
                 })?
             }
@@ -215,8 +257,9 @@ fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<J
                 return Err(ServeError::invalid(
                     other,
                     format!(
-                        "unknown option {other:?}; known: max_tokens, temperature, top_p, top_k, seed, stop, spec, \
-                         draft_model, kv, chat, system, history, cache_key, cache_prompt"
+                        "unknown option {other:?}; known: max_tokens, temperature, top_p, top_k, seed, stop, \
+                         presence_penalty, frequency_penalty, repetition_penalty, json_schema, json_object, grammar, \
+                         tools, tool_choice, spec, draft_model, kv, chat, system, history, cache_key, cache_prompt"
                     ),
                 ));
             }
@@ -253,6 +296,13 @@ fn stats(f: &Finished) -> HashMap<String, OwnedVariant> {
     m.insert("peak_bytes".into(), OwnedVariant::from(f.peak_bytes));
     if let Some(d) = &f.timings.drafter {
         m.insert("drafter".into(), OwnedVariant::from(Str::from(d.clone())));
+    }
+    m.insert("grammar_ms".into(), OwnedVariant::from(f.timings.grammar_ms));
+    if !f.tool_calls.is_empty() {
+        // OpenAI's shape, as JSON: [{"id", "type": "function", "function": {"name", "arguments"}}].
+        let calls = serde_json::to_string(&f.tool_calls).unwrap_or_default();
+        m.insert("tool_calls".into(), OwnedVariant::from(Str::from(calls)));
+        m.insert("content".into(), OwnedVariant::from(Str::from(f.content.clone())));
     }
     m
 }

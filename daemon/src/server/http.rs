@@ -20,8 +20,9 @@ use axum::routing::{get, post};
 use axum::serve::IncomingStream;
 use futures_util::Stream;
 use pocket_api::{
-    ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, ChatDelta,
-    ChatMessage, Completion, CompletionChoice, CompletionRequest, ModelAction, ModelList, ModelObject,
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
+    ChatDelta, ChatLogprobs, Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, DeltaToolCall,
+    ModelAction, ModelList, ModelObject,
 };
 use pocket_runtime::Engine;
 use serde::de::DeserializeOwned;
@@ -127,7 +128,7 @@ async fn chat_completions(
     let job = Job {
         model: request.model.clone(),
         input: Input::Chat(request.messages),
-        options: JobOptions::from_openai(&request.options)?,
+        options: JobOptions::from_openai(&request.options, true)?,
         client: format!("http {}", peer.0),
     };
     let running = s.submit(job).await?;
@@ -143,8 +144,13 @@ async fn chat_completions(
         model,
         choices: vec![ChatChoice {
             index: 0,
-            message: ChatMessage::new(pocket_core::Role::Assistant, f.text),
+            message: AssistantMessage {
+                role: pocket_core::Role::Assistant,
+                content: (f.tool_calls.is_empty() || !f.content.is_empty()).then(|| f.content.clone()),
+                tool_calls: f.tool_calls.clone(),
+            },
             finish_reason: f.finish_reason,
+            logprobs: f.logprobs.clone().map(|content| ChatLogprobs { content }),
         }],
         usage: f.usage,
         timings: Some(f.timings),
@@ -162,7 +168,7 @@ async fn completions(
     let job = Job {
         model: request.model.clone(),
         input: Input::Text(request.prompt),
-        options: JobOptions::from_openai(&request.options)?,
+        options: JobOptions::from_openai(&request.options, false)?,
         client: format!("http {}", peer.0),
     };
     let running = s.submit(job).await?;
@@ -176,7 +182,12 @@ async fn completions(
         object: "text_completion".into(),
         created: now_seconds(),
         model,
-        choices: vec![CompletionChoice { index: 0, text: f.text, finish_reason: Some(f.finish_reason) }],
+        choices: vec![CompletionChoice {
+            index: 0,
+            text: f.text.clone(),
+            finish_reason: Some(f.finish_reason),
+            logprobs: f.logprobs.as_deref().map(CompletionLogprobs::from_tokens),
+        }],
         usage: Some(f.usage),
         timings: Some(f.timings),
         tokens: f.tokens,
@@ -194,6 +205,8 @@ enum Shape {
 enum Phase {
     Opening,
     Body,
+    /// The tool calls were sent; the last chunk follows.
+    Ending(Box<Finished>),
     Closing,
     Over,
 }
@@ -205,11 +218,44 @@ struct StreamState {
     id: String,
     model: String,
     created: u64,
+    /// Text held back while it may be a tool call (an answer that may call tools and starts
+    /// with `<`): sent as `tool_calls` at the end, or as text if it was not one.
+    holding: bool,
+    held: String,
 }
 
 impl StreamState {
+    /// The chunk carrying an answer's tool calls (and its text, if it was held back).
+    fn calls(&self, f: &Finished) -> Event {
+        let tool_calls = f
+            .tool_calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| DeltaToolCall {
+                index: i as u32,
+                id: c.id.clone(),
+                kind: c.kind.clone(),
+                function: c.function.clone(),
+            })
+            .collect();
+        let content = (!f.content.is_empty()).then(|| f.content.clone());
+        let delta = ChatDelta { role: None, content, tool_calls };
+        let chunk = ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.created,
+            model: self.model.clone(),
+            choices: vec![ChatChunkChoice { index: 0, delta, finish_reason: None, logprobs: None }],
+            usage: None,
+            timings: None,
+            tokens: None,
+        };
+        Event::default().data(serde_json::to_string(&chunk).unwrap_or_default())
+    }
+
     fn chunk(&self, text: Option<String>, role: bool, end: Option<&Finished>) -> Event {
         let finish_reason = end.map(|f| f.finish_reason);
+        let logprobs = end.and_then(|f| f.logprobs.clone());
         let json = match self.shape {
             Shape::Chat => serde_json::to_string(&ChatCompletionChunk {
                 id: self.id.clone(),
@@ -218,8 +264,13 @@ impl StreamState {
                 model: self.model.clone(),
                 choices: vec![ChatChunkChoice {
                     index: 0,
-                    delta: ChatDelta { role: role.then_some(pocket_core::Role::Assistant), content: text },
+                    delta: ChatDelta {
+                        role: role.then_some(pocket_core::Role::Assistant),
+                        content: text,
+                        tool_calls: Vec::new(),
+                    },
                     finish_reason,
+                    logprobs: logprobs.map(|content| ChatLogprobs { content }),
                 }],
                 usage: end.map(|f| f.usage),
                 timings: end.map(|f| f.timings.clone()),
@@ -230,7 +281,12 @@ impl StreamState {
                 object: "text_completion".into(),
                 created: self.created,
                 model: self.model.clone(),
-                choices: vec![CompletionChoice { index: 0, text: text.unwrap_or_default(), finish_reason }],
+                choices: vec![CompletionChoice {
+                    index: 0,
+                    text: text.unwrap_or_default(),
+                    finish_reason,
+                    logprobs: logprobs.as_deref().map(CompletionLogprobs::from_tokens),
+                }],
                 usage: end.map(|f| f.usage),
                 timings: end.map(|f| f.timings.clone()),
                 tokens: end.and_then(|f| f.tokens.clone()),
@@ -253,6 +309,8 @@ fn sse(running: Running, shape: Shape) -> Response {
             Shape::Chat => Phase::Opening,
             Shape::Text => Phase::Body,
         },
+        holding: running.started.tools && matches!(shape, Shape::Chat),
+        held: String::new(),
         running,
         shape,
     };
@@ -262,18 +320,44 @@ fn sse(running: Running, shape: Shape) -> Response {
                 st.phase = Phase::Body;
                 st.chunk(Some(String::new()), true, None)
             }
-            Phase::Body => match st.running.pieces.recv().await {
-                Some(Piece::Text(t)) => st.chunk(Some(t), false, None),
-                Some(Piece::Done(f)) => {
-                    st.phase = Phase::Closing;
-                    st.chunk(None, false, Some(&f))
+            Phase::Body => loop {
+                match st.running.pieces.recv().await {
+                    Some(Piece::Text(t)) if st.holding => {
+                        // The grammar lets text start with anything but '<', and a call
+                        // with nothing but "<tool_call>": the first character decides.
+                        st.held.push_str(&t);
+                        if !st.held.is_empty() && !st.held.starts_with('<') {
+                            st.holding = false;
+                            let text = std::mem::take(&mut st.held);
+                            break st.chunk(Some(text), false, None);
+                        }
+                    }
+                    Some(Piece::Text(t)) => break st.chunk(Some(t), false, None),
+                    Some(Piece::Done(f)) if st.holding && !(f.tool_calls.is_empty() && f.content.is_empty()) => {
+                        let event = if f.tool_calls.is_empty() {
+                            st.chunk(Some(f.content.clone()), false, None)
+                        } else {
+                            st.calls(&f)
+                        };
+                        st.phase = Phase::Ending(f);
+                        break event;
+                    }
+                    Some(Piece::Done(f)) => {
+                        st.phase = Phase::Closing;
+                        break st.chunk(None, false, Some(&f));
+                    }
+                    Some(Piece::Failed(e)) => {
+                        st.phase = Phase::Closing;
+                        break Event::default().data(serde_json::to_string(&e.to_openai()).unwrap_or_default());
+                    }
+                    None => return None,
                 }
-                Some(Piece::Failed(e)) => {
-                    st.phase = Phase::Closing;
-                    Event::default().data(serde_json::to_string(&e.to_openai()).unwrap_or_default())
-                }
-                None => return None,
             },
+            Phase::Ending(ref f) => {
+                let event = st.chunk(None, false, Some(f));
+                st.phase = Phase::Closing;
+                event
+            }
             Phase::Closing => {
                 st.phase = Phase::Over;
                 Event::default().data("[DONE]")

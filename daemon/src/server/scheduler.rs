@@ -22,10 +22,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pocket_api::FinishReason;
+use pocket_api::{FinishReason, LogprobsOption, ResponseFormat};
 use pocket_core::memory::{Ledger, Plan, Reservation};
 use pocket_core::spec::SpecMode;
-use pocket_core::{KvType, SamplingConfig, SessionConfig, StopConfig, StopReason, default_threads};
+use pocket_core::{
+    KvType, SamplingConfig, SessionConfig, StopConfig, StopReason, Tokenizer, ToolCall, default_threads,
+};
+use pocket_runtime::grammar::Grammar;
+use pocket_runtime::tools::{ToolChoice, Tools};
 use pocket_runtime::learn::{self, TuneSettings};
 use pocket_runtime::pipeline::{self, Prepared, Request, Sink};
 use pocket_runtime::prompt_cache::DiskOptions;
@@ -64,6 +68,12 @@ pub struct JobOptions {
     /// Use the prompt cache (continue a parked conversation, park this one); `false` is as
     /// if there were none.
     pub cache_prompt: bool,
+    /// What the answer must be (a JSON schema, any JSON object, a Lark grammar).
+    pub grammar: Option<Grammar>,
+    /// The tools the model may call.
+    pub tools: Tools,
+    /// Return each token's log-probability with this many alternatives.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for JobOptions {
@@ -78,13 +88,23 @@ impl Default for JobOptions {
             return_tokens: false,
             cache_key: None,
             cache_prompt: true,
+            grammar: None,
+            tools: Tools::default(),
+            logprobs: None,
         }
     }
 }
 
 impl JobOptions {
-    /// Settings from an OpenAI request's fields (with pocketd's `spec`, `draft_model`, `kv`).
-    pub fn from_openai(o: &pocket_api::GenerationOptions) -> Result<JobOptions, ServeError> {
+    /// Settings from an OpenAI request's fields (with pocketd's `spec`, `draft_model`, `kv`,
+    /// `grammar`). `chat` tells which endpoint: `logprobs` is a boolean there and a count for
+    /// text completions. Fields pocketd does not read are refused, each by name.
+    pub fn from_openai(o: &pocket_api::GenerationOptions, chat: bool) -> Result<JobOptions, ServeError> {
+        if let Some((field, _)) =
+            o.unsupported.iter().find(|(k, _)| !pocket_api::IGNORED_FIELDS.contains(&k.as_str()))
+        {
+            return Err(unsupported(field));
+        }
         if let Some(n) = o.n
             && n != 1
         {
@@ -106,6 +126,25 @@ impl JobOptions {
         if let Some(s) = o.seed {
             sampling.seed = s;
         }
+        if let Some(p) = o.presence_penalty {
+            sampling.presence_penalty = p;
+        }
+        if let Some(p) = o.frequency_penalty {
+            sampling.frequency_penalty = p;
+        }
+        if let Some(p) = o.repetition_penalty {
+            sampling.repetition_penalty = p;
+        }
+        if let Some(bias) = &o.logit_bias {
+            sampling.logit_bias = bias
+                .iter()
+                .map(|(t, b)| {
+                    t.parse::<u32>().map(|t| (t, *b)).map_err(|_| {
+                        ServeError::invalid("logit_bias", format!("logit_bias keys are token ids; {t:?} is not one"))
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+        }
         let spec = o
             .spec
             .as_deref()
@@ -114,6 +153,41 @@ impl JobOptions {
             .map_err(|e| param_error("spec", &e))?;
         let kv =
             o.kv.as_deref().map(|s| s.parse::<KvType>()).transpose().map_err(|e| param_error("kv", &e))?;
+        let grammar = match (&o.response_format, &o.grammar) {
+            (Some(f), Some(_)) if *f != ResponseFormat::Text => {
+                return Err(ServeError::invalid("grammar", "send either response_format or grammar, not both"));
+            }
+            (_, Some(lark)) => Some(Grammar::Lark(lark.clone())),
+            (Some(ResponseFormat::JsonObject), None) => Some(Grammar::JsonObject),
+            (Some(ResponseFormat::JsonSchema { json_schema }), None) => Some(Grammar::JsonSchema {
+                schema: json_schema.schema.clone(),
+                strict: json_schema.strict.unwrap_or(false),
+            }),
+            (Some(ResponseFormat::Text) | None, None) => None,
+        };
+        let choice = match &o.tool_choice {
+            None => ToolChoice::Auto,
+            Some(c) => tool_choice(c)?,
+        };
+        let tools = Tools { tools: o.tools.clone().unwrap_or_default(), choice, parallel: o.parallel_tool_calls.unwrap_or(true) };
+        let logprobs = match (o.logprobs, chat) {
+            (None | Some(LogprobsOption::Enabled(false)), _) => None,
+            (Some(LogprobsOption::Enabled(true)), _) => Some(o.top_logprobs.unwrap_or(0)),
+            (Some(LogprobsOption::Count(n)), false) => Some(n),
+            (Some(LogprobsOption::Count(_)), true) => {
+                return Err(ServeError::invalid(
+                    "logprobs",
+                    "in chat completions logprobs is true or false; top_logprobs says how many alternatives",
+                ));
+            }
+        };
+        if let Some(n) = logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+            let field = if chat { "top_logprobs" } else { "logprobs" };
+            return Err(ServeError::invalid(field, format!("{field} = {n}: at most {MAX_TOP_LOGPROBS} alternatives")));
+        }
+        if o.top_logprobs.is_some() && logprobs.is_none() {
+            return Err(ServeError::invalid("top_logprobs", "top_logprobs needs logprobs = true"));
+        }
         Ok(JobOptions {
             max_tokens: o.max_tokens,
             sampling,
@@ -124,8 +198,42 @@ impl JobOptions {
             return_tokens: o.return_tokens,
             cache_key: o.prompt_cache_key.clone().or_else(|| o.user.clone()),
             cache_prompt: o.cache_prompt.unwrap_or(true),
+            grammar,
+            tools,
+            logprobs: logprobs.map(|n| n as usize),
         })
     }
+}
+
+/// The most alternatives `top_logprobs` (or a completion's `logprobs`) may ask for, as OpenAI.
+const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// OpenAI's `tool_choice`: a string, or `{"type": "function", "function": {"name": …}}`.
+pub fn tool_choice(v: &serde_json::Value) -> Result<ToolChoice, ServeError> {
+    let named = v.get("function").and_then(|f| f.get("name")).and_then(|n| n.as_str());
+    match (v.as_str(), named) {
+        (Some("none"), _) => Ok(ToolChoice::None),
+        (Some("auto"), _) => Ok(ToolChoice::Auto),
+        (Some("required"), _) => Ok(ToolChoice::Required),
+        (None, Some(name)) => Ok(ToolChoice::Function(name.to_owned())),
+        _ => Err(ServeError::invalid(
+            "tool_choice",
+            "tool_choice is \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}",
+        )),
+    }
+}
+
+/// The 400 for a request field pocketd does not support, saying what to use instead where
+/// something else does the job.
+fn unsupported(field: &str) -> ServeError {
+    let why = match field {
+        "functions" | "function_call" => "the deprecated functions API is not supported; send tools and tool_choice",
+        "echo" | "best_of" | "suffix" => "pocketd's completions do not support it",
+        "audio" | "modalities" => "pocketd generates text only",
+        "prediction" => "predicted outputs are not supported; speculation (spec) drafts from the prompt already",
+        _ => "pocketd does not support this field",
+    };
+    ServeError::invalid(field, format!("{field}: {why}"))
 }
 
 fn param_error(param: &str, e: &pocket_core::Error) -> ServeError {
@@ -159,6 +267,8 @@ pub struct Started {
     pub plan: Plan,
     /// Seconds it waited for a turn (and for memory).
     pub queued_seconds: f64,
+    /// Whether the answer may call tools (a stream then holds back text that may be a call).
+    pub tools: bool,
 }
 
 /// How a generation ended.
@@ -166,6 +276,12 @@ pub struct Started {
 pub struct Finished {
     /// The whole text.
     pub text: String,
+    /// The text without its tool calls (the whole text when it calls none).
+    pub content: String,
+    /// The tools the answer calls.
+    pub tool_calls: Vec<ToolCall>,
+    /// Each token's log-probability, when asked for.
+    pub logprobs: Option<Vec<pocket_api::TokenLogprob>>,
     /// The generated token ids, when the request asked for them.
     pub tokens: Option<Vec<u32>>,
     /// OpenAI's `finish_reason`.
@@ -498,7 +614,7 @@ impl Scheduler {
         if self.is_stopping() {
             return Err(ServeError::ShuttingDown);
         }
-        job.options.sampling.validate().map_err(|e| param_error("temperature", &e))?;
+        job.options.sampling.validate().map_err(|e| param_error(pipeline::sampling_field(&e.to_string()), &e))?;
         StopConfig { max_tokens: 1, stop: job.options.stop.clone() }
             .validate()
             .map_err(|e| param_error("stop", &e))?;
@@ -557,9 +673,9 @@ impl Scheduler {
             planned: true,
             prompt_cache: job.options.cache_prompt,
             cache_hint: job.options.cache_key.clone(),
-            grammar: None,
-            logprobs: None,
-            tools: Default::default(),
+            grammar: job.options.grammar.clone(),
+            logprobs: job.options.logprobs,
+            tools: job.options.tools.clone(),
         };
         // Tokenize and plan; when the budget is full, make room or wait for it.
         let deadline = Instant::now() + MEMORY_WAIT;
@@ -657,10 +773,11 @@ impl Scheduler {
         if let Some(d) = &draft {
             self.registry.release(&d.name);
         }
+        // Token texts (for log-probabilities) need the tokenizer, before the model is released.
+        let result = result.map(|outcome| finished(&outcome, return_tokens, model.model.model().tokenizer()));
         drop((model, draft, permits));
         match result {
-            Ok(outcome) => {
-                let mut finished = finished(&outcome, return_tokens);
+            Ok(mut finished) => {
                 finished.peak_bytes = peak_bytes;
                 finished.timings.peak_bytes = peak_bytes;
                 finished.timings.queued_ms = queued_seconds * 1e3;
@@ -748,6 +865,7 @@ impl Sink for Forward<'_> {
                 prompt_tokens: self.prepared.tokens.len(),
                 plan: self.prepared.plan.clone().unwrap_or_else(|| unplanned(self.prepared)),
                 queued_seconds: self.queued_seconds,
+                tools: self.prepared.tool_calls,
             }));
         }
     }
@@ -805,16 +923,44 @@ fn spec_for(asked: Option<SpecMode>, default: SpecMode, engine: Engine) -> Resul
 }
 
 /// What a finished generation reports.
-fn finished(outcome: &pocket_runtime::Outcome, return_tokens: bool) -> Finished {
+fn finished(outcome: &pocket_runtime::Outcome, return_tokens: bool, tokenizer: &dyn Tokenizer) -> Finished {
     let generation = &outcome.generation;
     let finish_reason = match generation.stop {
         StopReason::MaxTokens | StopReason::ContextFull => FinishReason::Length,
         StopReason::Cancelled => FinishReason::Cancelled,
+        StopReason::Eos | StopReason::StopString if !outcome.tool_calls.is_empty() => FinishReason::ToolCalls,
         StopReason::Eos | StopReason::StopString => FinishReason::Stop,
     };
     let completion = generation.tokens.len() as u32;
+    let wire = |token: u32, logprob: f32| {
+        let bytes = tokenizer.piece(token);
+        // OpenAI never sends -inf; JSON cannot carry it.
+        let logprob = if logprob.is_finite() { logprob } else { -9999.0 };
+        (String::from_utf8_lossy(&bytes).into_owned(), logprob, bytes)
+    };
+    let logprobs = (!generation.logprobs.is_empty()).then(|| {
+        generation
+            .logprobs
+            .iter()
+            .map(|lp| {
+                let (token, logprob, bytes) = wire(lp.token, lp.logprob);
+                let top_logprobs = lp
+                    .top
+                    .iter()
+                    .map(|&(t, l)| {
+                        let (token, logprob, bytes) = wire(t, l);
+                        pocket_api::TopLogprob { token, logprob, bytes }
+                    })
+                    .collect();
+                pocket_api::TokenLogprob { token, logprob, bytes, top_logprobs }
+            })
+            .collect()
+    });
     Finished {
         text: generation.text.clone(),
+        content: outcome.content.clone(),
+        tool_calls: outcome.tool_calls.clone(),
+        logprobs,
         tokens: return_tokens.then(|| generation.tokens.clone()),
         finish_reason,
         usage: pocket_api::Usage {
@@ -835,6 +981,10 @@ fn finished(outcome: &pocket_runtime::Outcome, return_tokens: bool) -> Finished 
             drafter: outcome.drafter.clone(),
             queued_ms: 0.0,
             peak_bytes: 0,
+            grammar_ms: outcome.grammar_seconds * 1e3,
+            constraint_ms: generation.spec.constraint_seconds * 1e3,
+            forced: generation.spec.forced as u64,
+            forced_accepted: generation.spec.forced_accepted as u64,
         },
         peak_bytes: 0,
         decode_seconds: generation.decode_seconds,
