@@ -125,6 +125,8 @@ pub struct Prepared {
     pub logprobs: Option<usize>,
     /// Whether the answer is read for tool calls.
     pub tool_calls: bool,
+    /// The functions offered, by name.
+    pub tool_names: Vec<String>,
 }
 
 /// Where a finished session is parked.
@@ -377,6 +379,7 @@ pub fn prepare(
         grammar_seconds,
         logprobs: request.logprobs,
         tool_calls: request.tools.offered(),
+        tool_names: request.tools.names().into_iter().map(str::to_owned).collect(),
     })
 }
 
@@ -481,7 +484,8 @@ pub fn run(
     }
     let (content, tool_calls) = if p.tool_calls {
         let seed = format!("{:?}/{}", std::time::SystemTime::now(), generation.tokens.len());
-        tools::parse_calls(&generation.text, &seed)
+        let names: Vec<&str> = p.tool_names.iter().map(String::as_str).collect();
+        tools::parse_calls(&generation.text, &names, &seed)
     } else {
         (generation.text.clone(), Vec::new())
     };

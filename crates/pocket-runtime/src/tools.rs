@@ -82,7 +82,9 @@ impl Tools {
         }
     }
 
-    /// Whether the model is offered the tools at all.
+    /// Whether the model is offered the tools at all. With `tool_choice: "none"` it is not:
+    /// the prompt is rendered as without tools (a small model shown tools it may not call
+    /// tends to write calls as text), though the history may still hold earlier calls.
     pub fn offered(&self) -> bool {
         !self.tools.is_empty() && self.choice != ToolChoice::None
     }
@@ -118,11 +120,12 @@ impl Tools {
             },
         });
         let more = if self.parallel { format!("(\"\\n\" call){{0,{}}}", MAX_CALLS - 1) } else { String::new() };
-        // Text must not start with '<', so that an answer starting a call is held to the grammar.
-        let start = if self.choice == ToolChoice::Auto { "start: TEXT | calls" } else { "start: calls" };
+        // Text must not start with '<' or '{', so that an answer starting a call — tagged, or
+        // the bare JSON object some models write instead — is held to the grammar.
+        let start = if self.choice == ToolChoice::Auto { "start: TEXT | calls | body" } else { "start: calls" };
         Some(Grammar::Lark(format!(
             "{start}\ncalls: call {more}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {body}\n\
-             TEXT: /[^<](.|\\n)*/\n"
+             TEXT: /[^<{{](.|\\n)*/\n"
         )))
     }
 
@@ -149,10 +152,15 @@ fn function(tool: &Value) -> Option<&Value> {
     tool.get("function")
 }
 
-/// The text of an answer without its tool calls, and the calls in OpenAI's shape. Calls
-/// whose JSON does not parse are left in the text. `seed` makes the call ids unique (the
-/// request's id).
-pub fn parse_calls(text: &str, seed: &str) -> (String, Vec<ToolCall>) {
+/// The text of an answer without its tool calls, and the calls in OpenAI's shape: calls
+/// between `<tool_call>` tags, or an answer that is one bare JSON call of a function in
+/// `names`. Calls whose JSON does not parse are left in the text. `seed` makes the call ids
+/// unique.
+pub fn parse_calls(text: &str, names: &[&str], seed: &str) -> (String, Vec<ToolCall>) {
+    if let Some(call) = read_call(text).filter(|c| names.contains(&c.name.as_str())) {
+        let call = ToolCall { id: call_id(seed, 0), kind: "function".into(), function: call };
+        return (String::new(), vec![call]);
+    }
     const OPEN: &str = "<tool_call>";
     const CLOSE: &str = "</tool_call>";
     let mut content = String::new();
@@ -173,6 +181,13 @@ pub fn parse_calls(text: &str, seed: &str) -> (String, Vec<ToolCall>) {
     content.push_str(rest);
     let content = if calls.is_empty() { content } else { content.trim().to_owned() };
     (content, calls)
+}
+
+impl Tools {
+    /// The names of the functions offered.
+    pub fn names(&self) -> Vec<&str> {
+        self.tools.iter().filter_map(function).filter_map(|f| f.get("name")?.as_str()).collect()
+    }
 }
 
 fn read_call(body: &str) -> Option<FunctionCall> {
@@ -205,7 +220,7 @@ mod tests {
     fn calls_are_read_back_in_openais_shape() {
         let text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n\
                     <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
-        let (content, calls) = parse_calls(text, "pocketd-1");
+        let (content, calls) = parse_calls(text, &["get_weather"], "pocketd-1");
         assert_eq!(content, "");
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[0].function.name, "get_weather");
@@ -213,9 +228,13 @@ mod tests {
         assert_ne!(calls[0].id, calls[1].id);
         assert!(calls[0].id.starts_with("call_"));
         // Text without calls, and a call that is not JSON, stay text.
-        assert_eq!(parse_calls("Hello.", "x"), ("Hello.".to_owned(), Vec::new()));
+        assert_eq!(parse_calls("Hello.", &["get_weather"], "x"), ("Hello.".to_owned(), Vec::new()));
         let broken = "<tool_call>not json</tool_call>";
-        assert_eq!(parse_calls(broken, "x"), (broken.to_owned(), Vec::new()));
+        assert_eq!(parse_calls(broken, &["get_weather"], "x"), (broken.to_owned(), Vec::new()));
+        // A bare JSON call of an offered function is a call; of another, text.
+        let bare = r#"{"name": "get_weather", "arguments": {"city": "Oslo"}}"#;
+        assert_eq!(parse_calls(bare, &["get_weather"], "x").1.len(), 1);
+        assert_eq!(parse_calls(bare, &["other"], "x").1.len(), 0);
     }
 
     #[test]
@@ -236,7 +255,7 @@ mod tests {
         let tools = |choice| Tools { tools: vec![weather()], choice, parallel: false };
         assert_eq!(tools(ToolChoice::None).grammar(), None);
         let Some(Grammar::Lark(auto)) = tools(ToolChoice::Auto).grammar() else { panic!() };
-        assert!(auto.starts_with("start: TEXT | calls"), "{auto}");
+        assert!(auto.starts_with("start: TEXT | calls | body"), "{auto}");
         let Some(Grammar::Lark(required)) = tools(ToolChoice::Required).grammar() else { panic!() };
         assert!(required.starts_with("start: calls\ncalls: call \n"), "{required}");
     }

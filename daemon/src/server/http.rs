@@ -323,10 +323,10 @@ fn sse(running: Running, shape: Shape) -> Response {
             Phase::Body => loop {
                 match st.running.pieces.recv().await {
                     Some(Piece::Text(t)) if st.holding => {
-                        // The grammar lets text start with anything but '<', and a call
-                        // with nothing but "<tool_call>": the first character decides.
+                        // The grammar lets text start with anything but '<' or '{', and a
+                        // call with nothing else: the first character decides.
                         st.held.push_str(&t);
-                        if !st.held.is_empty() && !st.held.starts_with('<') {
+                        if !st.held.is_empty() && !st.held.starts_with(['<', '{']) {
                             st.holding = false;
                             let text = std::mem::take(&mut st.held);
                             break st.chunk(Some(text), false, None);
