@@ -93,20 +93,22 @@ impl Grammar {
     }
 }
 
-/// How deep objects and arrays nest in a `json_object` answer, how many members each holds,
-/// and how long its strings are: any JSON object within these bounds is allowed. An open
-/// `{"type": "object"}` lets a small model add keys until `max_tokens` cuts the JSON off;
-/// bounded, it has to close its objects, so the answer always parses.
-pub const JSON_OBJECT_BOUNDS: (usize, usize, usize) = (3, 12, 256);
+/// How deep objects and arrays nest in a `json_object` answer (2: the object's values may be
+/// objects or arrays of plain values), how many members or items each holds, and how many
+/// tokens a string may take: any JSON object within these bounds is allowed. An open
+/// `{"type": "object"}` lets a small model add keys, nest lists of objects, or write one
+/// string, until `max_tokens` cuts the JSON off; bounded, it has to close them within a few
+/// hundred tokens, so the answer parses. Apps that want more send a `json_schema`.
+pub const JSON_OBJECT_BOUNDS: (usize, usize, usize) = (2, 6, 32);
 
 /// The Lark grammar of a `json_object` answer (see [`JSON_OBJECT_BOUNDS`]).
 fn json_object_lark() -> String {
-    let (depth, members, chars) = JSON_OBJECT_BOUNDS;
+    let (depth, members, string_tokens) = JSON_OBJECT_BOUNDS;
     let more = members - 1;
     let mut g = String::from("start: object0\n");
     for d in 0..depth {
         g += &format!("object{d}: \"{{\" (member{d} (\", \" member{d}){{0,{more}}})? \"}}\"\n");
-        g += &format!("member{d}: STRING \": \" value{d}\n");
+        g += &format!("member{d}: string \": \" value{d}\n");
         g += &format!("array{d}: \"[\" (value{d} (\", \" value{d}){{0,{more}}})? \"]\"\n");
         if d + 1 < depth {
             g += &format!("value{d}: scalar | object{n} | array{n}\n", n = d + 1);
@@ -114,8 +116,12 @@ fn json_object_lark() -> String {
             g += &format!("value{d}: scalar\n");
         }
     }
-    g += "scalar: STRING | NUMBER | \"true\" | \"false\" | \"null\"\n";
-    g += &format!(r#"STRING: /"([^"\\\x00-\x1f]|\\(["\\\/bfnrt]|u[0-9a-fA-F]{{4}})){{0,{chars}}}"/"#);
+    g += "scalar: string | NUMBER | \"true\" | \"false\" | \"null\"\n";
+    // The string's body is cut after so many tokens; the closing quote is then forced.
+    g += "string: \"\\\"\" string_body \"\\\"\"\n";
+    g += &format!(
+        r#"string_body[max_tokens={string_tokens}]: /([^"\\\x00-\x1f]|\\(["\\\/bfnrt]|u[0-9a-fA-F]{{4}}))*/"#
+    );
     g += "\nNUMBER: /-?(0|[1-9][0-9]{0,15})(\\.[0-9]{1,15})?([eE][+-]?[0-9]{1,3})?/\n";
     g
 }
