@@ -62,8 +62,10 @@ def main() -> int:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--bus", help="D-Bus address of the daemon's bus (skip D-Bus without it)")
     parser.add_argument("--models", default="smollm2")
-    parser.add_argument("--compare", default="", help="models to compare speculation off and auto on")
+    parser.add_argument("--compare", default="", help="models to compare speculation off and on")
+    parser.add_argument("--compare-spec", default="auto", help="the speculation compared with off")
     args = parser.parse_args()
+    COMPARE_SPEC = args.compare_spec
     schemas = json.loads((HERE / "fixtures/schemas.json").read_text())
     http = httpx.Client(transport=httpx.HTTPTransport(uds=args.socket), timeout=600)
     client = OpenAI(base_url="http://pocketd/v1", api_key="not-needed", http_client=http)
@@ -80,7 +82,7 @@ def main() -> int:
         extra["completion_tokens"] = reply.usage.completion_tokens
         return reply.choices[0].message.content, extra
 
-    for model in args.models.split(","):
+    for model in filter(None, args.models.split(",")):
         # HTTP, each schema.
         valid, mask_ms, tokens = 0, 0.0, 0
         for case in schemas:
@@ -128,27 +130,27 @@ def main() -> int:
         print(f"dbus {model}: {parsed}/{len(OBJECT_PROMPTS)} json_object answers parse")
 
     for model in filter(None, args.compare.split(",")):
-        seconds = {"off": 0.0, "auto": 0.0}
+        seconds = {"off": 0.0, COMPARE_SPEC: 0.0}
         generated = 0
         forced = [0, 0]
         for case in schemas:
             runs = {}
-            for spec in ("off", "auto"):
+            for spec in ("off", COMPARE_SPEC):
                 text, extra = http_schema(model, case, spec, tokens=True)
                 runs[spec] = extra["tokens"]
                 t = extra["timings"]
                 n = extra["completion_tokens"]
                 if t["decode_tok_per_s"] > 0:
                     seconds[spec] += (n - 1) / t["decode_tok_per_s"]
-                if spec == "auto":
+                if spec == COMPARE_SPEC:
                     generated += n - 1
                     forced[0] += t["forced"]
                     forced[1] += t["forced_accepted"]
-            if runs["off"] != runs["auto"]:
+            if runs["off"] != runs[COMPARE_SPEC]:
                 failures.append(f"speculation changed the tokens of {model} {case['name']}")
-        speedup = seconds["off"] / seconds["auto"] if seconds["auto"] else 0.0
+        speedup = seconds["off"] / seconds[COMPARE_SPEC] if seconds[COMPARE_SPEC] else 0.0
         print(f"speed {model}: constrained decoding {generated / seconds['off']:.1f} tok/s plain, "
-              f"{generated / seconds['auto']:.1f} tok/s with forced-token drafting (auto): {speedup:.2f}x, "
+              f"{generated / seconds[COMPARE_SPEC]:.1f} tok/s with forced-token drafting ({COMPARE_SPEC}): {speedup:.2f}x, "
               f"identical tokens; forced {forced[1]}/{forced[0]} accepted")
 
     for f in failures:

@@ -286,7 +286,12 @@ pub fn generate_guided(
             stats.passes += 1;
             if let Some(n) = logprobs {
                 draft_lp.clear();
-                draft_lp.extend(draft[..verdict.accepted].iter().enumerate().map(|(j, &t)| token_logprob(logits.row(j), t, n)));
+                draft_lp.extend(
+                    draft[..verdict.accepted]
+                        .iter()
+                        .enumerate()
+                        .map(|(j, &t)| token_logprob(logits.row(j), t, n)),
+                );
                 pending_lp = Some(token_logprob(logits.row(verdict.accepted), verdict.next, n));
             }
             if is_forced {

@@ -130,7 +130,9 @@ fn check_size(param: &'static str, size: usize) -> Result<()> {
     if size > MAX_GRAMMAR_BYTES {
         return Err(Error::invalid(
             param,
-            format!("the grammar is {size} bytes; pocketd compiles grammars of at most {MAX_GRAMMAR_BYTES} bytes"),
+            format!(
+                "the grammar is {size} bytes; pocketd compiles grammars of at most {MAX_GRAMMAR_BYTES} bytes"
+            ),
         ));
     }
     Ok(())
@@ -191,7 +193,10 @@ impl Grammars {
     /// llguidance could not accept (an unsupported keyword under `strict`, a Lark syntax
     /// error, a grammar past the [`limits`]).
     pub fn compile(&self, grammar: &Grammar) -> Result<GrammarConstraint> {
-        let parser = self.factory.create_parser(grammar.top_level()?).map_err(|e| grammar_error(grammar.param(), e))?;
+        let parser = self
+            .factory
+            .create_parser(grammar.top_level()?)
+            .map_err(|e| grammar_error(grammar.param(), e))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(grammar_error(grammar.param(), e));

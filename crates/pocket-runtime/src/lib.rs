@@ -30,8 +30,8 @@ pub mod learn;
 pub mod pipeline;
 pub mod process;
 pub mod prompt_cache;
-pub mod tools;
 mod text;
+pub mod tools;
 pub mod weights;
 
 pub use engine::{Engine, LoadedModel, OpenOptions, is_onnx};

@@ -13,14 +13,14 @@ use std::time::Instant;
 use pocket_core::memory::{self, Ledger, ModelCosts, Plan, PlanRequest};
 use pocket_core::spec::SpecMode;
 use pocket_core::{
-    ChatMessage, Constraint, Event, Role, ToolCall, GenerateRequest, Generation, Guide, ModelKind, SamplingConfig,
-    SessionConfig, StopConfig, Token, generate_guided,
+    ChatMessage, Constraint, Event, GenerateRequest, Generation, Guide, ModelKind, Role, SamplingConfig,
+    SessionConfig, StopConfig, Token, ToolCall, generate_guided,
 };
 
 use crate::drafters::{self, Setup};
 use crate::grammar::{GRAMMAR_STATE_BYTES, Grammar, GrammarConstraint};
-use crate::tools::{self, Tools};
 use crate::prompt_cache::{Adoption, PrefixKey};
+use crate::tools::{self, Tools};
 use crate::{DEFAULT_MAX_DRAFT, Error, LoadedModel, Result};
 
 /// What a request gives the model.
@@ -246,7 +246,9 @@ fn render_chat(model: &LoadedModel, messages: &[ChatMessage], tools: &Tools) -> 
             let defs: &[serde_json::Value] = if offered { &tools.tools } else { &[] };
             t.render(messages, defs, true).map_err(|e| invalid(e.to_string()))
         }
-        None => model.model().tokenizer().apply_chat_template(messages, true).map_err(|e| invalid(e.to_string())),
+        None => {
+            model.model().tokenizer().apply_chat_template(messages, true).map_err(|e| invalid(e.to_string()))
+        }
     }
 }
 
@@ -461,8 +463,10 @@ pub fn run(
     let request = GenerateRequest { prompt, sampling: p.sampling.clone(), stop: p.stop.clone() };
     // The grammar's state is paid for like the session's.
     let mut constraint = p.grammar.clone();
-    let _grammar_memory =
-        constraint.as_ref().map(|_| ledger.reserve(GRAMMAR_STATE_BYTES, "the output grammar's state")).transpose()?;
+    let _grammar_memory = constraint
+        .as_ref()
+        .map(|_| ledger.reserve(GRAMMAR_STATE_BYTES, "the output grammar's state"))
+        .transpose()?;
     let guide = Guide {
         drafter: built.as_mut().map(|b| b.as_drafter()),
         constraint: constraint.as_mut().map(|c| c as &mut dyn Constraint),
@@ -471,7 +475,9 @@ pub fn run(
         logprobs: p.logprobs,
     };
     let mut generation =
-        generate_guided(info, session.as_mut(), target.tokenizer(), &request, guide, &mut |event| sink.event(event))?;
+        generate_guided(info, session.as_mut(), target.tokenizer(), &request, guide, &mut |event| {
+            sink.event(event)
+        })?;
     // The prompt is all of it, restored and encoded parts included, and so is its time.
     generation.prompt_tokens = p.tokens.len();
     generation.cached_tokens = cached;

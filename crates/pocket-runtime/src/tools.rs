@@ -119,10 +119,12 @@ impl Tools {
                 "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "lenient": true
             },
         });
-        let more = if self.parallel { format!("(\"\\n\" call){{0,{}}}", MAX_CALLS - 1) } else { String::new() };
+        let more =
+            if self.parallel { format!("(\"\\n\" call){{0,{}}}", MAX_CALLS - 1) } else { String::new() };
         // Text must not start with '<' or '{', so that an answer starting a call — tagged, or
         // the bare JSON object some models write instead — is held to the grammar.
-        let start = if self.choice == ToolChoice::Auto { "start: TEXT | calls | body" } else { "start: calls" };
+        let start =
+            if self.choice == ToolChoice::Auto { "start: TEXT | calls | body" } else { "start: calls" };
         Some(Grammar::Lark(format!(
             "{start}\ncalls: call {more}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {body}\n\
              TEXT: /[^<{{](.|\\n)*/\n"

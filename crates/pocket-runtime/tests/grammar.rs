@@ -85,7 +85,11 @@ fn json_object_parses_and_a_lark_grammar_is_followed() {
 
     let lark = Grammar::Lark(r##"start: "The answer is " ("yes" | "no") ".""##.into());
     let out = run(&model, &request("Is the sky blue?", lark, SpecMode::Off));
-    assert!(["The answer is yes.", "The answer is no."].contains(&out.generation.text.as_str()), "{}", out.generation.text);
+    assert!(
+        ["The answer is yes.", "The answer is no."].contains(&out.generation.text.as_str()),
+        "{}",
+        out.generation.text
+    );
 }
 
 #[test]
@@ -93,7 +97,8 @@ fn grammars_that_cannot_compile_are_refused_naming_the_field() {
     let cache = tempfile::tempdir().unwrap();
     let model = smollm2(cache.path());
     let ledger = Ledger::unlimited();
-    let refuse = |g: Grammar| pipeline::prepare(&model, None, &request("hi", g, SpecMode::Off), &ledger).unwrap_err();
+    let refuse =
+        |g: Grammar| pipeline::prepare(&model, None, &request("hi", g, SpecMode::Off), &ledger).unwrap_err();
     let e = refuse(Grammar::Lark("start: (".into()));
     assert_eq!((e.kind(), e.param()), (ErrorKind::Invalid, Some("grammar")), "{e}");
     let e = refuse(Grammar::JsonSchema { schema: json!("a string"), strict: true });
@@ -101,7 +106,8 @@ fn grammars_that_cannot_compile_are_refused_naming_the_field() {
     // Too large to compile within the bound: refused before trying.
     let big: serde_json::Map<String, Value> =
         (0..20_000).map(|i| (format!("field_{i}"), json!({"type": "string"}))).collect();
-    let e = refuse(Grammar::JsonSchema { schema: json!({"type": "object", "properties": big}), strict: true });
+    let e =
+        refuse(Grammar::JsonSchema { schema: json!({"type": "object", "properties": big}), strict: true });
     assert!(e.to_string().contains("at most"), "{e}");
 }
 
@@ -113,7 +119,8 @@ fn a_required_tool_call_comes_back_in_openais_shape_with_valid_arguments() {
     let weather = json!({"type": "function", "function": {"name": "get_weather", "description": "The weather in a city now",
         "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
             "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"], "additionalProperties": false}}});
-    let mut r = Request::new(Input::Chat(vec![ChatMessage::new(Role::User, "What is the weather in Paris?")]));
+    let mut r =
+        Request::new(Input::Chat(vec![ChatMessage::new(Role::User, "What is the weather in Paris?")]));
     r.tools = Tools { tools: vec![weather], choice: ToolChoice::Required, parallel: false };
     r.stop.max_tokens = 120;
     r.spec = SpecMode::Auto;
@@ -123,6 +130,9 @@ fn a_required_tool_call_comes_back_in_openais_shape_with_valid_arguments() {
     let call = &out.tool_calls[0];
     assert_eq!(call.function.name, "get_weather");
     let args: Value = serde_json::from_str(&call.function.arguments).unwrap();
-    assert!(args["city"].is_string() && ["celsius", "fahrenheit"].contains(&args["unit"].as_str().unwrap()), "{args}");
+    assert!(
+        args["city"].is_string() && ["celsius", "fahrenheit"].contains(&args["unit"].as_str().unwrap()),
+        "{args}"
+    );
     assert_eq!(out.content, "");
 }

@@ -20,9 +20,9 @@ use axum::routing::{get, post};
 use axum::serve::IncomingStream;
 use futures_util::Stream;
 use pocket_api::{
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-    ChatDelta, ChatLogprobs, Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, DeltaToolCall,
-    ModelAction, ModelList, ModelObject,
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
+    ChatCompletionRequest, ChatDelta, ChatLogprobs, Completion, CompletionChoice, CompletionLogprobs,
+    CompletionRequest, DeltaToolCall, ModelAction, ModelList, ModelObject,
 };
 use pocket_runtime::Engine;
 use serde::de::DeserializeOwned;
@@ -333,7 +333,9 @@ fn sse(running: Running, shape: Shape) -> Response {
                         }
                     }
                     Some(Piece::Text(t)) => break st.chunk(Some(t), false, None),
-                    Some(Piece::Done(f)) if st.holding && !(f.tool_calls.is_empty() && f.content.is_empty()) => {
+                    Some(Piece::Done(f))
+                        if st.holding && !(f.tool_calls.is_empty() && f.content.is_empty()) =>
+                    {
                         let event = if f.tool_calls.is_empty() {
                             st.chunk(Some(f.content.clone()), false, None)
                         } else {
@@ -348,7 +350,8 @@ fn sse(running: Running, shape: Shape) -> Response {
                     }
                     Some(Piece::Failed(e)) => {
                         st.phase = Phase::Closing;
-                        break Event::default().data(serde_json::to_string(&e.to_openai()).unwrap_or_default());
+                        break Event::default()
+                            .data(serde_json::to_string(&e.to_openai()).unwrap_or_default());
                     }
                     None => return None,
                 }

@@ -29,10 +29,10 @@ use pocket_core::{
     KvType, SamplingConfig, SessionConfig, StopConfig, StopReason, Tokenizer, ToolCall, default_threads,
 };
 use pocket_runtime::grammar::Grammar;
-use pocket_runtime::tools::{ToolChoice, Tools};
 use pocket_runtime::learn::{self, TuneSettings};
 use pocket_runtime::pipeline::{self, Prepared, Request, Sink};
 use pocket_runtime::prompt_cache::DiskOptions;
+use pocket_runtime::tools::{ToolChoice, Tools};
 use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine, PromptCache};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
@@ -140,7 +140,10 @@ impl JobOptions {
                 .iter()
                 .map(|(t, b)| {
                     t.parse::<u32>().map(|t| (t, *b)).map_err(|_| {
-                        ServeError::invalid("logit_bias", format!("logit_bias keys are token ids; {t:?} is not one"))
+                        ServeError::invalid(
+                            "logit_bias",
+                            format!("logit_bias keys are token ids; {t:?} is not one"),
+                        )
                     })
                 })
                 .collect::<Result<_, _>>()?;
@@ -155,7 +158,10 @@ impl JobOptions {
             o.kv.as_deref().map(|s| s.parse::<KvType>()).transpose().map_err(|e| param_error("kv", &e))?;
         let grammar = match (&o.response_format, &o.grammar) {
             (Some(f), Some(_)) if *f != ResponseFormat::Text => {
-                return Err(ServeError::invalid("grammar", "send either response_format or grammar, not both"));
+                return Err(ServeError::invalid(
+                    "grammar",
+                    "send either response_format or grammar, not both",
+                ));
             }
             (_, Some(lark)) => Some(Grammar::Lark(lark.clone())),
             (Some(ResponseFormat::JsonObject), None) => Some(Grammar::JsonObject),
@@ -169,7 +175,11 @@ impl JobOptions {
             None => ToolChoice::Auto,
             Some(c) => tool_choice(c)?,
         };
-        let tools = Tools { tools: o.tools.clone().unwrap_or_default(), choice, parallel: o.parallel_tool_calls.unwrap_or(true) };
+        let tools = Tools {
+            tools: o.tools.clone().unwrap_or_default(),
+            choice,
+            parallel: o.parallel_tool_calls.unwrap_or(true),
+        };
         let logprobs = match (o.logprobs, chat) {
             (None | Some(LogprobsOption::Enabled(false)), _) => None,
             (Some(LogprobsOption::Enabled(true)), _) => Some(o.top_logprobs.unwrap_or(0)),
@@ -183,7 +193,10 @@ impl JobOptions {
         };
         if let Some(n) = logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
             let field = if chat { "top_logprobs" } else { "logprobs" };
-            return Err(ServeError::invalid(field, format!("{field} = {n}: at most {MAX_TOP_LOGPROBS} alternatives")));
+            return Err(ServeError::invalid(
+                field,
+                format!("{field} = {n}: at most {MAX_TOP_LOGPROBS} alternatives"),
+            ));
         }
         if o.top_logprobs.is_some() && logprobs.is_none() {
             return Err(ServeError::invalid("top_logprobs", "top_logprobs needs logprobs = true"));
@@ -227,10 +240,14 @@ pub fn tool_choice(v: &serde_json::Value) -> Result<ToolChoice, ServeError> {
 /// something else does the job.
 fn unsupported(field: &str) -> ServeError {
     let why = match field {
-        "functions" | "function_call" => "the deprecated functions API is not supported; send tools and tool_choice",
+        "functions" | "function_call" => {
+            "the deprecated functions API is not supported; send tools and tool_choice"
+        }
         "echo" | "best_of" | "suffix" => "pocketd's completions do not support it",
         "audio" | "modalities" => "pocketd generates text only",
-        "prediction" => "predicted outputs are not supported; speculation (spec) drafts from the prompt already",
+        "prediction" => {
+            "predicted outputs are not supported; speculation (spec) drafts from the prompt already"
+        }
         _ => "pocketd does not support this field",
     };
     ServeError::invalid(field, format!("{field}: {why}"))
@@ -614,7 +631,10 @@ impl Scheduler {
         if self.is_stopping() {
             return Err(ServeError::ShuttingDown);
         }
-        job.options.sampling.validate().map_err(|e| param_error(pipeline::sampling_field(&e.to_string()), &e))?;
+        job.options
+            .sampling
+            .validate()
+            .map_err(|e| param_error(pipeline::sampling_field(&e.to_string()), &e))?;
         StopConfig { max_tokens: 1, stop: job.options.stop.clone() }
             .validate()
             .map_err(|e| param_error("stop", &e))?;

@@ -1,0 +1,154 @@
+//! Structured output from a fresh daemon, asked the way apps ask: JSON schemas and
+//! `json_object` over HTTP (OpenAI's Python client) and D-Bus (busctl), every answer validated;
+//! speculation with forced-token drafts giving the same tokens as plain decoding; tool-call
+//! round trips with OpenAI's client, streamed and not; and the refusals of what is not supported.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{Daemon, Setup};
+use serde_json::json;
+
+fn python() -> String {
+    let python = std::env::var("POCKET_TEST_PYTHON").unwrap_or_else(|_| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pyenv/bin/python").to_string_lossy().into_owned()
+    });
+    let ok = Command::new(&python)
+        .args(["-c", "import openai, httpx, jsonschema"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "openai, httpx and jsonschema are needed: scripts/test installs them into target/pyenv ({python})"
+    );
+    python
+}
+
+fn with_qwen(d: &Daemon) {
+    let qwen: PathBuf =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/store/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    assert!(qwen.is_file(), "run: pocket pull qwen2.5-coder-0.5b (missing {})", qwen.display());
+    std::os::unix::fs::symlink(&qwen, d.dir.path().join("models/qwen.gguf")).unwrap();
+}
+
+#[test]
+fn every_schema_answer_validates_over_http_and_dbus_and_speculation_changes_no_token() {
+    let python = python();
+    let d = Daemon::start(Setup { dbus: true, ..Setup::default() });
+    with_qwen(&d);
+    let bus = &d.bus.as_ref().unwrap().address;
+    let o = Command::new(&python)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/structured_output.py"))
+        .args(["--socket", &d.socket.to_string_lossy(), "--bus", bus])
+        .args(["--models", "smollm2,qwen", "--compare", "smollm2"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    println!("{out}");
+    assert!(o.status.success(), "{out}\n{}\n{}", String::from_utf8_lossy(&o.stderr), d.log());
+    for line in ["http smollm2: 22/22", "dbus smollm2: 22/22", "http qwen: 22/22", "dbus qwen: 22/22"] {
+        assert!(out.contains(line), "{out}");
+    }
+    assert!(out.contains("identical tokens"), "{out}");
+}
+
+#[test]
+fn the_openai_client_completes_tool_call_round_trips_streamed_and_not() {
+    let python = python();
+    let d = Daemon::start(Setup::default());
+    with_qwen(&d);
+    // SmolLM2's template knows no tools (they go into its system message); Qwen's does.
+    // (`auto` leaves the choice to the model, which may answer in words: not a round trip.)
+    for (model, choice) in [("smollm2", "required"), ("qwen", "required"), ("qwen", "get_weather")] {
+        for stream in [false, true] {
+            let mut c = Command::new(&python);
+            c.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/openai_tools.py")).args([
+                "--socket",
+                &d.socket.to_string_lossy(),
+                "--model",
+                model,
+                "--tool-choice",
+                choice,
+            ]);
+            if stream {
+                c.arg("--stream");
+            }
+            let o = c.output().unwrap();
+            let out = String::from_utf8_lossy(&o.stdout);
+            let what = format!("{model} {choice} stream={stream}");
+            assert!(o.status.success(), "{what}: {out}\n{}", String::from_utf8_lossy(&o.stderr));
+            assert!(out.contains("finish_reason: tool_calls") && out.contains("answer:"), "{what}: {out}");
+            assert!(out.contains("'city': '"), "{what}: {out}");
+        }
+    }
+}
+
+#[test]
+fn logprobs_penalties_and_refusals_of_what_is_not_supported() {
+    let d = Daemon::start(Setup::default());
+    let ask = |extra: serde_json::Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 6});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        d.post("/v1/chat/completions", &body)
+    };
+    let (code, r) = ask(json!({"logprobs": true, "top_logprobs": 3, "return_tokens": true}));
+    assert_eq!(code, 200, "{r}");
+    let content = r["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), r["usage"]["completion_tokens"].as_u64().unwrap() as usize, "{r}");
+    for t in content {
+        let lp = t["logprob"].as_f64().unwrap();
+        assert!(lp <= 0.0, "{t}");
+        assert_eq!(t["top_logprobs"].as_array().unwrap().len(), 3, "{t}");
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(t["top_logprobs"][0]["token"], t["token"], "{t}");
+    }
+    // Text completions use the legacy shape.
+    let (code, r) =
+        d.post("/v1/completions", &json!({"prompt": "Once upon", "max_tokens": 4, "logprobs": 2}));
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["choices"][0]["logprobs"]["tokens"].as_array().unwrap().len(), 4, "{r}");
+    // A ban on the greedy first token changes it; penalties are accepted and honoured.
+    let (_, plain) = ask(json!({"return_tokens": true}));
+    let first = plain["tokens"][0].as_u64().unwrap();
+    let (code, banned) = ask(json!({"return_tokens": true, "logit_bias": {first.to_string(): -100}}));
+    assert_eq!(code, 200, "{banned}");
+    assert_ne!(banned["tokens"][0], plain["tokens"][0], "{banned}");
+    let (code, r) =
+        ask(json!({"presence_penalty": 1.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1}));
+    assert_eq!(code, 200, "{r}");
+    // Refusals name the field.
+    for (extra, param) in [
+        (json!({"presence_penalty": 3}), "presence_penalty"),
+        (json!({"logit_bias": {"99999999": 1}}), "logit_bias"),
+        (json!({"logit_bias": {"x": 1}}), "logit_bias"),
+        (json!({"top_logprobs": 50, "logprobs": true}), "top_logprobs"),
+        (json!({"functions": []}), "functions"),
+        (json!({"audio": {}}), "audio"),
+        (json!({"some_new_field": 1}), "some_new_field"),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": true,
+            "schema": {"type": "array", "uniqueItems": true}}}}),
+            "response_format",
+        ),
+        (json!({"grammar": "start: ("}), "grammar"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "nope"}),
+            "tool_choice",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+            "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+    ] {
+        let (code, r) = ask(extra.clone());
+        assert_eq!(code, 400, "{extra}: {r}");
+        assert_eq!(r["error"]["param"], param, "{extra}: {r}");
+    }
+    // Fields that change nothing about the answer are accepted.
+    let (code, r) =
+        ask(json!({"metadata": {"a": "b"}, "store": false, "stream_options": {"include_usage": true}}));
+    assert_eq!(code, 200, "{r}");
+}
