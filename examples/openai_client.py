@@ -27,7 +27,7 @@ def main() -> None:
     model = args.model or models.data[0].id
     print("models:", ", ".join(m.id for m in models.data))
 
-    question = [{"role": "user", "content": "What is the capital of France?"}]
+    question = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
     reply = client.chat.completions.create(model=model, messages=question, max_tokens=24)
     print("answer:", reply.choices[0].message.content)
     print("usage:", reply.usage.prompt_tokens, "prompt +", reply.usage.completion_tokens, "generated tokens")

@@ -27,7 +27,15 @@ fn require_default_model() {
 #[test]
 fn run_with_the_chat_template_answers_the_question() {
     require_default_model();
-    let o = pocket(&["run", "--chat", "What is the capital of France?", "-n", "24", "-t", "1"]);
+    let o = pocket(&[
+        "run",
+        "--chat",
+        "What is the capital of France? Answer in one word.",
+        "-n",
+        "24",
+        "-t",
+        "1",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("Paris"), "{}", stdout(&o));
 }

@@ -18,7 +18,7 @@ fn chat_and_completions_answer_over_the_socket_streamed_and_not() {
     let d = Daemon::start(Setup::default());
     let (code, r) = d.post(
         "/v1/chat/completions",
-        &json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 24}),
+        &json!({"messages": [{"role": "user", "content": "What is the capital of France? Answer in one word."}], "max_tokens": 24}),
     );
     assert_eq!(code, 200, "{r}");
     assert_eq!(r["object"], "chat.completion");
@@ -28,7 +28,7 @@ fn chat_and_completions_answer_over_the_socket_streamed_and_not() {
     assert!(r["usage"]["completion_tokens"].as_u64().unwrap() > 0);
 
     // The same request streamed gives the same text (greedy), in OpenAI's chunks.
-    let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
                       "max_tokens": 24, "stream": true});
     let (code, text) = d.curl("POST", "/v1/chat/completions", Some(body.to_string().as_bytes()));
     assert_eq!(code, 200, "{text}");
@@ -370,7 +370,11 @@ fn idle_models_are_unloaded_after_their_keep_alive() {
 fn dbus_generate_start_cancel_properties_and_named_errors() {
     let d = Daemon::start(Setup { dbus: true, ..Setup::default() });
     // As a shell script would call it: busctl and dbus-send.
-    let o = d.busctl_generate(&[], "What is the capital of France?", &[&["max_tokens", "u", "24"]]);
+    let o = d.busctl_generate(
+        &[],
+        "What is the capital of France? Answer in one word.",
+        &[&["max_tokens", "u", "24"]],
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("Paris") && out.contains("completion_tokens"), "{out}");
@@ -457,7 +461,10 @@ async fn zbus_client(address: &str) {
     let connection = zbus::connection::Builder::address(address).build().await.unwrap();
     let p = Pocketd1Proxy::new(&connection).await.unwrap();
     let options = |n: u32| std::collections::HashMap::from([("max_tokens", zbus::Variant::from(n))]);
-    let (text, stats) = p.generate("smollm2", "What is the capital of France?", options(24)).await.unwrap();
+    let (text, stats) = p
+        .generate("smollm2", "What is the capital of France? Answer in one word.", options(24))
+        .await
+        .unwrap();
     assert!(text.contains("Paris"), "{text}");
     assert!(stats.contains_key("decode_tok_per_s"));
     assert_eq!(p.loaded_models().await.unwrap(), ["smollm2.gguf"]);
@@ -470,7 +477,7 @@ async fn zbus_client(address: &str) {
         .build()
         .unwrap();
     let mut signals = zbus::MessageStream::for_match_rule(rule, &connection, None).await.unwrap();
-    let job = p.start("", "What is the capital of France?", options(24)).await.unwrap();
+    let job = p.start("", "What is the capital of France? Answer in one word.", options(24)).await.unwrap();
     let mut streamed = String::new();
     let finished_text = loop {
         let m =
@@ -574,7 +581,7 @@ fn the_pocket_client_asks_lists_and_reports_status() {
     let pocket = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_pocket")).args(args).arg("--socket").arg(&d.socket).output().unwrap()
     };
-    let o = pocket(&["ask", "What is the capital of France?", "-n", "24", "--stats"]);
+    let o = pocket(&["ask", "What is the capital of France? Answer in one word.", "-n", "24", "--stats"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("Paris"));
     let stats: Value = serde_json::from_slice(&o.stderr).unwrap();
@@ -592,7 +599,12 @@ fn the_pocket_client_asks_lists_and_reports_status() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"What is the capital of France?\nAnd of Italy?\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France? Answer in one word.\nAnd of Italy?\n")
+        .unwrap();
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(String::from_utf8_lossy(&o.stdout).lines().filter(|l| !l.is_empty()).count(), 2, "{o:?}");
