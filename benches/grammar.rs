@@ -111,7 +111,7 @@ fn run() -> anyhow::Result<()> {
     let report = json!({"model": name, "threads": threads, "kernels": model.kernels(), "schemas": rows,
         "mask_ms_per_token": mask_per_token * 1e3, "free_step_ms": free_per_token * 1e3,
         "off_tok_per_s": plain_tokens as f64 / plain_s,
-        "speedup": modes.iter().enumerate().map(|(i, m)| (m.to_string(), plain_s / spec_s[i])).collect::<serde_json::Map<_, _>>()});
+        "speedup": modes.iter().enumerate().map(|(i, m)| (m.to_string(), json!(plain_s / spec_s[i]))).collect::<serde_json::Map<_, _>>()});
     std::fs::write(out.join("grammar.json"), serde_json::to_string_pretty(&report)?)?;
     Ok(())
 }
