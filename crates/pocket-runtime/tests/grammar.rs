@@ -1,25 +1,17 @@
 //! Structured output on a real model (SmolLM2): JSON schemas and grammars enforced token by
 //! token, identical with and without speculation, refused clearly when they cannot compile.
 
-use std::ops::ControlFlow;
-use std::path::PathBuf;
+mod common;
 
 use pocket_core::memory::Ledger;
 use pocket_core::spec::SpecMode;
 use pocket_core::{ChatMessage, Role, SessionConfig};
+use pocket_runtime::ErrorKind;
 use pocket_runtime::grammar::Grammar;
-use pocket_runtime::pipeline::{self, Input, OnEvent, Outcome, Request};
-use pocket_runtime::{ErrorKind, LoadedModel, OpenOptions};
+use pocket_runtime::pipeline::{self, Input, Request};
 use serde_json::{Value, json};
 
-fn smollm2(cache: &std::path::Path) -> LoadedModel {
-    let dir = pocket_models::models_dir(None);
-    let path: PathBuf = pocket_models::resolve("smollm2-135m", &dir)
-        .unwrap_or_else(|e| panic!("the tests need smollm2-135m (pocket pull smollm2-135m): {e}"))
-        .path;
-    let options = OpenOptions { cache_dir: Some(cache.to_path_buf()), ..OpenOptions::default() };
-    LoadedModel::open(&path, &options).unwrap()
-}
+use common::{run, smollm2};
 
 fn request(text: &str, grammar: Grammar, spec: SpecMode) -> Request {
     let mut r = Request::new(Input::Chat(vec![ChatMessage::new(Role::User, text)]));
@@ -29,12 +21,6 @@ fn request(text: &str, grammar: Grammar, spec: SpecMode) -> Request {
     r.prompt_cache = false;
     r.session = SessionConfig { threads: 2, n_ctx: 1024, ..SessionConfig::default() };
     r
-}
-
-fn run(model: &LoadedModel, r: &Request) -> Outcome {
-    let ledger = Ledger::unlimited();
-    let prepared = pipeline::prepare(model, None, r, &ledger).unwrap();
-    pipeline::run(model, None, &prepared, &ledger, &mut OnEvent::new(|_| ControlFlow::Continue(()))).unwrap()
 }
 
 fn person() -> Value {

@@ -1,24 +1,16 @@
 //! The request pipeline on a real model (SmolLM2): what it refuses and how, what `auto` does
 //! before and after it knows the device, and learning that gives way when cancelled.
 
-use std::ops::ControlFlow;
-use std::path::PathBuf;
+mod common;
 
 use pocket_core::memory::Ledger;
 use pocket_core::spec::SpecMode;
 use pocket_core::{ChatMessage, Role, SessionConfig};
 use pocket_runtime::learn::{self, TuneSettings};
-use pocket_runtime::pipeline::{self, Input, OnEvent, Outcome, Request};
-use pocket_runtime::{ErrorKind, LoadedModel, OpenOptions};
+use pocket_runtime::pipeline::{self, Input, Request};
+use pocket_runtime::{ErrorKind, LoadedModel};
 
-fn smollm2(cache: &std::path::Path) -> LoadedModel {
-    let dir = pocket_models::models_dir(None);
-    let path: PathBuf = pocket_models::resolve("smollm2-135m", &dir)
-        .unwrap_or_else(|e| panic!("the tests need smollm2-135m (pocket pull smollm2-135m): {e}"))
-        .path;
-    let options = OpenOptions { cache_dir: Some(cache.to_path_buf()), ..OpenOptions::default() };
-    LoadedModel::open(&path, &options).unwrap()
-}
+use common::{open, run, smollm2};
 
 fn request(text: &str, spec: SpecMode) -> Request {
     let mut r = Request::new(Input::Chat(vec![ChatMessage::new(Role::User, text)]));
@@ -26,12 +18,6 @@ fn request(text: &str, spec: SpecMode) -> Request {
     r.stop.max_tokens = 40;
     r.session = SessionConfig { threads: 1, n_ctx: 512, ..SessionConfig::default() };
     r
-}
-
-fn run(model: &LoadedModel, r: &Request) -> Outcome {
-    let ledger = Ledger::unlimited();
-    let prepared = pipeline::prepare(model, None, r, &ledger).unwrap();
-    pipeline::run(model, None, &prepared, &ledger, &mut OnEvent::new(|_| ControlFlow::Continue(()))).unwrap()
 }
 
 #[test]
@@ -92,15 +78,6 @@ fn auto_decodes_plainly_until_the_device_is_measured_and_then_drafts_losslessly(
     let drafter = auto.drafter.unwrap();
     assert!(drafter.starts_with("auto (") && !drafter.contains("not measured"), "{drafter}");
     assert_eq!(auto.generation.tokens, plain.generation.tokens, "greedy output is plain decoding's");
-}
-
-fn open(name: &str, cache: &std::path::Path) -> LoadedModel {
-    let dir = pocket_models::models_dir(None);
-    let path: PathBuf = pocket_models::resolve(name, &dir)
-        .unwrap_or_else(|e| panic!("the tests need {name} (pocket pull {name}): {e}"))
-        .path;
-    let options = OpenOptions { cache_dir: Some(cache.to_path_buf()), ..OpenOptions::default() };
-    LoadedModel::open(&path, &options).unwrap()
 }
 
 /// The KV types a request is given as the budget shrinks, until it no longer fits.
