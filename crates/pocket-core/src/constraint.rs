@@ -3,16 +3,17 @@
 //! A [`Constraint`] follows the generated tokens through a grammar (a JSON schema, a tool
 //! call's shape, a Lark grammar) and, at each step, masks the logits of every token the
 //! grammar does not allow, so that such a token is never sampled. The generation loop
-//! ([`crate::generate`]) asks it for three more things that make it work with speculation:
-//! how much of a draft the grammar allows (the rest is cut before verification), which
-//! tokens the grammar forces (appended as drafts that cost no drafter time), and whether the
-//! grammar is complete.
+//! ([`crate::generate`]) asks it for two more things that make it work with speculation:
+//! how much of a draft the grammar allows (the rest is cut before verification), and which
+//! tokens the grammar forces (drafted at no drafter time). When the grammar is complete its
+//! mask allows only end tokens.
 //!
 //! The state only ever moves forward: the loop advances it with tokens it has accepted, never
 //! with drafted tokens that might be rejected, so no rollback is needed.
 
 use std::time::Instant;
 
+use crate::spec::Draft;
 use crate::{Result, Token};
 
 /// A grammar over the tokens a session generates.
@@ -34,8 +35,9 @@ pub trait Constraint: Send {
     fn allowed_prefix(&mut self, tokens: &[Token]) -> Result<usize>;
 
     /// The tokens the grammar forces from here (its only way on: a key, punctuation, a fixed
-    /// string), at most `max`, appended to `out`. Does not change the state.
-    fn forced(&mut self, max: usize, out: &mut Vec<Token>) -> Result<()>;
+    /// string), at most `max` (no more than a draft holds), appended to `out`. Does not change
+    /// the state.
+    fn forced(&mut self, max: usize, out: &mut Draft) -> Result<()>;
 }
 
 /// Applies an optional [`Constraint`] to rows of logits before they are sampled: the rows
@@ -55,11 +57,6 @@ impl<'c> Masker<'c> {
     /// A masker that changes nothing.
     pub fn none() -> Self {
         Masker::new(None)
-    }
-
-    /// Whether a constraint is applied.
-    pub fn is_active(&self) -> bool {
-        self.constraint.is_some()
     }
 
     /// Seconds spent in the constraint so far.
@@ -93,7 +90,7 @@ impl<'c> Masker<'c> {
     }
 
     /// The tokens the constraint forces from here, at most `max` (none without one).
-    pub fn forced(&mut self, max: usize, out: &mut Vec<Token>) -> Result<()> {
+    pub fn forced(&mut self, max: usize, out: &mut Draft) -> Result<()> {
         if max == 0 {
             return Ok(());
         }

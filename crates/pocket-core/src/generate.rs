@@ -205,8 +205,6 @@ pub fn generate_guided(
     let mut batch = Batch::new();
     let (mut p, mut residual) = (Distribution::new(), Distribution::new());
 
-    let mut forced = Vec::with_capacity(MAX_DRAFT);
-
     let start = Instant::now();
     let logits = session.decode(&request.prompt, &plan, Rows::Last)?;
     let mut next = sampler.sample(masker.row(last_row(&logits, info)?)?, &out.history);
@@ -248,9 +246,7 @@ pub fn generate_guided(
             // to the first one the constraint forbids.
             draft.clear();
             let max = MAX_DRAFT.min(n_ctx - base - 1).min(max_tokens - out.tokens.len() - 1);
-            forced.clear();
-            masker.forced(max.min(max_forced), &mut forced)?;
-            draft.extend(forced.iter().copied().take(max));
+            masker.forced(max.min(max_forced), &mut draft)?;
             let is_forced = !draft.is_empty();
             if let Some(d) = drafter.as_deref_mut().filter(|_| max > 0 && !is_forced) {
                 let t0 = Instant::now();
@@ -790,9 +786,11 @@ mod tests {
             Ok(tokens.iter().enumerate().take_while(|&(i, t)| self.allowed(self.at + i).contains(t)).count())
         }
 
-        fn forced(&mut self, max: usize, out: &mut Vec<Token>) -> Result<()> {
+        fn forced(&mut self, max: usize, out: &mut Draft) -> Result<()> {
             let steps = &self.steps[self.at.min(self.steps.len())..];
-            out.extend(steps.iter().take_while(|s| s.len() == 1).take(max).map(|s| s[0]));
+            for s in steps.iter().take_while(|s| s.len() == 1).take(max) {
+                out.push(s[0]).ok();
+            }
             Ok(())
         }
     }

@@ -12,6 +12,7 @@ use std::time::Instant;
 use llguidance::api::{ParserLimits, TopLevelGrammar};
 use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
+use pocket_core::spec::Draft;
 use pocket_core::{Constraint, Model, Token};
 use serde_json::{Value, json};
 
@@ -175,9 +176,13 @@ impl Grammars {
             ));
         };
         let words: Vec<Vec<u8>> = (0..n_vocab as Token)
-            .map(|t| match tokenizer.special_text(t) {
-                Some(text) => [&[TokTrie::SPECIAL_TOKEN_MARKER][..], text.as_bytes()].concat(),
-                None => tokenizer.piece(t),
+            .map(|t| {
+                // Only a token with no text of its own can be a special one.
+                let piece = tokenizer.piece(t);
+                match piece.is_empty().then(|| tokenizer.special_text(t)).flatten() {
+                    Some(text) => [&[TokTrie::SPECIAL_TOKEN_MARKER][..], text.as_bytes()].concat(),
+                    None => piece,
+                }
             })
             .collect();
         let info = TokRxInfo::new(n_vocab as u32, eos);
@@ -287,8 +292,13 @@ impl Constraint for GrammarConstraint {
         self.matcher.validate_tokens(tokens).map_err(|e| self.error("checking a draft", e))
     }
 
-    fn forced(&mut self, max: usize, out: &mut Vec<Token>) -> pocket_core::Result<()> {
-        out.extend(self.matcher.compute_ff_tokens().into_iter().take(max));
+    fn forced(&mut self, max: usize, out: &mut Draft) -> pocket_core::Result<()> {
+        for t in self.matcher.compute_ff_tokens().into_iter().take(max) {
+            // A full draft keeps what it holds: the rest is forced again next step.
+            if out.push(t).is_err() {
+                break;
+            }
+        }
         Ok(())
     }
 }

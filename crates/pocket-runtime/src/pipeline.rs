@@ -123,9 +123,7 @@ pub struct Prepared {
     pub grammar_seconds: f64,
     /// Log-probabilities asked for.
     pub logprobs: Option<usize>,
-    /// Whether the answer is read for tool calls.
-    pub tool_calls: bool,
-    /// The functions offered, by name.
+    /// The functions the answer may call, by name (none: it is not read for tool calls).
     pub tool_names: Vec<String>,
 }
 
@@ -380,8 +378,11 @@ pub fn prepare(
         grammar,
         grammar_seconds,
         logprobs: request.logprobs,
-        tool_calls: request.tools.offered(),
-        tool_names: request.tools.names().into_iter().map(str::to_owned).collect(),
+        tool_names: if request.tools.offered() {
+            request.tools.names().into_iter().map(str::to_owned).collect()
+        } else {
+            Vec::new()
+        },
     })
 }
 
@@ -488,10 +489,9 @@ pub fn run(
         tracing::info!(model = %info.name, skip = ?set.skip, agreement = set.agreement, "found a layer-skip set");
         model.knowledge().remember_skip_set(set);
     }
-    let (content, tool_calls) = if p.tool_calls {
+    let (content, tool_calls) = if !p.tool_names.is_empty() {
         let seed = format!("{:?}/{}", std::time::SystemTime::now(), generation.tokens.len());
-        let names: Vec<&str> = p.tool_names.iter().map(String::as_str).collect();
-        tools::parse_calls(&generation.text, &names, &seed)
+        tools::parse_calls(&generation.text, &p.tool_names, &seed)
     } else {
         (generation.text.clone(), Vec::new())
     };

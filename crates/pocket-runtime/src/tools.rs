@@ -158,8 +158,8 @@ fn function(tool: &Value) -> Option<&Value> {
 /// between `<tool_call>` tags, or an answer that is one bare JSON call of a function in
 /// `names`. Calls whose JSON does not parse are left in the text. `seed` makes the call ids
 /// unique.
-pub fn parse_calls(text: &str, names: &[&str], seed: &str) -> (String, Vec<ToolCall>) {
-    if let Some(call) = read_call(text).filter(|c| names.contains(&c.name.as_str())) {
+pub fn parse_calls(text: &str, names: &[String], seed: &str) -> (String, Vec<ToolCall>) {
+    if let Some(call) = read_call(text).filter(|c| names.contains(&c.name)) {
         let call = ToolCall { id: call_id(seed, 0), kind: "function".into(), function: call };
         return (String::new(), vec![call]);
     }
@@ -222,7 +222,7 @@ mod tests {
     fn calls_are_read_back_in_openais_shape() {
         let text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n\
                     <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
-        let (content, calls) = parse_calls(text, &["get_weather"], "pocketd-1");
+        let (content, calls) = parse_calls(text, &["get_weather".to_owned()], "pocketd-1");
         assert_eq!(content, "");
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[0].function.name, "get_weather");
@@ -230,13 +230,16 @@ mod tests {
         assert_ne!(calls[0].id, calls[1].id);
         assert!(calls[0].id.starts_with("call_"));
         // Text without calls, and a call that is not JSON, stay text.
-        assert_eq!(parse_calls("Hello.", &["get_weather"], "x"), ("Hello.".to_owned(), Vec::new()));
+        assert_eq!(
+            parse_calls("Hello.", &["get_weather".to_owned()], "x"),
+            ("Hello.".to_owned(), Vec::new())
+        );
         let broken = "<tool_call>not json</tool_call>";
-        assert_eq!(parse_calls(broken, &["get_weather"], "x"), (broken.to_owned(), Vec::new()));
+        assert_eq!(parse_calls(broken, &["get_weather".to_owned()], "x"), (broken.to_owned(), Vec::new()));
         // A bare JSON call of an offered function is a call; of another, text.
         let bare = r#"{"name": "get_weather", "arguments": {"city": "Oslo"}}"#;
-        assert_eq!(parse_calls(bare, &["get_weather"], "x").1.len(), 1);
-        assert_eq!(parse_calls(bare, &["other"], "x").1.len(), 0);
+        assert_eq!(parse_calls(bare, &["get_weather".to_owned()], "x").1.len(), 1);
+        assert_eq!(parse_calls(bare, &["other".to_owned()], "x").1.len(), 0);
     }
 
     #[test]

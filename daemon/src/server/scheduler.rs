@@ -885,7 +885,7 @@ impl Sink for Forward<'_> {
                 prompt_tokens: self.prepared.tokens.len(),
                 plan: self.prepared.plan.clone().unwrap_or_else(|| unplanned(self.prepared)),
                 queued_seconds: self.queued_seconds,
-                tools: self.prepared.tool_calls,
+                tools: !self.prepared.tool_names.is_empty(),
             }));
         }
     }
