@@ -152,3 +152,36 @@ fn logprobs_penalties_and_refusals_of_what_is_not_supported() {
         ask(json!({"metadata": {"a": "b"}, "store": false, "stream_options": {"include_usage": true}}));
     assert_eq!(code, 200, "{r}");
 }
+
+#[test]
+fn bad_structured_options_over_dbus_are_named_errors_and_the_daemon_answers_on() {
+    let d = Daemon::start(Setup { dbus: true, ..Setup::default() });
+    for (option, sig, value, named) in [
+        ("json_schema", "s", "{not json", "json_schema is not JSON"),
+        ("json_schema", "s", r#"{"type": "array", "uniqueItems": true}"#, "uniqueItems"),
+        ("tools", "s", "[1, 2]", "tools"),
+        ("tool_choice", "s", "nope", "tool_choice names"),
+        ("json_object", "s", "yes", "must be a boolean"),
+        ("grammar", "s", "start: (", "cannot compile the grammar"),
+    ] {
+        let mut options: Vec<&[&str]> = vec![&["max_tokens", "u", "8"]];
+        let entry = [option, sig, value];
+        options.push(&entry);
+        if option == "tool_choice" {
+            options.push(&["tools", "s", r#"[{"type": "function", "function": {"name": "f"}}]"#]);
+        }
+        let o = d.busctl_generate(&[], "hi", &options);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(named), "{option} = {value}: {err}");
+    }
+    // The daemon is still there, and a valid option works.
+    let o = d.busctl_generate(
+        &["--json=short"],
+        "Describe a cat as JSON.",
+        &[&["json_object", "b", "true"], &["max_tokens", "u", "200"]],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let text = out["data"][0].as_str().unwrap();
+    assert!(serde_json::from_str::<serde_json::Value>(text).unwrap().is_object(), "{text}");
+}
