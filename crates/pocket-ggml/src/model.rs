@@ -232,7 +232,7 @@ impl GgmlModel {
     }
 
     /// The kernels of our own that the graph uses beside ggml's, as a short name
-    /// (`q4_1-avx512+attn-avx512`, `q4_1-avx2`, `attn`, ... or `ggml` for none):
+    /// (`mm-avx2(q4_0,…)+attn-avx2`, `attn-avx512`, ... or `ggml` for none):
     /// measurements of speed, such as cached cost curves, hold only for the kernels they
     /// were taken with. Attention is named where this model's f16 caches would use it
     /// (on the CPU); quantized caches keep ggml's.
@@ -253,11 +253,11 @@ impl GgmlModel {
 
 /// [`GgmlModel::kernels`] for a model of `hp` on `device`.
 fn kernels(device: &Device, hp: &Hparams, attention: AttentionKernel) -> String {
-    let matmul = crate::q4_1_gemm::kernel().map(crate::q4_1_gemm::Kernel::name);
+    let matmul = crate::gemm::name();
     let attention = crate::attention::kernel_for(device.is_cpu(), hp.head_dim)
         .filter(|_| attention == AttentionKernel::Auto)
         .map(crate::attention::Kernel::name);
-    let names: Vec<&str> = matmul.into_iter().chain(attention).collect();
+    let names: Vec<String> = matmul.into_iter().chain(attention.map(str::to_owned)).collect();
     if names.is_empty() { "ggml".to_owned() } else { names.join("+") }
 }
 

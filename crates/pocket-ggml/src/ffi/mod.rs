@@ -2,7 +2,7 @@
 //! [`graph`] (building graphs), [`gguf`] (reading GGUF files), [`device`] (devices and buffer
 //! types), [`arena`] (tensors holding data: weights, KV cache), [`sched`] (a session's backends and scheduler), [`types`] (element types), [`llama`] (llama.cpp's own model and
 //! context), [`vocab`] (its tokenizer). Most of the crate's `unsafe` is here; the rest is in the kernels (`attention`,
-//! `q4_1_gemm`) and in the code that places weights and the KV cache in backend buffers.
+//! `gemm`) and in the code that places weights and the KV cache in backend buffers.
 
 pub(crate) mod arena;
 pub(crate) mod device;

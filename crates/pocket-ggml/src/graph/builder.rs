@@ -6,8 +6,8 @@ use super::{Inputs, LoneQuery, PassShape};
 use crate::arch::{Hparams, Slot};
 use crate::attention;
 use crate::ffi::graph::{Ctx, Tensor};
+use crate::gemm;
 use crate::kv::KvCache;
-use crate::q4_1_gemm;
 use crate::weights::{LayerWeights, Weights};
 
 /// What a layer is built with: the graph's context and inputs, the model and the pass.
@@ -45,13 +45,7 @@ impl Builder<'_> {
 
     /// `w · x (+ b)`.
     pub(crate) fn linear(&self, w: Tensor, b: Option<Tensor>, x: Tensor) -> Tensor {
-        // Q4_1 over several tokens: our multi-row kernel, bitwise what ggml's one-row kernel
-        // gives each row, so verification stays batch-invariant.
-        let y = if q4_1_gemm::applies(w, x) {
-            q4_1_gemm::mul_mat(self.ctx, w, x)
-        } else {
-            self.ctx.mul_mat(w, x)
-        };
+        let y = gemm::mul_mat_or_ggml(self.ctx, w, x);
         match b {
             Some(b) => self.ctx.add(y, b),
             None => y,

@@ -171,7 +171,7 @@ pub(crate) fn build(
         // A pass that only fills the cache has no output: its last layer returned None.
         x.map(|x| {
             let h = ctx.name(ctx.mul(ctx.rms_norm(x, hp.rms_eps), w.output_norm), "result_norm", None);
-            let mut logits = ctx.mul_mat(w.output, h);
+            let mut logits = crate::gemm::mul_mat_or_ggml(&ctx, w.output, h);
             if let Some(c) = hp.logit_softcap {
                 logits = ctx.scale(ctx.tanh(ctx.scale(logits, 1.0 / c)), c);
             }

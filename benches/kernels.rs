@@ -1,0 +1,60 @@
+//! `cargo bench --bench kernels`: our multi-row matrix kernels alone, against ggml's one-row
+//! kernel, for every weight format that has one, at 1 to 16 activation rows (the sizes of a
+//! decode step and of verification passes), on one thread: time, GFLOP/s and weight GB/s.
+//!
+//! The shapes are Qwen2.5-Coder-0.5B's feed-forward (4864 × 896 for 32-weight blocks,
+//! 896 × 4864 for K-quants). The speed-up column is what a verification pass of n tokens
+//! saves on the products; a decode step of a model (several threads sharing the memory bus)
+//! is more memory-bound than one thread here, so the model's cost curve (`pocket tune`) is
+//! the figure that decides whether speculation pays. Writes `target/bench/kernels.json`.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use serde_json::json;
+
+fn main() -> ExitCode {
+    pocket_bench::cargo_bench_main("kernels", run)
+}
+
+fn run() -> anyhow::Result<()> {
+    let rows = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16];
+    let isa = pocket_ggml::kernel_isa();
+    println!(
+        "kernels: {}",
+        isa.map_or("none on this CPU (ggml's mul_mat is used)".to_owned(), |i| format!("mm-{i}"))
+    );
+    println!(
+        "{:6} {:>4} {:>11} {:>11} {:>8} {:>8} {:>8}",
+        "format", "rows", "ours µs", "one-row µs", "speed-up", "GFLOP/s", "GB/s"
+    );
+    let mut results = Vec::new();
+    for format in pocket_ggml::kernel_formats() {
+        let (m, k) = if format.ends_with("_K") { (896, 4864) } else { (4864, 896) };
+        let timings = pocket_ggml::time_kernel(format, m, k, &rows, 5).context("a format with a kernel")?;
+        for t in timings {
+            let ours = t.ours_seconds.unwrap_or(f64::NAN);
+            println!(
+                "{:6} {:>4} {:>11.1} {:>11.1} {:>7.2}x {:>8.1} {:>8.1}",
+                t.format,
+                t.rows,
+                ours * 1e6,
+                t.one_row_seconds * 1e6,
+                t.one_row_seconds / ours,
+                t.gflops(),
+                t.gbytes_per_second()
+            );
+            results.push(json!({
+                "format": t.format, "m": t.shape.0, "k": t.shape.1, "rows": t.rows,
+                "ours_s": t.ours_seconds, "one_row_s": t.one_row_seconds,
+                "gflops": t.gflops(), "gbytes_per_s": t.gbytes_per_second(),
+            }));
+        }
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let report = json!({ "isa": isa, "threads": 1, "results": results });
+    std::fs::write(dir.join("kernels.json"), serde_json::to_string_pretty(&report)?)?;
+    println!("wrote target/bench/kernels.json");
+    Ok(())
+}

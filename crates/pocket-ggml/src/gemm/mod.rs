@@ -1,0 +1,342 @@
+//! Quantized matrix products over several activation rows whose every output element is
+//! bitwise what ggml's one-row kernel (`ggml_vec_dot_*`) computes, and the ggml custom op that
+//! puts them in the graph for passes of two or more tokens.
+//!
+//! Speculation pays only where verifying n tokens costs much less than n decode steps. ggml
+//! multiplies K-quant matrices by a batch with one one-row dot product per (weight row,
+//! activation row), and llamafile's tiled kernels, which it uses for Q4_0, Q5_0 and Q8_0,
+//! unpack each weight block again for every activation row. Our kernels unpack a weight block
+//! once and use it for every activation row of the pass, and keep the one-row kernel's
+//! arithmetic per element: the same exact int32 lane sums (integers, so any order of integer
+//! adds gives the same value), the same f32 scale products, the same fused multiply-adds over
+//! blocks in order and the same horizontal sums. So a row of a verification pass is bitwise
+//! what decoding that token alone computes, whatever the number of rows or threads.
+//!
+//! One module per block format: [`q4_1`] (× Q8_1), [`q0`] (Q4_0, Q5_0, Q8_0 × Q8_0) and
+//! [`k_quants`] (Q4_K, Q6_K × Q8_K). The instructions are chosen at run time ([`Isa`]).
+//! On other architectures, or where ggml was built without AVX2 (its one-row kernels then
+//! sum in other orders), the graph keeps ggml's `mul_mat`. `POCKET_GGML_MUL_MAT=1` does the
+//! same, for measuring one against the other.
+
+use std::cell::RefCell;
+use std::ffi::{c_int, c_void};
+use std::sync::OnceLock;
+
+use llama_cpp_sys_2 as sys;
+
+use crate::ffi::graph::{Ctx, Tensor};
+
+#[cfg(target_arch = "x86_64")]
+mod k_quants;
+#[cfg(target_arch = "x86_64")]
+mod q0;
+#[cfg(target_arch = "x86_64")]
+mod q4_1;
+pub(crate) mod timing;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+/// The integer dot-product instructions the kernels use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Only x86-64 has these kernels; elsewhere `isa()` is always `None`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) enum Isa {
+    /// AVX-512 with VNNI: `vpdpbusd` (on 512-bit registers in the Q4_1 kernel, 256-bit
+    /// elsewhere).
+    Avx512,
+    /// AVX-VNNI (`vpdpbusd`, VEX-encoded, on 256-bit registers: Intel's client CPUs
+    /// without AVX-512).
+    AvxVnni,
+    /// AVX2 (`vpmaddubsw` then `vpmaddwd`).
+    Avx2,
+}
+
+impl Isa {
+    /// A short name, as `GgmlModel::kernels` reports it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::AvxVnni => "avxvnni",
+            Isa::Avx2 => "avx2",
+        }
+    }
+}
+
+/// The instructions this process's kernels use, or `None` where the graph keeps ggml's
+/// `mul_mat`.
+pub(crate) fn isa() -> Option<Isa> {
+    static ISA: OnceLock<Option<Isa>> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        if std::env::var_os("POCKET_GGML_MUL_MAT").is_some_and(|v| v == "1") {
+            return None;
+        }
+        crate::ffi::init();
+        // SAFETY: a query of how ggml was compiled.
+        let ggml_avx2 = unsafe { sys::ggml_cpu_has_avx2() != 0 && sys::ggml_cpu_has_fma() != 0 };
+        if ggml_avx2 { detect() } else { None }
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> Option<Isa> {
+    if !(is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c"))
+    {
+        return None;
+    }
+    if is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+    {
+        Some(Isa::Avx512)
+    } else if is_x86_feature_detected!("avxvnni") {
+        Some(Isa::AvxVnni)
+    } else {
+        Some(Isa::Avx2)
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> Option<Isa> {
+    None
+}
+
+/// The weight formats with a kernel here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Quant {
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q8_0,
+    Q4K,
+    Q6K,
+}
+
+impl Quant {
+    /// Every format, in the order `GgmlModel::kernels` names them.
+    pub(crate) const ALL: [Quant; 6] =
+        [Quant::Q4_0, Quant::Q4_1, Quant::Q5_0, Quant::Q8_0, Quant::Q4K, Quant::Q6K];
+
+    /// The format of ggml type `ty`, if it has a kernel.
+    pub(crate) fn of(ty: sys::ggml_type) -> Option<Quant> {
+        Quant::ALL.into_iter().find(|q| q.ggml() == ty)
+    }
+
+    /// The ggml type.
+    pub(crate) fn ggml(self) -> sys::ggml_type {
+        match self {
+            Quant::Q4_0 => sys::GGML_TYPE_Q4_0,
+            Quant::Q4_1 => sys::GGML_TYPE_Q4_1,
+            Quant::Q5_0 => sys::GGML_TYPE_Q5_0,
+            Quant::Q8_0 => sys::GGML_TYPE_Q8_0,
+            Quant::Q4K => sys::GGML_TYPE_Q4_K,
+            Quant::Q6K => sys::GGML_TYPE_Q6_K,
+        }
+    }
+
+    /// The name, as in ggml.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Quant::Q4_0 => "q4_0",
+            Quant::Q4_1 => "q4_1",
+            Quant::Q5_0 => "q5_0",
+            Quant::Q8_0 => "q8_0",
+            Quant::Q4K => "q4_K",
+            Quant::Q6K => "q6_K",
+        }
+    }
+
+    /// The format ggml quantizes activations to for this weight format (its `vec_dot_type`).
+    pub(crate) fn activations(self) -> sys::ggml_type {
+        match self {
+            Quant::Q4_1 => sys::GGML_TYPE_Q8_1,
+            Quant::Q4K | Quant::Q6K => sys::GGML_TYPE_Q8_K,
+            Quant::Q4_0 | Quant::Q5_0 | Quant::Q8_0 => sys::GGML_TYPE_Q8_0,
+        }
+    }
+
+    /// Weights per block.
+    pub(crate) fn block_len(self) -> usize {
+        match self {
+            Quant::Q4K | Quant::Q6K => 256,
+            _ => 32,
+        }
+    }
+}
+
+/// Whether [`mul_mat`] computes `w · x`: weights of a format with a kernel, in plain host
+/// memory (not repacked), times several f32 rows, on a CPU with our kernels.
+pub(crate) fn applies(w: Tensor, x: Tensor) -> bool {
+    if isa().is_none() {
+        return false;
+    }
+    let Some(quant) = Quant::of(w.ty()) else { return false };
+    let (wn, xn, wb, xb) = (w.ne(), x.ne(), w.nb(), x.nb());
+    let k = wn[0];
+    // SAFETY: live tensors (graph handles); reading where a weight's data lies.
+    let plain_host = unsafe {
+        let raw = &*w.ptr();
+        raw.extra.is_null() && !raw.buffer.is_null() && sys::ggml_backend_buffer_is_host(raw.buffer)
+    };
+    // SAFETY: a pure function of a type and a length.
+    let row_bytes = unsafe { sys::ggml_row_size(w.ty(), k) };
+    x.ty() == sys::GGML_TYPE_F32
+        && k % quant.block_len() as i64 == 0
+        && xn[0] == k
+        && xn[1] >= 2
+        && wn[2] == 1
+        && wn[3] == 1
+        && xn[2] == 1
+        && xn[3] == 1
+        && wb[1] == row_bytes
+        && xb[0] == size_of::<f32>()
+        && plain_host
+}
+
+/// `w · x`: our kernel where it [`applies`], ggml's `mul_mat` elsewhere (one token, other
+/// formats, other CPUs).
+pub(crate) fn mul_mat_or_ggml(ctx: &Ctx, w: Tensor, x: Tensor) -> Tensor {
+    if applies(w, x) { mul_mat(ctx, w, x) } else { ctx.mul_mat(w, x) }
+}
+
+/// The kernels' name as `GgmlModel::kernels` reports it: the instructions and the formats,
+/// `mm-avx2(q4_0,q4_1,…)`, or `None` where the graph keeps ggml's `mul_mat`.
+pub(crate) fn name() -> Option<String> {
+    let formats: Vec<&str> = Quant::ALL.iter().map(|q| q.name()).collect();
+    isa().map(|isa| format!("mm-{}({})", isa.name(), formats.join(",")))
+}
+
+/// `w · x` as a ggml custom op: `[w.ne1, x.ne1]` f32, each row what `ggml_mul_mat` gives.
+/// Call only where [`applies`] holds.
+pub(crate) fn mul_mat(ctx: &Ctx, w: Tensor, x: Tensor) -> Tensor {
+    // SAFETY: `compute` reads a matrix of a format with a kernel and f32 rows of the shapes
+    // `applies` checked, and each thread writes its own rows of the destination.
+    unsafe {
+        ctx.custom(
+            sys::GGML_TYPE_F32,
+            [w.ne()[1], x.ne()[1], 1, 1],
+            &[w, x],
+            Some(compute),
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// Per-thread scratch: the activations quantized (as 8-byte words, for alignment) and the
+/// kernels' working memory. ggml's thread pool keeps its threads, so these grow once and are
+/// reused.
+#[derive(Default)]
+struct Scratch {
+    y: Vec<u64>,
+    work: Work,
+}
+
+/// Working memory of the kernels: per-tile scales and per-block sums of activations.
+#[derive(Default)]
+pub(crate) struct Work {
+    pub(crate) floats: Vec<f32>,
+    pub(crate) ints: Vec<i32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// ggml's CPU quantizer for activations of type `ty`: what its `mul_mat` applies.
+fn quantizer(ty: sys::ggml_type) -> unsafe extern "C" fn(*const f32, *mut c_void, i64) {
+    // SAFETY: ggml's CPU type traits are static; the activation types have quantizers on
+    // every CPU build.
+    unsafe {
+        (*sys::ggml_get_type_traits_cpu(ty)).from_float.expect("ggml's CPU backend quantizes activations")
+    }
+}
+
+/// Weight rows per thread are a multiple of this, so that every kernel's tiles stay whole.
+const ROW_STEP: usize = 4;
+
+/// The custom op's body on thread `ith` of `nth`: quantize every activation row (as
+/// `ggml_mul_mat` does, once per row), then compute this thread's share of weight rows.
+unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, _: *mut c_void) {
+    let Some(isa) = isa() else { return };
+    // SAFETY: ggml calls this with the tensor `mul_mat` built, its sources and destination
+    // allocated; `applies` checked their types and layout. Threads write disjoint rows of dst.
+    unsafe {
+        let (w, x) = (&*(*dst).src[0], &*(*dst).src[1]);
+        let Some(quant) = Quant::of(w.type_) else { return };
+        let k = w.ne[0] as usize;
+        let (m, n) = (w.ne[1] as usize, x.ne[1] as usize);
+        let per_thread = m.div_ceil(nth.max(1) as usize).next_multiple_of(ROW_STEP);
+        let r0 = (ith as usize * per_thread).min(m);
+        let r1 = (r0 + per_thread).min(m);
+        if r0 == r1 {
+            return;
+        }
+        let y_type = quant.activations();
+        let y_row = sys::ggml_row_size(y_type, k as i64);
+        let quantize = quantizer(y_type);
+        SCRATCH.with_borrow_mut(|s| {
+            s.y.clear();
+            s.y.resize((n * y_row).div_ceil(8), 0);
+            let y = s.y.as_mut_ptr().cast::<u8>();
+            for c in 0..n {
+                let row = x.data.cast::<u8>().add(c * x.nb[1]).cast::<f32>();
+                quantize(row, y.add(c * y_row).cast(), k as i64);
+            }
+            let rows = Rows { w: w.data.cast_const().cast(), y: y.cast_const(), k, n, range: r0..r1 };
+            gemm(isa, quant, rows, (*dst).data.cast(), m, &mut s.work);
+        });
+    }
+}
+
+/// The operands of one call of a kernel: weight rows of `k` weights (from `w`, contiguous,
+/// in the weight format), `n` activation rows (from `y`, contiguous, in its activation
+/// format), and the weight rows this call computes.
+pub(crate) struct Rows {
+    pub(crate) w: *const u8,
+    pub(crate) y: *const u8,
+    pub(crate) k: usize,
+    pub(crate) n: usize,
+    pub(crate) range: std::ops::Range<usize>,
+}
+
+/// `out[c * ld + r] = dot(weight row r, activation row c)` for `r` in `rows.range` and every
+/// activation row `c`, with `isa`'s instructions. `work` is working memory.
+///
+/// # Safety
+/// The CPU must have `isa`'s instructions ([`isa`] chose it); `rows.w` holds `rows.range.end`
+/// rows of `quant`, `rows.y` `rows.n` rows of its activation format, both of `rows.k` weights;
+/// `out` is valid for writes at every `(c, r)` and not read or written by anyone else there
+/// meanwhile, and `rows.range.end <= ld`.
+pub(crate) unsafe fn gemm(isa: Isa, quant: Quant, rows: Rows, out: *mut f32, ld: usize, work: &mut Work) {
+    assert!(rows.range.end <= ld && rows.k.is_multiple_of(quant.block_len()));
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: by the caller.
+    unsafe {
+        match quant {
+            Quant::Q4_1 => q4_1::gemm(isa, &rows, out, ld, work),
+            Quant::Q4_0 => q0::gemm::<q0::BlockQ4_0>(isa, &rows, out, ld, work),
+            Quant::Q5_0 => q0::gemm::<q0::BlockQ5_0>(isa, &rows, out, ld, work),
+            Quant::Q8_0 => q0::gemm::<q0::BlockQ8_0>(isa, &rows, out, ld, work),
+            Quant::Q4K => k_quants::gemm_q4_k(&rows, out, ld, work),
+            Quant::Q6K => k_quants::gemm_q6_k(&rows, out, ld, work),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, rows, out, work);
+        unreachable!("`isa()` finds no kernels on this architecture");
+    }
+}
+
+/// Raw rows of blocks as a slice: `len` blocks of `T` from `p`.
+///
+/// # Safety
+/// `p` points at `len` initialized blocks, aligned for `T`, that live as long as `'a`.
+pub(crate) unsafe fn blocks<'a, T>(p: *const u8, len: usize) -> &'a [T] {
+    // SAFETY: by the caller.
+    unsafe { std::slice::from_raw_parts(p.cast::<T>(), len) }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests;

@@ -1,0 +1,101 @@
+//! Every kernel against ggml's one-row kernel, element by element, bit for bit.
+
+use llama_cpp_sys_2 as sys;
+
+use super::*;
+
+use super::timing::{one_row_dot as vec_dot, random_operands};
+
+/// [`random_operands`], with a weight of −128 in every third Q8_0 block: ggml's quantizer
+/// never writes one but a file may hold it, ggml's sign trick wraps it, and ours must wrap it
+/// alike.
+fn data(quant: Quant, rows: usize, cols: usize, k: usize, seed: u64) -> (Vec<u64>, Vec<u64>) {
+    let (mut w, y) = random_operands(quant, rows, cols, k, seed);
+    if quant == Quant::Q8_0 {
+        // SAFETY: any bytes are valid u8; the length covers the same memory.
+        let bytes: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr().cast(), w.len() * 8) };
+        for b in (0..rows * k / 32).step_by(3) {
+            bytes[b * 34 + 2 + b % 32] = 0x80;
+        }
+    }
+    (w, y)
+}
+
+/// The instruction sets this CPU can run: the one chosen, and the others below it.
+fn isas() -> Vec<Isa> {
+    let Some(best) = detect() else { return Vec::new() };
+    let mut all = vec![best];
+    if best == Isa::Avx512 && is_x86_feature_detected!("avxvnni") {
+        all.push(Isa::AvxVnni);
+    }
+    all.push(Isa::Avx2);
+    all.dedup();
+    all
+}
+
+#[test]
+fn block_layouts_are_ggml_s() {
+    crate::ffi::init();
+    let sizes = [
+        (Quant::Q4_0, size_of::<q0::BlockQ4_0>()),
+        (Quant::Q5_0, size_of::<q0::BlockQ5_0>()),
+        (Quant::Q8_0, size_of::<q0::BlockQ8_0>()),
+        (Quant::Q4_1, size_of::<q4_1::BlockQ4_1>()),
+        (Quant::Q4K, size_of::<k_quants::BlockQ4K>()),
+        (Quant::Q6K, size_of::<k_quants::BlockQ6K>()),
+    ];
+    for (quant, size) in sizes {
+        // SAFETY: pure functions of a type.
+        unsafe {
+            assert_eq!(size, sys::ggml_type_size(quant.ggml()), "{quant:?}");
+            assert_eq!(quant.block_len() as i64, sys::ggml_blck_size(quant.ggml()), "{quant:?}");
+            assert_eq!(
+                quant.activations(),
+                (*sys::ggml_get_type_traits_cpu(quant.ggml())).vec_dot_type,
+                "{quant:?}"
+            );
+        }
+    }
+    // SAFETY: as above.
+    unsafe { assert_eq!(size_of::<k_quants::BlockQ8K>(), sys::ggml_type_size(sys::GGML_TYPE_Q8_K)) };
+}
+
+#[test]
+fn every_element_is_what_the_one_row_kernel_computes() {
+    crate::ffi::init();
+    if isa().is_none() {
+        return;
+    }
+    // Every tile width and remainder, odd and even weight rows, one column and many.
+    let mut compared = 0;
+    let shapes = [(64, 1), (37, 9), (16, 17), (5, 8), (8, 3), (6, 7), (3, 5), (4, 2), (9, 33)];
+    for quant in Quant::ALL {
+        for (i, &(rows, cols)) in shapes.iter().enumerate() {
+            let k = quant.block_len() * [1, 3, 18, 7][i % 4];
+            let (w, y) = data(quant, rows, cols, k, (rows * 31 + cols) as u64);
+            for isa in isas() {
+                let mut out = vec![f32::NAN; cols * rows];
+                // Weight rows in two calls, as two threads split them.
+                let split = rows / 2;
+                for range in [0..split, split..rows] {
+                    let call = Rows { w: w.as_ptr().cast(), y: y.as_ptr().cast(), k, n: cols, range };
+                    // SAFETY: an instruction set this CPU has; sizes as documented.
+                    unsafe { gemm(isa, quant, call, out.as_mut_ptr(), rows, &mut Work::default()) };
+                }
+                for c in 0..cols {
+                    for r in 0..rows {
+                        let want = vec_dot(quant, &w, &y, k, r, c);
+                        let got = out[c * rows + r];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{quant:?} on {isa:?}: row {r} col {c} of {rows}x{cols}x{k}: {got} vs {want}"
+                        );
+                        compared += 1;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{compared} elements compared on {:?}", isas());
+}

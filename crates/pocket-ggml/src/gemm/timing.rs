@@ -1,0 +1,168 @@
+//! Timing the kernels alone, against ggml's one-row kernel, on random data: what
+//! `cargo bench --bench kernels` prints, so that a board's owner can see them on the device.
+
+use std::time::Instant;
+
+use llama_cpp_sys_2 as sys;
+
+use super::{Quant, Rows, Work, gemm, isa, quantizer};
+
+/// One format at one number of activation rows.
+#[derive(Debug, Clone)]
+pub struct KernelTiming {
+    /// The weight format (`q4_K`, `q5_0`, ...).
+    pub format: &'static str,
+    /// Weight rows × weights per row.
+    pub shape: (usize, usize),
+    /// Activation rows.
+    pub rows: usize,
+    /// Seconds for the product by all rows with our kernel, or `None` where this CPU has none.
+    pub ours_seconds: Option<f64>,
+    /// Seconds for the same with ggml's one-row kernel, once per (weight row, activation row).
+    pub one_row_seconds: f64,
+    /// Bytes of weights read.
+    pub weight_bytes: usize,
+}
+
+impl KernelTiming {
+    /// Multiply-adds ×2 per second of our kernel (or of the one-row kernel where we have none).
+    pub fn gflops(&self) -> f64 {
+        let (m, k) = self.shape;
+        2.0 * (m * k * self.rows) as f64 / self.ours_seconds.unwrap_or(self.one_row_seconds) / 1e9
+    }
+
+    /// Weight bytes read per second by our kernel (each weight is read once per call).
+    pub fn gbytes_per_second(&self) -> f64 {
+        self.weight_bytes as f64 / self.ours_seconds.unwrap_or(self.one_row_seconds) / 1e9
+    }
+}
+
+/// The formats with kernels, by name.
+pub fn kernel_formats() -> Vec<&'static str> {
+    Quant::ALL.iter().map(|q| q.name()).collect()
+}
+
+/// The instructions our kernels use on this CPU (`avx2`, `avxvnni`, `avx512`), or `None`.
+pub fn kernel_isa() -> Option<&'static str> {
+    isa().map(|i| i.name())
+}
+
+/// Time `format` (one of [`kernel_formats`]) on an `m × k` matrix by each of `rows`
+/// activation rows, on one thread: the best of `reps` runs of each kernel. `k` must be a
+/// multiple of the format's block (256 for K-quants, else 32).
+pub fn time_kernel(
+    format: &str,
+    m: usize,
+    k: usize,
+    rows: &[usize],
+    reps: usize,
+) -> Option<Vec<KernelTiming>> {
+    crate::ffi::init();
+    let quant = Quant::ALL.into_iter().find(|q| q.name() == format)?;
+    if !k.is_multiple_of(quant.block_len()) || m == 0 {
+        return None;
+    }
+    let max_rows = rows.iter().copied().max().unwrap_or(1);
+    let (w, y) = random_operands(quant, m, max_rows, k, 7);
+    // SAFETY: a pure function of a type and a length.
+    let weight_bytes = unsafe { sys::ggml_row_size(quant.ggml(), k as i64) } * m;
+    let mut out = vec![0f32; m * max_rows];
+    let mut work = Work::default();
+    let best = |f: &mut dyn FnMut()| {
+        (0..reps.max(1))
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    Some(
+        rows.iter()
+            .map(|&n| {
+                let one_row_seconds = best(&mut || {
+                    for c in 0..n {
+                        for r in 0..m {
+                            out[c * m + r] = one_row_dot(quant, &w, &y, k, r, c);
+                        }
+                    }
+                });
+                let ours_seconds = isa().map(|isa| {
+                    best(&mut || {
+                        let call = Rows { w: w.as_ptr().cast(), y: y.as_ptr().cast(), k, n, range: 0..m };
+                        // SAFETY: an instruction set this CPU has; the operands hold m and n
+                        // rows of k; out holds m × n.
+                        unsafe { gemm(isa, quant, call, out.as_mut_ptr(), m, &mut work) };
+                    })
+                });
+                KernelTiming {
+                    format: quant.name(),
+                    shape: (m, k),
+                    rows: n,
+                    ours_seconds,
+                    one_row_seconds,
+                    weight_bytes,
+                }
+            })
+            .collect(),
+    )
+}
+
+/// Random weights (`rows × k`, quantized to `quant` by ggml) and activations (`cols × k`,
+/// quantized as ggml's `mul_mat` quantizes them), as raw bytes.
+pub(crate) fn random_operands(
+    quant: Quant,
+    rows: usize,
+    cols: usize,
+    k: usize,
+    seed: u64,
+) -> (Vec<u64>, Vec<u64>) {
+    let mut state = seed;
+    let mut rand = || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((state >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+    };
+    let wf: Vec<f32> = (0..rows * k).map(|_| rand()).collect();
+    let yf: Vec<f32> = (0..cols * k).map(|_| rand() * 3.0).collect();
+    // SAFETY: pure functions of types and lengths.
+    let (w_row, y_row) = unsafe {
+        (sys::ggml_row_size(quant.ggml(), k as i64), sys::ggml_row_size(quant.activations(), k as i64))
+    };
+    let mut w = vec![0u64; (rows * w_row).div_ceil(8)];
+    let mut y = vec![0u64; (cols * y_row).div_ceil(8)];
+    // SAFETY: buffers sized for the rows; ggml's quantizers.
+    unsafe {
+        sys::ggml_quantize_chunk(
+            quant.ggml(),
+            wf.as_ptr(),
+            w.as_mut_ptr().cast(),
+            0,
+            rows as i64,
+            k as i64,
+            std::ptr::null(),
+        );
+        let quantize = quantizer(quant.activations());
+        for c in 0..cols {
+            quantize(yf[c * k..].as_ptr(), y.as_mut_ptr().cast::<u8>().add(c * y_row).cast(), k as i64);
+        }
+    }
+    (w, y)
+}
+
+/// ggml's one-row kernel on weight row `r` and activation row `c` of [`random_operands`].
+pub(crate) fn one_row_dot(quant: Quant, w: &[u64], y: &[u64], k: usize, r: usize, c: usize) -> f32 {
+    let mut s = 0f32;
+    // SAFETY: one row of each, inside the buffers; ggml's own one-row kernel.
+    unsafe {
+        let (w_row, y_row) =
+            (sys::ggml_row_size(quant.ggml(), k as i64), sys::ggml_row_size(quant.activations(), k as i64));
+        assert!((r + 1) * w_row <= w.len() * 8 && (c + 1) * y_row <= y.len() * 8);
+        let dot = (*sys::ggml_get_type_traits_cpu(quant.ggml()))
+            .vec_dot
+            .expect("every format has a one-row kernel");
+        let wp = w.as_ptr().cast::<u8>().add(r * w_row);
+        let yp = y.as_ptr().cast::<u8>().add(c * y_row);
+        dot(k as i32, &mut s, 0, wp.cast(), 0, yp.cast(), 0, 1);
+    }
+    s
+}
