@@ -85,37 +85,29 @@ pub(crate) unsafe fn gemm_blocks(
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_avx_vnni(
-    w: &[BlockQ4_1],
-    y: &[BlockQ8_1],
-    nb: usize,
-    rows: std::ops::Range<usize>,
-    out: *mut f32,
-    ld: usize,
-    scratch: &mut Vec<f32>,
-) {
-    // SAFETY: by the caller; this function has the instructions `AvxVnni` uses.
-    unsafe { gemm_body::<AvxVnni>(w, y, nb, rows, out, ld, scratch) }
+/// A `#[target_feature]` entry point running [`gemm_body`] with one [`Dot`].
+macro_rules! entry {
+    ($name:ident, $features:literal, $dot:ty) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $name(
+            w: &[BlockQ4_1],
+            y: &[BlockQ8_1],
+            nb: usize,
+            rows: std::ops::Range<usize>,
+            out: *mut f32,
+            ld: usize,
+            scratch: &mut Vec<f32>,
+        ) {
+            // SAFETY: by the caller; this function has the instructions the body uses.
+            unsafe { gemm_body::<$dot>(w, y, nb, rows, out, ld, scratch) }
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_avx2(
-    w: &[BlockQ4_1],
-    y: &[BlockQ8_1],
-    nb: usize,
-    rows: std::ops::Range<usize>,
-    out: *mut f32,
-    ld: usize,
-    scratch: &mut Vec<f32>,
-) {
-    // SAFETY: by the caller; this function has the instructions `Avx2` uses.
-    unsafe { gemm_body::<Avx2>(w, y, nb, rows, out, ld, scratch) }
-}
+entry!(gemm_avx_vnni, "avx2,fma,f16c,avxvnni", AvxVnni);
+entry!(gemm_avx2, "avx2,fma,f16c", Avx2);
 
 /// The 32 4-bit weights of a block as bytes, low nibbles first (ggml's `bytes_from_nibbles_32`).
 ///
