@@ -62,7 +62,7 @@ pub struct Machine {
     pub threads: usize,
     /// The ggml device the models ran on (`CPU`, `CUDA0`, ...).
     pub backend: String,
-    /// Our own matrix kernels used beside ggml's (`q4_1-avx512`, ..., or `ggml`); results
+    /// Our own matrix kernels used beside ggml's (`mm-avx2(q4_0,…)`, ..., or `ggml`); results
     /// written before there were any lack the field.
     #[serde(default)]
     pub kernels: Option<String>,

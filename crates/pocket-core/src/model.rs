@@ -438,7 +438,7 @@ pub struct CacheKey {
     pub fingerprint: String,
     /// The device the model runs on (`CPU`, `Vulkan0`, ...).
     pub device: String,
-    /// The kernels of the engine's own that its passes use (`q4_1-avx512+attn-avx512`,
+    /// The kernels of the engine's own that its passes use (`mm-avx512(q4_0,…)+attn-avx512`,
     /// `ggml`, `tract`, ...).
     pub kernels: String,
     /// The format its weight matrices are held in (`stored`, `q8_0`).

@@ -303,7 +303,7 @@ impl LoadedModel {
         !self.device.eq_ignore_ascii_case("cpu")
     }
 
-    /// The engine's own kernels its passes use (`q4_1-avx512+attn-avx512`, `ggml`, `tract`).
+    /// The engine's own kernels its passes use (`mm-avx512(q4_0,…)+attn-avx512`, `ggml`, `tract`).
     pub fn kernels(&self) -> &str {
         &self.kernels
     }

@@ -423,7 +423,7 @@ impl Ctx {
         t
     }
 
-    /// A custom op of the kernels (`attention`, `q4_1_gemm`).
+    /// A custom op of the kernels (`attention`, `gemm`).
     ///
     /// # Safety
     /// `fun` must be sound to call on a destination of `ty` and shape `ne` with these `srcs`
