@@ -232,11 +232,13 @@ struct Scratch {
     work: Work,
 }
 
-/// Working memory of the kernels: per-tile scales and per-block sums of activations.
+/// Working memory of the kernels: per-tile scales, per-block sums of activations, tiles.
 #[derive(Default)]
 pub(crate) struct Work {
     pub(crate) floats: Vec<f32>,
     pub(crate) ints: Vec<i32>,
+    /// Tiles of activation rows: (first row, rows).
+    pub(crate) tiles: Vec<(usize, usize)>,
 }
 
 thread_local! {

@@ -196,14 +196,15 @@ unsafe fn gemm_body<B: Block, D: Dot>(
     let ncols = y.len() / nb;
     // Tiles of even widths: 9 rows as 5 + 4, not 8 + 1.
     let ntiles = ncols.div_ceil(TILE_COLS);
-    let tiles: Vec<(usize, usize)> = (0..ntiles)
-        .scan(0, |c0, t| {
-            let nc = (ncols - *c0).div_ceil(ntiles - t);
-            let tile = (*c0, nc);
-            *c0 += nc;
-            Some(tile)
-        })
-        .collect();
+    // Reused across calls: this runs on every thread for every product of a pass.
+    let tiles = &mut work.tiles;
+    tiles.clear();
+    tiles.extend((0..ntiles).scan(0, |c0, t| {
+        let nc = (ncols - *c0).div_ceil(ntiles - t);
+        let tile = (*c0, nc);
+        *c0 += nc;
+        Some(tile)
+    }));
     // Per tile and block, the tile's activation scales as f32 (lane c for row c0 + c),
     // converted once (ggml converts them in every dot product; the conversion is exact).
     let scales = &mut work.floats;
