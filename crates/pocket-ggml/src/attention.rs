@@ -576,14 +576,16 @@ mod op_tests {
         dst.src[1] = &mut kt;
         dst.src[2] = &mut vt;
         dst.src[3] = &mut mt;
-        let mut kernels = vec![Kernel::Baseline];
         #[cfg(target_arch = "x86_64")]
-        {
-            kernels.push(Kernel::Avx2);
+        let kernels = {
+            let mut kernels = vec![Kernel::Baseline, Kernel::Avx2];
             if is_x86_feature_detected!("avx512f") {
                 kernels.push(Kernel::Avx512);
             }
-        }
+            kernels
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let kernels = [Kernel::Baseline];
         let mut first: Option<Vec<f32>> = None;
         for (kernel, nth) in kernels.iter().flat_map(|&k| [(k, 1), (k, 3)]) {
             for ith in 0..nth {

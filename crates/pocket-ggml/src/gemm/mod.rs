@@ -12,10 +12,11 @@
 //! blocks in order and the same horizontal sums. So a row of a verification pass is bitwise
 //! what decoding that token alone computes, whatever the number of rows or threads.
 //!
-//! One module per block format: [`q4_1`] (× Q8_1), [`q0`] (Q4_0, Q5_0, Q8_0 × Q8_0) and
-//! [`k_quants`] (Q4_K, Q6_K × Q8_K). The instructions are chosen at run time ([`Isa`]).
-//! On other architectures, or where ggml was built without AVX2 (its one-row kernels then
-//! sum in other orders), the graph keeps ggml's `mul_mat`. `POCKET_GGML_MUL_MAT=1` does the
+//! One module per block format: `q4_1` (× Q8_1), `q0` (Q4_0, Q5_0, Q8_0 × Q8_0) and
+//! `k_quants` (Q4_K, Q6_K × Q8_K), for x86-64 in `x86` and for aarch64 in `neon`. The
+//! instructions are chosen at run time ([`Isa`]) to sum as this build of ggml sums. On other
+//! architectures, or where ggml's one-row kernels take paths ours do not follow (x86 without
+//! AVX2, ARM with SVE), the graph keeps ggml's `mul_mat`. `POCKET_GGML_MUL_MAT=1` does the
 //! same, for measuring one against the other.
 
 use std::cell::RefCell;
@@ -26,38 +27,81 @@ use llama_cpp_sys_2 as sys;
 
 use crate::ffi::graph::{Ctx, Tensor};
 
-#[cfg(target_arch = "x86_64")]
-mod k_quants;
-#[cfg(target_arch = "x86_64")]
-mod q0;
-#[cfg(target_arch = "x86_64")]
-mod q4_1;
+/// `$body` for each `$c` in `0..$n` (`$n` ≤ 8 and known at compile time), written out one
+/// after another with `$c` a constant, so that arrays indexed by it stay in registers.
+macro_rules! unroll_cols {
+    ($c:ident, $n:expr, $body:block) => {
+        unroll_cols!(@one $c, $n, 0, $body);
+        unroll_cols!(@one $c, $n, 1, $body);
+        unroll_cols!(@one $c, $n, 2, $body);
+        unroll_cols!(@one $c, $n, 3, $body);
+        unroll_cols!(@one $c, $n, 4, $body);
+        unroll_cols!(@one $c, $n, 5, $body);
+        unroll_cols!(@one $c, $n, 6, $body);
+        unroll_cols!(@one $c, $n, 7, $body);
+    };
+    (@one $c:ident, $n:expr, $i:literal, $body:block) => {
+        if $i < $n {
+            let $c: usize = $i;
+            $body
+        }
+    };
+}
+
+pub(crate) mod blocks;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub(crate) mod timing;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-/// The integer dot-product instructions the kernels use.
+/// The instructions the kernels use, chosen at run time. Each gives the same bits; the
+/// choice changes speed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-// Only x86-64 has these kernels; elsewhere `isa()` is always `None`.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) enum Isa {
     /// AVX-512 with VNNI: `vpdpbusd` (on 512-bit registers in the Q4_1 kernel, 256-bit
     /// elsewhere).
+    #[cfg(target_arch = "x86_64")]
     Avx512,
     /// AVX-VNNI (`vpdpbusd`, VEX-encoded, on 256-bit registers: Intel's client CPUs
     /// without AVX-512).
+    #[cfg(target_arch = "x86_64")]
     AvxVnni,
     /// AVX2 (`vpmaddubsw` then `vpmaddwd`).
+    #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// NEON with the dot-product instructions (`sdot`), for a ggml built with them
+    /// (`armv8.2-a+dotprod` and later): its lane sums are `sdot`'s.
+    #[cfg(target_arch = "aarch64")]
+    NeonDot,
+    /// `sdot` on operands whose bytes are permuted so that it forms the lanes of a ggml built
+    /// without the dot-product instructions, on a CPU that has them (a Raspberry Pi 5 running
+    /// the default build).
+    #[cfg(target_arch = "aarch64")]
+    NeonPermuted,
+    /// Plain NEON, for a ggml built without the dot-product instructions (the default
+    /// `armv8-a`), whose lane sums are those of its `vmull_s8` + `vpaddlq_s16` stand-in, on a
+    /// CPU without them (a Raspberry Pi 4).
+    #[cfg(target_arch = "aarch64")]
+    Neon,
 }
 
 impl Isa {
     /// A short name, as `GgmlModel::kernels` reports it.
     pub(crate) fn name(self) -> &'static str {
         match self {
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => "avx512",
+            #[cfg(target_arch = "x86_64")]
             Isa::AvxVnni => "avxvnni",
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => "avx2",
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonDot => "neon-dotprod",
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonPermuted => "neon-sdot-permuted",
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => "neon",
         }
     }
 }
@@ -71,33 +115,25 @@ pub(crate) fn isa() -> Option<Isa> {
             return None;
         }
         crate::ffi::init();
-        // SAFETY: a query of how ggml was compiled.
-        let ggml_avx2 = unsafe { sys::ggml_cpu_has_avx2() != 0 && sys::ggml_cpu_has_fma() != 0 };
-        if ggml_avx2 { detect() } else { None }
+        detect()
     })
 }
 
+/// The kernels that sum as this build of ggml's one-row kernels do, on this CPU.
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Option<Isa> {
-    if !(is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c"))
-    {
-        return None;
-    }
-    if is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni")
-    {
-        Some(Isa::Avx512)
-    } else if is_x86_feature_detected!("avxvnni") {
-        Some(Isa::AvxVnni)
-    } else {
-        Some(Isa::Avx2)
-    }
+    // SAFETY: a query of how ggml was compiled.
+    let ggml_avx2 = unsafe { sys::ggml_cpu_has_avx2() != 0 && sys::ggml_cpu_has_fma() != 0 };
+    // Without AVX2, ggml's one-row kernels sum in other orders.
+    if ggml_avx2 { x86::detect() } else { None }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(target_arch = "aarch64")]
+fn detect() -> Option<Isa> {
+    neon::detect()
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn detect() -> Option<Isa> {
     None
 }
@@ -168,10 +204,10 @@ impl Quant {
 /// Whether [`mul_mat`] computes `w · x`: weights of a format with a kernel, in plain host
 /// memory (not repacked), times several f32 rows, on a CPU with our kernels.
 pub(crate) fn applies(w: Tensor, x: Tensor) -> bool {
-    if isa().is_none() {
+    let Some(quant) = Quant::of(w.ty()) else { return false };
+    if !verified(quant) {
         return false;
     }
-    let Some(quant) = Quant::of(w.ty()) else { return false };
     let (wn, xn, wb, xb) = (w.ne(), x.ne(), w.nb(), x.nb());
     let k = wn[0];
     // SAFETY: live tensors (graph handles); reading where a weight's data lies.
@@ -203,8 +239,52 @@ pub(crate) fn mul_mat_or_ggml(ctx: &Ctx, w: Tensor, x: Tensor) -> Tensor {
 /// The kernels' name as `GgmlModel::kernels` reports it: the instructions and the formats,
 /// `mm-avx2(q4_0,q4_1,…)`, or `None` where the graph keeps ggml's `mul_mat`.
 pub(crate) fn name() -> Option<String> {
-    let formats: Vec<&str> = Quant::ALL.iter().map(|q| q.name()).collect();
-    isa().map(|isa| format!("mm-{}({})", isa.name(), formats.join(",")))
+    let formats: Vec<&str> = Quant::ALL.into_iter().filter(|&q| verified(q)).map(|q| q.name()).collect();
+    isa().filter(|_| !formats.is_empty()).map(|isa| format!("mm-{}({})", isa.name(), formats.join(",")))
+}
+
+/// Whether this process multiplies `quant` with our kernel: there is one for this CPU
+/// ([`isa`]) and it agreed with ggml's one-row kernel, bit for bit, on a probe when first
+/// asked. The kernels follow ggml's arithmetic as its compiler translated it (on ARM, GCC
+/// fuses some of ggml's scalar multiply-adds and not its vector ones); a ggml built by
+/// another compiler may round otherwise, and then that format keeps ggml's `mul_mat` (and a
+/// warning says so) rather than letting a verification pass round unlike a decode step.
+pub(crate) fn verified(quant: Quant) -> bool {
+    static VERIFIED: OnceLock<Vec<Quant>> = OnceLock::new();
+    VERIFIED
+        .get_or_init(|| {
+            let Some(isa) = isa() else { return Vec::new() };
+            Quant::ALL
+                .into_iter()
+                .filter(|&q| {
+                    let agrees = agrees_with_ggml(isa, q);
+                    if !agrees {
+                        tracing::warn!(
+                            format = q.name(),
+                            kernels = isa.name(),
+                            "our multi-row kernel does not round as this build of ggml does; using ggml's mul_mat for this format"
+                        );
+                    }
+                    agrees
+                })
+                .collect()
+        })
+        .contains(&quant)
+}
+
+/// Whether `isa`'s kernel for `quant` gives ggml's one-row results bit for bit on random
+/// operands: 3 weight rows × 3 activation rows of 3 blocks (so an odd last block too).
+fn agrees_with_ggml(isa: Isa, quant: Quant) -> bool {
+    let (m, n, k) = (3, 3, 3 * quant.block_len());
+    let (w, y) = timing::random_operands(quant, m, n, k, 0x5eed);
+    let mut out = vec![f32::NAN; m * n];
+    let rows = Rows { w: w.as_ptr().cast(), y: y.as_ptr().cast(), k, n, range: 0..m };
+    // SAFETY: an instruction set this CPU has (`isa`); the operands hold m and n rows of k,
+    // out m × n.
+    unsafe { gemm(isa, quant, rows, out.as_mut_ptr(), m, &mut Work::default()) };
+    (0..n).all(|c| {
+        (0..m).all(|r| out[c * m + r].to_bits() == timing::one_row_dot(quant, &w, &y, k, r, c).to_bits())
+    })
 }
 
 /// `w · x` as a ggml custom op: `[w.ne1, x.ne1]` f32, each row what `ggml_mul_mat` gives.
@@ -238,7 +318,11 @@ pub(crate) struct Work {
     pub(crate) floats: Vec<f32>,
     pub(crate) ints: Vec<i32>,
     /// Tiles of activation rows: (first row, rows).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) tiles: Vec<(usize, usize)>,
+    /// Activation blocks rearranged for a kernel (as 8-byte words, for alignment).
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    pub(crate) acts: Vec<u64>,
 }
 
 thread_local! {
@@ -312,21 +396,19 @@ pub(crate) struct Rows {
 /// meanwhile, and `rows.range.end <= ld`.
 pub(crate) unsafe fn gemm(isa: Isa, quant: Quant, rows: Rows, out: *mut f32, ld: usize, work: &mut Work) {
     assert!(rows.range.end <= ld && rows.k.is_multiple_of(quant.block_len()));
-    #[cfg(target_arch = "x86_64")]
     // SAFETY: by the caller.
+    #[cfg(target_arch = "x86_64")]
     unsafe {
-        match quant {
-            Quant::Q4_1 => q4_1::gemm(isa, &rows, out, ld, work),
-            Quant::Q4_0 => q0::gemm::<q0::BlockQ4_0>(isa, &rows, out, ld, work),
-            Quant::Q5_0 => q0::gemm::<q0::BlockQ5_0>(isa, &rows, out, ld, work),
-            Quant::Q8_0 => q0::gemm::<q0::BlockQ8_0>(isa, &rows, out, ld, work),
-            Quant::Q4K => k_quants::gemm_q4_k(&rows, out, ld, work),
-            Quant::Q6K => k_quants::gemm_q6_k(&rows, out, ld, work),
-        }
+        x86::gemm(isa, quant, rows, out, ld, work)
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: by the caller.
+    #[cfg(target_arch = "aarch64")]
+    unsafe {
+        neon::gemm(isa, quant, rows, out, ld, work)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
-        let _ = (isa, rows, out, work);
+        let _ = (isa, quant, rows, out, ld, work);
         unreachable!("`isa()` finds no kernels on this architecture");
     }
 }
@@ -340,5 +422,5 @@ pub(crate) unsafe fn blocks<'a, T>(p: *const u8, len: usize) -> &'a [T] {
     unsafe { std::slice::from_raw_parts(p.cast::<T>(), len) }
 }
 
-#[cfg(all(test, target_arch = "x86_64"))]
+#[cfg(test)]
 mod tests;

@@ -21,7 +21,9 @@ fn data(quant: Quant, rows: usize, cols: usize, k: usize, seed: u64) -> (Vec<u64
     (w, y)
 }
 
-/// The instruction sets this CPU can run: the one chosen, and the others below it.
+/// The instruction sets this CPU can run that sum as this ggml does: the one chosen, and the
+/// others below it.
+#[cfg(target_arch = "x86_64")]
 fn isas() -> Vec<Isa> {
     let Some(best) = detect() else { return Vec::new() };
     let mut all = vec![best];
@@ -33,16 +35,45 @@ fn isas() -> Vec<Isa> {
     all
 }
 
+/// On ARM the lanes are fixed by how ggml was built: for a plain NEON ggml, both the
+/// permuted `sdot` kernels (where the CPU has `sdot`) and the widening-multiply ones.
+#[cfg(target_arch = "aarch64")]
+fn isas() -> Vec<Isa> {
+    match detect() {
+        Some(Isa::NeonPermuted) => vec![Isa::NeonPermuted, Isa::Neon],
+        other => other.into_iter().collect(),
+    }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn isas() -> Vec<Isa> {
+    Vec::new()
+}
+
+#[test]
+fn f16_conversion_is_exact() {
+    crate::ffi::init();
+    for h in 0..=u16::MAX {
+        // SAFETY: a pure conversion.
+        let want = unsafe { sys::ggml_fp16_to_fp32(h) };
+        let got = blocks::f16_to_f32(h);
+        assert!(
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+            "{h:#06x}: {got} vs {want}"
+        );
+    }
+}
+
 #[test]
 fn block_layouts_are_ggml_s() {
     crate::ffi::init();
     let sizes = [
-        (Quant::Q4_0, size_of::<q0::BlockQ4_0>()),
-        (Quant::Q5_0, size_of::<q0::BlockQ5_0>()),
-        (Quant::Q8_0, size_of::<q0::BlockQ8_0>()),
-        (Quant::Q4_1, size_of::<q4_1::BlockQ4_1>()),
-        (Quant::Q4K, size_of::<k_quants::BlockQ4K>()),
-        (Quant::Q6K, size_of::<k_quants::BlockQ6K>()),
+        (Quant::Q4_0, size_of::<blocks::BlockQ4_0>()),
+        (Quant::Q5_0, size_of::<blocks::BlockQ5_0>()),
+        (Quant::Q8_0, size_of::<blocks::BlockQ8_0>()),
+        (Quant::Q4_1, size_of::<blocks::BlockQ4_1>()),
+        (Quant::Q4K, size_of::<blocks::BlockQ4K>()),
+        (Quant::Q6K, size_of::<blocks::BlockQ6K>()),
     ];
     for (quant, size) in sizes {
         // SAFETY: pure functions of a type.
@@ -57,7 +88,7 @@ fn block_layouts_are_ggml_s() {
         }
     }
     // SAFETY: as above.
-    unsafe { assert_eq!(size_of::<k_quants::BlockQ8K>(), sys::ggml_type_size(sys::GGML_TYPE_Q8_K)) };
+    unsafe { assert_eq!(size_of::<blocks::BlockQ8K>(), sys::ggml_type_size(sys::GGML_TYPE_Q8_K)) };
 }
 
 #[test]
@@ -98,4 +129,16 @@ fn every_element_is_what_the_one_row_kernel_computes() {
         }
     }
     eprintln!("{compared} elements compared on {:?}", isas());
+}
+
+#[test]
+fn every_format_agrees_with_this_ggml_at_start() {
+    crate::ffi::init();
+    if isa().is_none() {
+        return;
+    }
+    for quant in Quant::ALL {
+        assert!(verified(quant), "{quant:?}: the start-up probe found our kernel rounding unlike ggml's");
+    }
+    assert!(name().is_some_and(|n| Quant::ALL.iter().all(|q| n.contains(q.name()))), "{:?}", name());
 }

@@ -1,7 +1,52 @@
-//! What every x86 kernel shares: ggml's f16 conversion and horizontal sum, and the integer
-//! dot products of 4 byte pairs per lane.
+//! The x86-64 kernels (AVX2, AVX-VNNI, AVX-512 VNNI), and what they share: ggml's f16
+//! conversion and horizontal sum, and the integer dot products of 4 byte pairs per lane.
 
 use std::arch::x86_64::*;
+
+use super::{Isa, Quant, Rows, Work};
+
+mod k_quants;
+mod q0;
+mod q4_1;
+
+/// [`super::gemm`] on x86-64.
+///
+/// # Safety
+/// As for [`super::gemm`].
+pub(crate) unsafe fn gemm(isa: Isa, quant: Quant, rows: Rows, out: *mut f32, ld: usize, work: &mut Work) {
+    // SAFETY: by the caller.
+    unsafe {
+        match quant {
+            Quant::Q4_1 => q4_1::gemm(isa, &rows, out, ld, work),
+            Quant::Q4_0 => q0::gemm::<q0::BlockQ4_0>(isa, &rows, out, ld, work),
+            Quant::Q5_0 => q0::gemm::<q0::BlockQ5_0>(isa, &rows, out, ld, work),
+            Quant::Q8_0 => q0::gemm::<q0::BlockQ8_0>(isa, &rows, out, ld, work),
+            Quant::Q4K => k_quants::gemm_q4_k(&rows, out, ld, work),
+            Quant::Q6K => k_quants::gemm_q6_k(&rows, out, ld, work),
+        }
+    }
+}
+
+/// The instructions this CPU has for the kernels, best first, or `None` without AVX2, FMA
+/// and F16C.
+pub(crate) fn detect() -> Option<Isa> {
+    if !(is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c"))
+    {
+        return None;
+    }
+    if is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+    {
+        Some(Isa::Avx512)
+    } else if is_x86_feature_detected!("avxvnni") {
+        Some(Isa::AvxVnni)
+    } else {
+        Some(Isa::Avx2)
+    }
+}
 
 /// Exact int32 lane sums of 4 products of unsigned 8-bit `qx` and signed 8-bit `qy` bytes
 /// (the pairs must not saturate 16 bits in [`Avx2`]: every caller's values are small enough
@@ -89,25 +134,3 @@ pub(crate) unsafe fn nibbles(qs: *const u8) -> __m256i {
 /// The activation scales of `n` rows for one block index, as 8 f32 lanes (lane c for row c,
 /// unused lanes zero), so one register carries a tile's scales.
 pub(crate) const LANES: usize = 8;
-
-/// `$body` for each `$c` in `0..$n` (`$n` ≤ 8 and known at compile time), written out one
-/// after another with `$c` a constant, so that arrays indexed by it stay in registers.
-macro_rules! unroll_cols {
-    ($c:ident, $n:expr, $body:block) => {
-        unroll_cols!(@one $c, $n, 0, $body);
-        unroll_cols!(@one $c, $n, 1, $body);
-        unroll_cols!(@one $c, $n, 2, $body);
-        unroll_cols!(@one $c, $n, 3, $body);
-        unroll_cols!(@one $c, $n, 4, $body);
-        unroll_cols!(@one $c, $n, 5, $body);
-        unroll_cols!(@one $c, $n, 6, $body);
-        unroll_cols!(@one $c, $n, 7, $body);
-    };
-    (@one $c:ident, $n:expr, $i:literal, $body:block) => {
-        if $i < $n {
-            let $c: usize = $i;
-            $body
-        }
-    };
-}
-pub(crate) use unroll_cols;

@@ -13,38 +13,9 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{f16, hsum};
-use super::{Rows, Work, blocks};
-
-/// ggml's `block_q8_K`: 256 activations as `d·q`, with the sums of each 16.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BlockQ8K {
-    d: f32,
-    qs: [i8; 256],
-    bsums: [i16; 16],
-}
-
-/// ggml's `block_q4_K`: 8 sub-blocks of 32 4-bit weights, each with a 6-bit scale and min.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BlockQ4K {
-    d: u16,
-    dmin: u16,
-    scales: [u8; 12],
-    qs: [u8; 128],
-}
-
-/// ggml's `block_q6_K`: 16 sub-blocks of 16 6-bit weights (`q − 32`), each with an 8-bit
-/// scale.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BlockQ6K {
-    ql: [u8; 128],
-    qh: [u8; 64],
-    scales: [i8; 16],
-    d: u16,
-}
+use super::{f16, hsum};
+use crate::gemm::blocks::{BlockQ4K, BlockQ6K, BlockQ8K, q4_k_scales_and_mins};
+use crate::gemm::{Rows, Work, blocks};
 
 /// Activation rows per tile: their accumulators stay in L1 across a weight row.
 const TILE_COLS: usize = 16;
@@ -128,20 +99,8 @@ unsafe fn gemm_q4_k_avx2(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work)
 /// The CPU must have AVX2 and F16C.
 #[inline(always)]
 unsafe fn unpack_q4_k(x: &BlockQ4K) -> Q4K {
-    const KMASK1: u32 = 0x3f3f3f3f;
-    const KMASK2: u32 = 0x0f0f0f0f;
-    const KMASK3: u32 = 0x03030303;
-    let word = |i: usize| {
-        u32::from_le_bytes([x.scales[4 * i], x.scales[4 * i + 1], x.scales[4 * i + 2], x.scales[4 * i + 3]])
-    };
-    let mut utmp = [word(0), word(1), word(2), 0];
-    utmp[3] = ((utmp[2] >> 4) & KMASK2) | (((utmp[1] >> 6) & KMASK3) << 4);
-    let uaux = utmp[1] & KMASK1;
-    utmp[1] = (utmp[2] & KMASK2) | (((utmp[0] >> 6) & KMASK3) << 4);
-    utmp[2] = uaux;
-    utmp[0] &= KMASK1;
     // Bytes 0..8 are the scales, 8..16 the mins.
-    let bytes: [u8; 16] = std::array::from_fn(|i| utmp[i / 4].to_le_bytes()[i % 4]);
+    let bytes = q4_k_scales_and_mins(&x.scales);
     // SAFETY: by the caller; 128 bytes of the block are read.
     unsafe {
         let m4 = _mm256_set1_epi8(0xF);

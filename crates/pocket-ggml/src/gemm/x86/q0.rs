@@ -14,34 +14,9 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{Avx2, Avx512Vnni, AvxVnni, Dot, LANES, f16, hsum, nibbles, unroll_cols};
-use super::{Isa, Rows, Work, blocks};
-
-/// ggml's `block_q4_0`: 32 weights as 4-bit `u`, meaning `d·(u − 8)`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BlockQ4_0 {
-    d: u16,
-    qs: [u8; 16],
-}
-
-/// ggml's `block_q5_0`: 32 weights as 5-bit `u` (low nibbles in `qs`, fifth bits in `qh`),
-/// meaning `d·(u − 16)`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BlockQ5_0 {
-    d: u16,
-    qh: [u8; 4],
-    qs: [u8; 16],
-}
-
-/// ggml's `block_q8_0`: 32 weights (or activations) as `d·q`, `q` a signed byte.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BlockQ8_0 {
-    d: u16,
-    qs: [i8; 32],
-}
+use super::{Avx2, Avx512Vnni, AvxVnni, Dot, LANES, f16, hsum, nibbles};
+pub(crate) use crate::gemm::blocks::{BlockQ4_0, BlockQ5_0, BlockQ8_0};
+use crate::gemm::{Isa, Rows, Work, blocks};
 
 /// A block format of 32 weights with one f16 scale.
 pub(crate) trait Block: Copy {

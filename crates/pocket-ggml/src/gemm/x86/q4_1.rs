@@ -9,36 +9,16 @@
 //! All give the same exact int32 lane sums (4-bit × 8-bit pairs cannot saturate 16 bits),
 //! so the choice changes speed, not bits.
 
-#[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-#[cfg(target_arch = "x86_64")]
-use super::x86::{Avx2, AvxVnni, Dot, f16, hsum};
-use super::{Isa, Rows, Work, blocks};
-
-/// ggml's `block_q4_1`: 32 weights as 4-bit values `q` meaning `d·q + m`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct BlockQ4_1 {
-    pub(crate) d: u16,
-    pub(crate) m: u16,
-    pub(crate) qs: [u8; 16],
-}
-
-/// ggml's `block_q8_1`: 32 activations as `d·q`, with `s = d·Σq`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct BlockQ8_1 {
-    pub(crate) d: u16,
-    pub(crate) s: u16,
-    pub(crate) qs: [i8; 32],
-}
+use super::{Avx2, AvxVnni, Dot, f16, hsum};
+use crate::gemm::blocks::{BlockQ4_1, BlockQ8_1};
+use crate::gemm::{Isa, Rows, Work, blocks};
 
 /// `out[c * ld + r] = dot(weight row r, activation row c)`: [`super::gemm`] for Q4_1.
 ///
 /// # Safety
 /// As for [`super::gemm`].
-#[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn gemm(isa: Isa, rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
     let nb = rows.k / 32;
     // SAFETY: by the caller, the operands hold these blocks.
@@ -69,7 +49,6 @@ pub(crate) unsafe fn gemm_blocks(
     scratch: &mut Vec<f32>,
 ) {
     assert!(w.len() >= rows.end * nb && y.len().is_multiple_of(nb) && rows.end <= ld);
-    #[cfg(target_arch = "x86_64")]
     // SAFETY: by the caller.
     unsafe {
         match kernel {
@@ -78,17 +57,11 @@ pub(crate) unsafe fn gemm_blocks(
             Isa::Avx2 => gemm_avx2(w, y, nb, rows, out, ld, scratch),
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (kernel, w, y, nb, rows, out, ld, scratch);
-        unreachable!("`isa()` finds no kernels on this architecture");
-    }
 }
 
 /// A `#[target_feature]` entry point running [`gemm_body`] with one [`Dot`].
 macro_rules! entry {
     ($name:ident, $features:literal, $dot:ty) => {
-        #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
         #[allow(clippy::too_many_arguments)]
         unsafe fn $name(
@@ -113,7 +86,6 @@ entry!(gemm_avx2, "avx2,fma,f16c", Avx2);
 ///
 /// # Safety
 /// The CPU must have AVX2.
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn unpack_q4(x: &BlockQ4_1) -> __m256i {
     // SAFETY: by the caller; 16 bytes of the block are read.
@@ -126,14 +98,11 @@ unsafe fn unpack_q4(x: &BlockQ4_1) -> __m256i {
 
 /// Lanes of the per-tile scale vectors: one per activation row of a tile, padded to a
 /// 256-bit register.
-#[cfg(target_arch = "x86_64")]
 const COLS: usize = 8;
 
 /// Activation rows per tile: one accumulator register per (weight row, activation row).
-#[cfg(target_arch = "x86_64")]
 const TILE_COLS: usize = 4;
 
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_body<D: Dot>(
@@ -179,7 +148,6 @@ unsafe fn gemm_body<D: Dot>(
 }
 
 /// [`gemm_body`] for the `N` activation rows from `c0`, 2 weight rows at a time.
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile<D: Dot, const N: usize>(
@@ -207,7 +175,6 @@ unsafe fn tile<D: Dot, const N: usize>(
 /// `RM` weight rows from `r0` times `N` activation rows from `c0`: one accumulator register
 /// per pair, each activation block loaded once per tile; the tile's scales and `m·s` sums
 /// travel as 8-lane vectors (lane c for c0 + c).
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // c indexes y, lanes and acc
 unsafe fn tile_rows<D: Dot, const RM: usize, const N: usize>(
@@ -260,15 +227,12 @@ unsafe fn tile_rows<D: Dot, const RM: usize, const N: usize>(
 }
 
 /// Activation rows per tile of the 512-bit kernel: two per register.
-#[cfg(target_arch = "x86_64")]
 const TILE_COLS_512: usize = 8;
 
 /// Floats of scales per block in the 512-bit kernel: per pair of activation rows, 8 copies
 /// of each row's `d`; then the tile's `s` in 16 lanes.
-#[cfg(target_arch = "x86_64")]
 const STRIDE_512: usize = TILE_COLS_512 * 8 + 16;
 
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_avx512(
@@ -315,7 +279,6 @@ unsafe fn gemm_avx512(
 }
 
 /// [`gemm_avx512`] for the `nc` (≤ 2·`NP`) activation rows from `c0`, 2 weight rows at a time.
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile_512<const NP: usize>(
@@ -345,7 +308,6 @@ unsafe fn tile_512<const NP: usize>(
 /// register (`NP` registers; an odd last row is paired with a copy of itself, not stored).
 /// Each half of a register does what [`tile_rows`] does for one activation row: the weight
 /// block is broadcast to both halves, and the scale `d_x·d_y` is the same f32 product.
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile_rows_512<const RM: usize, const NP: usize>(
