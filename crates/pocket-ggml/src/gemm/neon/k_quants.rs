@@ -140,9 +140,9 @@ pub(crate) unsafe fn gemm_q6_k<L: Lanes>(rows: &Rows, out: *mut f32, ld: usize) 
                     // SAFETY: the caller's CPU has L's instructions; 256 bytes are read.
                     let sumi = unsafe {
                         let mut lanes = vdupq_n_s32(0);
-                        for s in 0..16 {
-                            let t = L::dot(vdupq_n_s32(0), q[s], vld1q_s8(yb.qs.as_ptr().add(16 * s)));
-                            lanes = vmlaq_n_s32(lanes, t, i32::from(x.scales[s]));
+                        for (s, (q, &scale)) in q.iter().zip(&x.scales).enumerate() {
+                            let t = L::dot(vdupq_n_s32(0), *q, vld1q_s8(yb.qs.as_ptr().add(16 * s)));
+                            lanes = vmlaq_n_s32(lanes, t, i32::from(scale));
                         }
                         vaddvq_s32(lanes)
                     };
