@@ -140,17 +140,23 @@ fn identical_for_every_drafter(model: &GgmlModel) {
 /// Each row of a verification pass of n tokens is bitwise what decoding that token alone
 /// gives, for every pass size a draft can make.
 fn verification_rows_equal_single_steps(model: &GgmlModel, threads: usize) {
+    // 250 tokens: passes that reach past 256 attend over a longer padded cache.
+    rows_equal_single_steps(model, threads, &[100, 250], &[2, 3, 4, 5, 8, 9, 16, 17]);
+}
+
+/// Each row of a pass of `n` tokens (for each of `passes`) after `prefix_lens` tokens is
+/// bitwise the logits of decoding that token alone.
+fn rows_equal_single_steps(model: &GgmlModel, threads: usize, prefix_lens: &[usize], passes: &[usize]) {
     let config = |n| pocket_core::SessionConfig { threads, ..config(n) };
     let n_vocab = model.info().n_vocab;
-    // 250 tokens: passes that reach past 256 attend over a longer padded cache.
-    for prefix_len in [100, 250] {
+    for &prefix_len in prefix_lens {
         let prefix = prose(model, prefix_len);
         let extra = other_prose(model, pocket_core::spec::MAX_DRAFT + 1);
         let mut one = session(model, &config(512));
         one.decode(&prefix, &full(model), Rows::None).unwrap();
         let singles: Vec<Vec<f32>> =
             extra.iter().map(|&t| collect(&one.decode(&[t], &full(model), Rows::Last).unwrap())).collect();
-        for n in [2, 3, 4, 5, 8, 9, 16, 17] {
+        for &n in passes {
             let mut s = session(model, &config(512));
             s.decode(&prefix, &full(model), Rows::None).unwrap();
             let rows = collect(&s.decode(&extra[..n], &full(model), Rows::Tail(n)).unwrap());
@@ -170,6 +176,19 @@ fn verification_is_batch_invariant_on_smollm2() {
     let _serial = serial();
     verification_rows_equal_single_steps(&smol(), 1);
     verification_rows_equal_single_steps(&smol(), 2);
+}
+
+/// The same, short enough to run under qemu (`cross/build test`): there it checks the NEON
+/// kernels in the whole graph.
+#[test]
+fn verification_is_batch_invariant_on_smollm2_in_short() {
+    let _serial = serial();
+    let model = smol();
+    eprintln!("kernels: {}", model.kernels());
+    if let Some(isa) = pocket_ggml::kernel_isa() {
+        assert!(model.kernels().contains(&format!("mm-{isa}(")), "{}", model.kernels());
+    }
+    rows_equal_single_steps(&model, 2, &[20], &[2, 5, 8]);
 }
 
 #[test]

@@ -42,7 +42,8 @@ pub fn kernel_formats() -> Vec<&'static str> {
     Quant::ALL.iter().map(|q| q.name()).collect()
 }
 
-/// The instructions our kernels use on this CPU (`avx2`, `avxvnni`, `avx512`), or `None`.
+/// The instructions our kernels use on this CPU (`avx2`, `avxvnni`, `avx512`; `neon`,
+/// `neon-sdot-permuted`, `neon-dotprod`), or `None`.
 pub fn kernel_isa() -> Option<&'static str> {
     isa().map(|i| i.name())
 }
