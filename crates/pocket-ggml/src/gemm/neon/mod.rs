@@ -91,11 +91,15 @@ pub(crate) trait Lanes {
     unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t;
 }
 
-/// `sdot` on bytes in their order: a dotprod ggml's lanes.
-pub(crate) struct Sdot;
+/// `sdot` on bytes in their order (`PERMUTED` false: a dotprod ggml's lanes) or in
+/// [`PERMUTE`] order (true: a plain NEON ggml's lanes).
+pub(crate) struct SdotOn<const PERMUTED: bool>;
 
-/// `sdot` on bytes in [`PERMUTE`] order: a plain NEON ggml's lanes.
-pub(crate) struct SdotPermuted;
+/// A dotprod ggml's lanes.
+pub(crate) type Sdot = SdotOn<false>;
+
+/// A plain NEON ggml's lanes, from `sdot`.
+pub(crate) type SdotPermuted = SdotOn<true>;
 
 /// Widening multiplies and pairwise adds: a plain NEON ggml's lanes, on any aarch64 CPU.
 pub(crate) struct Pairs;
@@ -119,24 +123,8 @@ unsafe fn sdot(mut acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     acc
 }
 
-impl Lanes for Sdot {
-    const PERMUTED: bool = false;
-
-    #[inline(always)]
-    unsafe fn dot2(a0: int8x16_t, b0: int8x16_t, a1: int8x16_t, b1: int8x16_t) -> int32x4_t {
-        // SAFETY: by the caller.
-        unsafe { sdot(sdot(vdupq_n_s32(0), a0, b0), a1, b1) }
-    }
-
-    #[inline(always)]
-    unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-        // SAFETY: by the caller.
-        unsafe { sdot(acc, a, b) }
-    }
-}
-
-impl Lanes for SdotPermuted {
-    const PERMUTED: bool = true;
+impl<const PERMUTED: bool> Lanes for SdotOn<PERMUTED> {
+    const PERMUTED: bool = PERMUTED;
 
     #[inline(always)]
     unsafe fn dot2(a0: int8x16_t, b0: int8x16_t, a1: int8x16_t, b1: int8x16_t) -> int32x4_t {
