@@ -413,6 +413,19 @@ pub(crate) unsafe fn gemm(isa: Isa, quant: Quant, rows: Rows, out: *mut f32, ld:
     }
 }
 
+/// `ncols` activation rows split into tiles of at most `width`, as evenly as they go (9 rows
+/// in tiles of 8 are 5 + 4, not 8 + 1: a tile costs about as much at one row as at two), as
+/// (first row, rows).
+pub(crate) fn balanced_tiles(ncols: usize, width: usize) -> impl Iterator<Item = (usize, usize)> {
+    let ntiles = ncols.div_ceil(width);
+    (0..ntiles).scan(0, move |c0, t| {
+        let nc = (ncols - *c0).div_ceil(ntiles - t);
+        let tile = (*c0, nc);
+        *c0 += nc;
+        Some(tile)
+    })
+}
+
 /// Raw rows of blocks as a slice: `len` blocks of `T` from `p`.
 ///
 /// # Safety

@@ -12,7 +12,7 @@ use std::arch::aarch64::*;
 
 use super::{Lanes, Pairs, Sdot, SdotPermuted, permute};
 use crate::gemm::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, BlockQ8_1, f16_to_f32};
-use crate::gemm::{Isa, Rows, Work, blocks};
+use crate::gemm::{Isa, Rows, Work, balanced_tiles, blocks};
 
 /// How ggml's scalar code adds an odd last block (GCC contracts each `+=` to a fused
 /// multiply-add; the operand order is the C source's).
@@ -257,13 +257,9 @@ unsafe fn gemm_body<B: Block, L: Lanes>(
     scales.extend(y.iter().map(|b| f16_to_f32(b.d())));
     scales.extend(y.iter().map(|b| f16_to_f32(b.s())));
     let (dy, sy) = scales.split_at(y.len());
-    // Tiles of even widths: 9 rows as 5 + 4, not 8 + 1.
-    let ntiles = ncols.div_ceil(TILE_COLS);
     for r in rows {
         let row = &w[r * nb..(r + 1) * nb];
-        let mut c0 = 0;
-        for t in 0..ntiles {
-            let nc = (ncols - c0).div_ceil(ntiles - t);
+        for (c0, nc) in balanced_tiles(ncols, TILE_COLS) {
             let tile = Tile { row, y, dy, sy, nb, c0 };
             // SAFETY: by the caller; the columns c0..c0 + nc exist and out is writable there.
             unsafe {
@@ -279,7 +275,6 @@ unsafe fn gemm_body<B: Block, L: Lanes>(
                     _ => tile.run::<L, 1>(at, ld),
                 }
             }
-            c0 += nc;
         }
     }
 }

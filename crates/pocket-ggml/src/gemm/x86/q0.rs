@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 
 use super::{Avx2, Avx512Vnni, AvxVnni, Dot, LANES, f16, hsum, nibbles};
 pub(crate) use crate::gemm::blocks::{BlockQ4_0, BlockQ5_0, BlockQ8_0};
-use crate::gemm::{Isa, Rows, Work, blocks};
+use crate::gemm::{Isa, Rows, Work, balanced_tiles, blocks};
 
 /// A block format of 32 weights with one f16 scale.
 pub(crate) trait Block: Copy {
@@ -169,17 +169,11 @@ unsafe fn gemm_body<B: Block, D: Dot>(
     work: &mut Work,
 ) {
     let ncols = y.len() / nb;
-    // Tiles of even widths: 9 rows as 5 + 4, not 8 + 1.
-    let ntiles = ncols.div_ceil(TILE_COLS);
     // Reused across calls: this runs on every thread for every product of a pass.
     let tiles = &mut work.tiles;
     tiles.clear();
-    tiles.extend((0..ntiles).scan(0, |c0, t| {
-        let nc = (ncols - *c0).div_ceil(ntiles - t);
-        let tile = (*c0, nc);
-        *c0 += nc;
-        Some(tile)
-    }));
+    tiles.extend(balanced_tiles(ncols, TILE_COLS));
+    let ntiles = tiles.len();
     // Per tile and block, the tile's activation scales as f32 (lane c for row c0 + c),
     // converted once (ggml converts them in every dot product; the conversion is exact).
     let scales = &mut work.floats;

@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 
 use super::{Avx2, AvxVnni, Dot, f16, hsum};
 use crate::gemm::blocks::{BlockQ4_1, BlockQ8_1};
-use crate::gemm::{Isa, Rows, Work, blocks};
+use crate::gemm::{Isa, Rows, Work, balanced_tiles, blocks};
 
 /// `out[c * ld + r] = dot(weight row r, activation row c)`: [`super::gemm`] for Q4_1.
 ///
@@ -247,13 +247,7 @@ unsafe fn gemm_avx512(
     let ncols = y.len() / nb;
     scales.clear();
     scales.resize(nb * STRIDE_512, 0.0);
-    // Tiles of even widths: 9 rows as 5 + 4, not 8 + 1 (a tile costs about as much at one
-    // row as at two).
-    let mut tiles_left = ncols.div_ceil(TILE_COLS_512);
-    let mut c0 = 0;
-    while c0 < ncols {
-        let nc = (ncols - c0).div_ceil(tiles_left);
-        tiles_left -= 1;
+    for (c0, nc) in balanced_tiles(ncols, TILE_COLS_512) {
         scales.fill(0.0);
         for c in 0..nc {
             for ib in 0..nb {
@@ -274,7 +268,6 @@ unsafe fn gemm_avx512(
                 _ => tile_512::<1>(w, y, scales, nb, c0, nc, rows.clone(), out, ld),
             }
         }
-        c0 += nc;
     }
 }
 
