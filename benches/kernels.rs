@@ -25,30 +25,23 @@ fn run() -> anyhow::Result<()> {
         isa.map_or("none on this CPU (ggml's mul_mat is used)".to_owned(), |i| format!("mm-{i}"))
     );
     println!(
-        "{:6} {:>4} {:>11} {:>11} {:>8} {:>8} {:>8}",
-        "format", "rows", "ours µs", "one-row µs", "speed-up", "GFLOP/s", "GB/s"
+        "{:6} {:>12} {:>4} {:>11} {:>11} {:>8} {:>8} {:>8}",
+        "format", "shape", "rows", "ours µs", "one-row µs", "speed-up", "GFLOP/s", "GB/s"
     );
+    let shapes: Vec<(usize, usize)> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .map(|a| {
+            let (m, k) = a.split_once('x').with_context(|| format!("{a:?}: a shape is ROWSxCOLS"))?;
+            Ok((m.parse()?, k.parse()?))
+        })
+        .collect::<anyhow::Result<_>>()?;
     let mut results = Vec::new();
     for format in pocket_ggml::kernel_formats() {
-        let (m, k) = if format.ends_with("_K") { (896, 4864) } else { (4864, 896) };
-        let timings = pocket_ggml::time_kernel(format, m, k, &rows, 5).context("a format with a kernel")?;
-        for t in timings {
-            let ours = t.ours_seconds.unwrap_or(f64::NAN);
-            println!(
-                "{:6} {:>4} {:>11.1} {:>11.1} {:>7.2}x {:>8.1} {:>8.1}",
-                t.format,
-                t.rows,
-                ours * 1e6,
-                t.one_row_seconds * 1e6,
-                t.one_row_seconds / ours,
-                t.gflops(),
-                t.gbytes_per_second()
-            );
-            results.push(json!({
-                "format": t.format, "m": t.shape.0, "k": t.shape.1, "rows": t.rows,
-                "ours_s": t.ours_seconds, "one_row_s": t.one_row_seconds,
-                "gflops": t.gflops(), "gbytes_per_s": t.gbytes_per_second(),
-            }));
+        let default = if format.ends_with("_K") { (896, 4864) } else { (4864, 896) };
+        for &(m, k) in if shapes.is_empty() { std::slice::from_ref(&default) } else { &shapes } {
+            let Some(timings) = pocket_ggml::time_kernel(format, m, k, &rows, 5) else { continue };
+            print_timings(timings, &mut results);
         }
     }
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
@@ -57,4 +50,27 @@ fn run() -> anyhow::Result<()> {
     std::fs::write(dir.join("kernels.json"), serde_json::to_string_pretty(&report)?)?;
     println!("wrote target/bench/kernels.json");
     Ok(())
+}
+
+/// One line per row count, and its JSON.
+fn print_timings(timings: Vec<pocket_ggml::KernelTiming>, results: &mut Vec<serde_json::Value>) {
+    for t in timings {
+        let ours = t.ours_seconds.unwrap_or(f64::NAN);
+        println!(
+            "{:6} {:>12} {:>4} {:>11.1} {:>11.1} {:>7.2}x {:>8.1} {:>8.1}",
+            t.format,
+            format!("{}x{}", t.shape.0, t.shape.1),
+            t.rows,
+            ours * 1e6,
+            t.one_row_seconds * 1e6,
+            t.one_row_seconds / ours,
+            t.gflops(),
+            t.gbytes_per_second()
+        );
+        results.push(json!({
+            "format": t.format, "m": t.shape.0, "k": t.shape.1, "rows": t.rows,
+            "ours_s": t.ours_seconds, "one_row_s": t.one_row_seconds,
+            "gflops": t.gflops(), "gbytes_per_s": t.gbytes_per_second(),
+        }));
+    }
 }

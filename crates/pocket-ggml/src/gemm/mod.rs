@@ -321,7 +321,6 @@ pub(crate) struct Work {
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) tiles: Vec<(usize, usize)>,
     /// Activation blocks rearranged for a kernel (as 8-byte words, for alignment).
-    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
     pub(crate) acts: Vec<u64>,
 }
 

@@ -6,19 +6,56 @@ use super::*;
 
 use super::timing::{one_row_dot as vec_dot, random_operands};
 
-/// [`random_operands`], with a weight of −128 in every third Q8_0 block: ggml's quantizer
-/// never writes one but a file may hold it, ggml's sign trick wraps it, and ours must wrap it
-/// alike.
+/// [`random_operands`], with extremes a file may hold: a weight of −128 in every third Q8_0
+/// block (ggml's quantizer never writes one, ggml's sign trick wraps it, and ours must wrap
+/// it alike), and for the K-quants every third weight super-block at its largest values and
+/// scales against every other activation super-block at −128 (where the x86 kernels' 16-bit
+/// sums of four products come nearest to overflowing).
 fn data(quant: Quant, rows: usize, cols: usize, k: usize, seed: u64) -> (Vec<u64>, Vec<u64>) {
-    let (mut w, y) = random_operands(quant, rows, cols, k, seed);
-    if quant == Quant::Q8_0 {
-        // SAFETY: any bytes are valid u8; the length covers the same memory.
-        let bytes: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr().cast(), w.len() * 8) };
-        for b in (0..rows * k / 32).step_by(3) {
-            bytes[b * 34 + 2 + b % 32] = 0x80;
+    let (mut w, mut y) = random_operands(quant, rows, cols, k, seed);
+    let (w_bytes, y_bytes) = (bytes_of(&mut w), bytes_of(&mut y));
+    match quant {
+        Quant::Q8_0 => {
+            for b in (0..rows * k / 32).step_by(3) {
+                w_bytes[b * 34 + 2 + b % 32] = 0x80;
+            }
         }
+        Quant::Q4K | Quant::Q6K => {
+            let size = if quant == Quant::Q4K {
+                size_of::<blocks::BlockQ4K>()
+            } else {
+                size_of::<blocks::BlockQ6K>()
+            };
+            for b in (0..rows * k / 256).step_by(3) {
+                let block = &mut w_bytes[b * size..(b + 1) * size];
+                if quant == Quant::Q4K {
+                    // The packed 6-bit scales and mins (all 63), then the nibbles (all 15).
+                    block[4..].fill(0xFF);
+                } else {
+                    // The low and high bits (all weights 63), then the scales (all −128).
+                    block[..192].fill(0xFF);
+                    block[192..208].fill(0x80);
+                }
+            }
+            let size = size_of::<blocks::BlockQ8K>();
+            for b in (0..cols * k / 256).step_by(2) {
+                let block = &mut y_bytes[b * size..(b + 1) * size];
+                // After the f32 scale, 256 activations of −128 and their 16 sums.
+                block[4..260].fill(0x80);
+                for sum in block[260..292].chunks_exact_mut(2) {
+                    sum.copy_from_slice(&(-128i16 * 16).to_le_bytes());
+                }
+            }
+        }
+        _ => {}
     }
     (w, y)
+}
+
+/// The bytes of 8-byte words.
+fn bytes_of(words: &mut [u64]) -> &mut [u8] {
+    // SAFETY: any bytes are valid u8; the length covers the same memory.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), words.len() * 8) }
 }
 
 /// The instruction sets this CPU can run that sum as this ggml does: the one chosen, and the

@@ -1,31 +1,102 @@
 //! Q4_K and Q6_K weights × Q8_K activations (ggml's `ggml_vec_dot_q4_K_q8_K` and
 //! `ggml_vec_dot_q6_K_q8_K`, AVX2 branch, per element).
 //!
-//! Per super-block of 256 weights ggml forms exact int32 lane sums (`vpmaddubsw` of the
-//! unsigned weights by the activations, `vpmaddwd` by the sub-block scales, integer adds),
+//! Per super-block of 256 weights ggml forms exact int32 lane sums: lane `l` holds, for
+//! every sub-block, its scale times the products of its bytes `4l..4l+3` (`vpmaddubsw` of
+//! the unsigned weights by the activations, `vpmaddwd` by the scales, integer adds). It
 //! converts them to f32 once and fuse-multiply-adds them by `d_y·d_x` into 8 lanes; Q4_K also
 //! accumulates its mins term (`d_y·dmin_x` times the 4 lane sums of mins × activation sums)
-//! in 4 more. These kernels unpack a weight super-block (values and scales) into registers
-//! and L1 once, then run every activation row of the tile through it, with the same
-//! integers, the same products and the same fused multiply-adds in the same order. ggml's
-//! AVX2 branch is also what AVX-512 builds run for these formats, so one kernel serves all
-//! x86 CPUs here.
+//! in 4 more. These kernels form the same integers, and then the same fused multiply-adds in
+//! the same order, for a tile of activation rows at once.
+//!
+//! On AVX2 the two multiplies per 32 weights and row bound the one-row kernel (this CPU
+//! issues one a cycle). Here two sub-blocks go through one `vpmaddwd`: their bytes are
+//! interleaved in 16-bit pairs (weights when a super-block is unpacked, activations once per
+//! call), so that two `vpmaddubsw` and a 16-bit add leave sub-block `j`'s 4-byte lane sum in
+//! the even 16-bit lane and `j+1`'s in the odd one, and `vpmaddwd` by their scales
+//! (alternating) gives lane `l` both scaled sums: three multiplies per 64 weights instead of
+//! four. The 16-bit sums are exact: four products of weights below 64 and activations of
+//! magnitude at most 128 stay below 2^15. ggml's AVX2 branch is also what AVX-512 builds run
+//! for these formats, so one kernel serves all x86 CPUs here.
 
 use std::arch::x86_64::*;
 
 use super::{f16, hsum};
 use crate::gemm::blocks::{BlockQ4K, BlockQ6K, BlockQ8K, q4_k_scales_and_mins};
-use crate::gemm::{Rows, Work, blocks};
+use crate::gemm::{Rows, Work, balanced_tiles, blocks};
 
-/// Activation rows per tile: their accumulators stay in L1 across a weight row.
-const TILE_COLS: usize = 16;
+/// Activation rows per tile: each has an int32 lane-sum register while a super-block is
+/// multiplied (8 of them, a pair of sub-blocks, its scales and temporaries fill AVX2's 16
+/// registers).
+const TILE_COLS: usize = 8;
 
-/// A weight super-block unpacked for [`dot_q4_k`].
+/// Weight rows that take a tile's activations in turn, super-block by super-block, so that
+/// each activation super-block is read from L1 by all of them (a tile's rows of activations
+/// outgrow L1 in the wider matrices, and a row at a time streamed them from L2 again for
+/// every weight row).
+const ROWS: usize = 4;
+
+/// Sub-blocks `j` and `j + 1` (32 bytes each) interleaved in 16-bit pairs: the first
+/// register has, in 32-bit lane `l`, bytes `4l, 4l+1` of `j` then of `j + 1`; the second
+/// bytes `4l+2, 4l+3` of each.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[inline(always)]
+unsafe fn interleave(j: __m256i, j1: __m256i) -> [__m256i; 2] {
+    // SAFETY: by the caller.
+    unsafe {
+        [
+            _mm256_blend_epi16::<0xAA>(j, _mm256_slli_epi32::<16>(j1)),
+            _mm256_blend_epi16::<0xAA>(_mm256_srli_epi32::<16>(j), j1),
+        ]
+    }
+}
+
+/// The activations of `y` with each pair of sub-blocks [`interleave`]d, 256 bytes a block,
+/// into `acts` (as 8-byte words, for alignment).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[inline(always)]
+unsafe fn interleave_activations(y: &[BlockQ8K], acts: &mut Vec<u64>) {
+    acts.clear();
+    acts.resize(y.len() * 256 / 8, 0);
+    for (b, dst) in y.iter().zip(acts.chunks_exact_mut(256 / 8)) {
+        for p in 0..4 {
+            // SAFETY: by the caller; 64 bytes of the block are read and written.
+            unsafe {
+                let src = b.qs.as_ptr().add(64 * p);
+                let pair = interleave(_mm256_loadu_si256(src.cast()), _mm256_loadu_si256(src.add(32).cast()));
+                let dst = dst.as_mut_ptr().cast::<u8>().add(64 * p);
+                _mm256_storeu_si256(dst.cast(), pair[0]);
+                _mm256_storeu_si256(dst.add(32).cast(), pair[1]);
+            }
+        }
+    }
+}
+
+/// The exact int32 lane sums of one interleaved pair of weight sub-blocks by the same pair of
+/// activations (at `a`, 64 bytes), each sub-block scaled by its lanes of `scales`.
+///
+/// # Safety
+/// The CPU must have AVX2; `a` points at 64 readable bytes.
+#[inline(always)]
+unsafe fn pair_sums(w: &[__m256i; 2], scales: __m256i, a: *const u8) -> __m256i {
+    // SAFETY: by the caller.
+    unsafe {
+        let p0 = _mm256_maddubs_epi16(w[0], _mm256_loadu_si256(a.cast()));
+        let p1 = _mm256_maddubs_epi16(w[1], _mm256_loadu_si256(a.add(32).cast()));
+        _mm256_madd_epi16(_mm256_add_epi16(p0, p1), scales)
+    }
+}
+
+/// A weight super-block unpacked for [`tile_q4_k`].
 struct Q4K {
-    /// The 8 sub-blocks' 32 weights as bytes.
-    q: [__m256i; 8],
-    /// Each sub-block's scale in all 16 int16 lanes.
-    scales: [__m256i; 8],
+    /// The 4 pairs of sub-blocks as bytes, [`interleave`]d.
+    pairs: [[__m256i; 2]; 4],
+    /// Each pair's two scales, alternating in the 16 int16 lanes.
+    scales: [__m256i; 4],
     /// The 8 mins as int16.
     mins: __m128i,
     d: f32,
@@ -42,7 +113,6 @@ pub(crate) unsafe fn gemm_q4_k(rows: &Rows, out: *mut f32, ld: usize, work: &mut
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::needless_range_loop)] // c indexes y, sums and the accumulators
 unsafe fn gemm_q4_k_avx2(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
     let nb = rows.k / 256;
     // SAFETY: by the caller, the operands hold these blocks.
@@ -61,39 +131,111 @@ unsafe fn gemm_q4_k_avx2(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work)
             _mm_storeu_si128(sums.as_mut_ptr().add(i * 4).cast(), q8s);
         }
     }
-    for r in rows.range.clone() {
-        for c0 in (0..rows.n).step_by(TILE_COLS) {
-            let nc = TILE_COLS.min(rows.n - c0);
-            let mut acc = [_mm256_setzero_ps(); TILE_COLS];
-            let mut acc_m = [_mm_setzero_ps(); TILE_COLS];
-            for ib in 0..nb {
-                // SAFETY: this function has AVX2 and F16C; the block exists.
-                let x = unsafe { unpack_q4_k(w.get_unchecked(r * nb + ib)) };
-                for c in 0..nc {
-                    let at = (c0 + c) * nb + ib;
-                    // SAFETY: as above; the activation block and its sums exist.
-                    unsafe {
-                        let q8s = _mm_loadu_si128(sums.as_ptr().add(at * 4).cast());
-                        dot_q4_k(&x, y.get_unchecked(at), q8s, &mut acc[c], &mut acc_m[c]);
-                    }
-                }
-            }
-            for c in 0..nc {
-                // SAFETY: this function has AVX2; out is writable at (c, r) by the caller.
-                unsafe {
-                    // ggml's order: the 4 mins lanes as (0 + 2) + (1 + 3), added after the
-                    // 8-lane sum.
-                    let mut m = acc_m[c];
-                    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-                    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-                    *out.add((c0 + c) * ld + r) = hsum(acc[c]) + _mm_cvtss_f32(m);
+    // SAFETY: this function has AVX2.
+    unsafe { interleave_activations(y, &mut work.acts) };
+    let acts = work.acts.as_ptr().cast::<u8>();
+    let tiles = &mut work.tiles;
+    tiles.clear();
+    tiles.extend(balanced_tiles(rows.n, TILE_COLS));
+    for &(c0, nc) in tiles.iter() {
+        for r in rows.range.clone().step_by(ROWS) {
+            let w = &w[r * nb..rows.range.end.min(r + ROWS) * nb];
+            // SAFETY: this function has AVX2, FMA and F16C; the columns c0..c0 + nc exist (in
+            // y, sums and acts) and out is writable at (c, r..) by the caller.
+            unsafe {
+                let t =
+                    Tile { y: &y[c0 * nb..], acts: acts.add(c0 * nb * 256), out: out.add(c0 * ld + r), ld };
+                let sums = &sums[c0 * nb * 4..];
+                match nc {
+                    8 => tile_q4_k::<8>(w, nb, &t, sums),
+                    7 => tile_q4_k::<7>(w, nb, &t, sums),
+                    6 => tile_q4_k::<6>(w, nb, &t, sums),
+                    5 => tile_q4_k::<5>(w, nb, &t, sums),
+                    4 => tile_q4_k::<4>(w, nb, &t, sums),
+                    3 => tile_q4_k::<3>(w, nb, &t, sums),
+                    2 => tile_q4_k::<2>(w, nb, &t, sums),
+                    _ => tile_q4_k::<1>(w, nb, &t, sums),
                 }
             }
         }
     }
 }
 
-/// ggml's scale and min unpacking of a Q4_K super-block, and its weights as bytes.
+/// Asks for the block `ROWS` weight rows after `b` (rows of `nb` blocks) to be brought
+/// into the caches. A tile reads its weight rows a block of each in turn, and the CPU's
+/// prefetchers do not follow that order: without this, weights streamed from DRAM came
+/// several times slower than row by row.
+///
+/// # Safety
+/// The CPU must have SSE (every x86-64 does).
+#[inline(always)]
+unsafe fn prefetch_next_rows<B>(b: &B, nb: usize) {
+    let next = (b as *const B).cast::<u8>().wrapping_add(ROWS * nb * size_of::<B>());
+    for line in (0..size_of::<B>()).step_by(64) {
+        // SAFETY: by the caller; a prefetch never faults, wherever it points.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line).cast()) };
+    }
+}
+
+/// A tile's activation rows (from the first): the blocks, the same blocks' bytes
+/// [`interleave`]d, and where row `c`'s results go (`out + c * ld`).
+struct Tile<'a> {
+    y: &'a [BlockQ8K],
+    acts: *const u8,
+    out: *mut f32,
+    ld: usize,
+}
+
+/// One weight row times the `N` activation rows of `t`, with their sums of each 32. Pair by
+/// pair of sub-blocks, the unpacked weights and scales stay in registers while every
+/// activation row's lane sums take them in; per super-block and row, the same float
+/// operations as ggml's (mins term, then `d·sumi`), in the same order.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `t` holds `N` rows of `row.len()` blocks, `sums`
+/// their 4 sums each, and `t.out` is writable at `c * t.ld` for every `c < N`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // c indexes y, sums and the accumulators
+unsafe fn tile_q4_k<const N: usize>(w: &[BlockQ4K], nb: usize, t: &Tile, sums: &[i32]) {
+    let nr = w.len() / nb;
+    // SAFETY: by the caller (instructions, and every index in range).
+    unsafe {
+        let mut accs = [[_mm256_setzero_ps(); N]; ROWS];
+        let mut accs_m = [[_mm_setzero_ps(); N]; ROWS];
+        for (ib, r) in (0..nb).flat_map(|ib| (0..nr).map(move |r| (ib, r))) {
+            let (acc, acc_m) = (&mut accs[r], &mut accs_m[r]);
+            let b = w.get_unchecked(r * nb + ib);
+            prefetch_next_rows(b, nb);
+            let x = unpack_q4_k(b);
+            let mut sumi = [_mm256_setzero_si256(); N];
+            for p in 0..4 {
+                unroll_cols!(c, N, {
+                    let a = t.acts.add((c * nb + ib) * 256 + 64 * p);
+                    sumi[c] = _mm256_add_epi32(sumi[c], pair_sums(&x.pairs[p], x.scales[p], a));
+                });
+            }
+            unroll_cols!(c, N, {
+                let at = c * nb + ib;
+                let yd = t.y.get_unchecked(at).d;
+                let (d, dmin) = (yd * x.d, -yd * x.dmin);
+                let q8s = _mm_loadu_si128(sums.as_ptr().add(at * 4).cast());
+                let prod = _mm_madd_epi16(x.mins, q8s);
+                acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[c]);
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+            });
+        }
+        for (r, c) in (0..nr).flat_map(|r| (0..N).map(move |c| (r, c))) {
+            // ggml's order: the 4 mins lanes as (0 + 2) + (1 + 3), added after the 8-lane sum.
+            let mut m = accs_m[r][c];
+            m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+            m = _mm_add_ss(m, _mm_movehdup_ps(m));
+            *t.out.add(c * t.ld + r) = hsum(accs[r][c]) + _mm_cvtss_f32(m);
+        }
+    }
+}
+
+/// ggml's scale and min unpacking of a Q4_K super-block, and its weights as bytes, in
+/// [`interleave`]d pairs of sub-blocks (the low and high nibbles of each 32 bytes).
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C.
@@ -101,18 +243,17 @@ unsafe fn gemm_q4_k_avx2(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work)
 unsafe fn unpack_q4_k(x: &BlockQ4K) -> Q4K {
     // Bytes 0..8 are the scales, 8..16 the mins.
     let bytes = q4_k_scales_and_mins(&x.scales);
+    let s = |j: usize| i32::from(bytes[j]);
     // SAFETY: by the caller; 128 bytes of the block are read.
     unsafe {
         let m4 = _mm256_set1_epi8(0xF);
-        let mut q = [_mm256_setzero_si256(); 8];
-        for j in 0..4 {
-            let bits = _mm256_loadu_si256(x.qs.as_ptr().add(32 * j).cast());
-            q[2 * j] = _mm256_and_si256(bits, m4);
-            q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
-        }
+        let pairs = std::array::from_fn(|p| {
+            let bits = _mm256_loadu_si256(x.qs.as_ptr().add(32 * p).cast());
+            interleave(_mm256_and_si256(bits, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4))
+        });
         Q4K {
-            q,
-            scales: std::array::from_fn(|i| _mm256_set1_epi16(i16::from(bytes[i]))),
+            pairs,
+            scales: std::array::from_fn(|p| _mm256_set1_epi32(s(2 * p) | s(2 * p + 1) << 16)),
             mins: _mm256_extracti128_si256::<1>(_mm256_cvtepu8_epi16(_mm_loadu_si128(bytes.as_ptr().cast()))),
             d: f16(x.d),
             dmin: f16(x.dmin),
@@ -120,35 +261,12 @@ unsafe fn unpack_q4_k(x: &BlockQ4K) -> Q4K {
     }
 }
 
-/// One super-block of ggml's Q4_K dot product for one activation row, into its
-/// accumulators. `q8s` holds the activations' sums of each 32.
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[inline(always)]
-unsafe fn dot_q4_k(x: &Q4K, y: &BlockQ8K, q8s: __m128i, acc: &mut __m256, acc_m: &mut __m128) {
-    let d = y.d * x.d;
-    let dmin = -y.d * x.dmin;
-    // SAFETY: by the caller; 256 activation bytes are read.
-    unsafe {
-        let prod = _mm_madd_epi16(x.mins, q8s);
-        *acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), *acc_m);
-        let mut sumi = _mm256_setzero_si256();
-        for i in 0..8 {
-            let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * i).cast());
-            let p16 = _mm256_madd_epi16(x.scales[i], _mm256_maddubs_epi16(x.q[i], q8));
-            sumi = _mm256_add_epi32(sumi, p16);
-        }
-        *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), *acc);
-    }
-}
-
-/// A weight super-block unpacked for [`dot_q6_k`].
+/// A weight super-block unpacked for [`tile_q6_k`].
 struct Q6K {
-    /// The 8 groups of 32 weights as unsigned 6-bit bytes.
-    q: [__m256i; 8],
-    /// Each group's two sub-block scales, in the low and high 8 int16 lanes.
-    scales: [__m256i; 8],
+    /// The 4 pairs of 32-weight groups as unsigned 6-bit bytes, [`interleave`]d.
+    pairs: [[__m256i; 2]; 4],
+    /// Each pair's scales (one per 16 weights) in its int16 lanes.
+    scales: [__m256i; 4],
     /// The 16 scales as int16, for the `−32` offset.
     scales_16: __m256i,
     d: f32,
@@ -158,39 +276,89 @@ struct Q6K {
 ///
 /// # Safety
 /// As for [`super::gemm`].
-pub(crate) unsafe fn gemm_q6_k(rows: &Rows, out: *mut f32, ld: usize, _work: &mut Work) {
+pub(crate) unsafe fn gemm_q6_k(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
     // SAFETY: by the caller.
-    unsafe { gemm_q6_k_avx2(rows, out, ld) }
+    unsafe { gemm_q6_k_avx2(rows, out, ld, work) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::needless_range_loop)] // c indexes y and the accumulators
-unsafe fn gemm_q6_k_avx2(rows: &Rows, out: *mut f32, ld: usize) {
+unsafe fn gemm_q6_k_avx2(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
     let nb = rows.k / 256;
     // SAFETY: by the caller, the operands hold these blocks.
     let (w, y) =
         unsafe { (blocks::<BlockQ6K>(rows.w, rows.range.end * nb), blocks::<BlockQ8K>(rows.y, rows.n * nb)) };
-    for r in rows.range.clone() {
-        for c0 in (0..rows.n).step_by(TILE_COLS) {
-            let nc = TILE_COLS.min(rows.n - c0);
-            let mut acc = [_mm256_setzero_ps(); TILE_COLS];
-            for ib in 0..nb {
-                // SAFETY: this function has AVX2 and F16C; the block exists.
-                let x = unsafe { unpack_q6_k(w.get_unchecked(r * nb + ib)) };
-                for c in 0..nc {
-                    // SAFETY: as above; the activation block exists.
-                    unsafe { dot_q6_k(&x, y.get_unchecked((c0 + c) * nb + ib), &mut acc[c]) };
+    // SAFETY: this function has AVX2.
+    unsafe { interleave_activations(y, &mut work.acts) };
+    let acts = work.acts.as_ptr().cast::<u8>();
+    let tiles = &mut work.tiles;
+    tiles.clear();
+    tiles.extend(balanced_tiles(rows.n, TILE_COLS));
+    for &(c0, nc) in tiles.iter() {
+        for r in rows.range.clone().step_by(ROWS) {
+            let w = &w[r * nb..rows.range.end.min(r + ROWS) * nb];
+            // SAFETY: this function has AVX2, FMA and F16C; the columns c0..c0 + nc exist (in
+            // y and acts) and out is writable at (c, r..) by the caller.
+            unsafe {
+                let t =
+                    Tile { y: &y[c0 * nb..], acts: acts.add(c0 * nb * 256), out: out.add(c0 * ld + r), ld };
+                match nc {
+                    8 => tile_q6_k::<8>(w, nb, &t),
+                    7 => tile_q6_k::<7>(w, nb, &t),
+                    6 => tile_q6_k::<6>(w, nb, &t),
+                    5 => tile_q6_k::<5>(w, nb, &t),
+                    4 => tile_q6_k::<4>(w, nb, &t),
+                    3 => tile_q6_k::<3>(w, nb, &t),
+                    2 => tile_q6_k::<2>(w, nb, &t),
+                    _ => tile_q6_k::<1>(w, nb, &t),
                 }
-            }
-            for c in 0..nc {
-                // SAFETY: this function has AVX2; out is writable at (c, r) by the caller.
-                unsafe { *out.add((c0 + c) * ld + r) = hsum(acc[c]) };
             }
         }
     }
 }
 
-/// A Q6_K super-block's weights as bytes and its scales, as ggml's AVX2 kernel forms them.
+/// One weight row times the `N` activation rows of `t`, as [`tile_q4_k`] does it; per
+/// super-block and row, ggml's `−32` term and `d·sumi`.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `t` holds `N` rows of `row.len()` blocks, and
+/// `t.out` is writable at `c * t.ld` for every `c < N`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // c indexes y and the accumulators
+unsafe fn tile_q6_k<const N: usize>(w: &[BlockQ6K], nb: usize, t: &Tile) {
+    let nr = w.len() / nb;
+    // SAFETY: by the caller (instructions, and every index in range).
+    unsafe {
+        let mut accs = [[_mm256_setzero_ps(); N]; ROWS];
+        for (ib, r) in (0..nb).flat_map(|ib| (0..nr).map(move |r| (ib, r))) {
+            let acc = &mut accs[r];
+            let b = w.get_unchecked(r * nb + ib);
+            prefetch_next_rows(b, nb);
+            let x = unpack_q6_k(b);
+            let mut sumi = [_mm256_setzero_si256(); N];
+            for p in 0..4 {
+                unroll_cols!(c, N, {
+                    let a = t.acts.add((c * nb + ib) * 256 + 64 * p);
+                    sumi[c] = _mm256_add_epi32(sumi[c], pair_sums(&x.pairs[p], x.scales[p], a));
+                });
+            }
+            unroll_cols!(c, N, {
+                let yb = t.y.get_unchecked(c * nb + ib);
+                let d = yb.d * x.d;
+                // The `− 32` of every weight, as ggml subtracts it: 32·Σ scale·bsum.
+                let q8sums = _mm256_loadu_si256(yb.bsums.as_ptr().cast());
+                let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, x.scales_16));
+                let s = _mm256_sub_epi32(sumi[c], q8sclsub);
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[c]);
+            });
+        }
+        for (r, c) in (0..nr).flat_map(|r| (0..N).map(move |c| (r, c))) {
+            *t.out.add(c * t.ld + r) = hsum(accs[r][c]);
+        }
+    }
+}
+
+/// A Q6_K super-block's weights as bytes, as ggml's AVX2 kernel forms them (groups `q4_0` to
+/// `q4_3` of each 128), in [`interleave`]d pairs, and its scales.
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C.
@@ -213,38 +381,17 @@ unsafe fn unpack_q6_k(x: &BlockQ6K) -> Q6K {
             q[4 * j + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits1), m15), h2);
             q[4 * j + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits2), m15), h3);
         }
-        let s = |i: usize| i16::from(x.scales[i]);
+        // Group g's bytes 0..16 have scale 2g, bytes 16..32 scale 2g + 1; lanes 0..4 of a
+        // pair's sums hold the first 16 bytes of each group.
+        let s = |i: usize| i32::from(x.scales[i]) & 0xFFFF;
         Q6K {
-            q,
-            scales: std::array::from_fn(|g| {
-                let (lo, hi) = (s(2 * g), s(2 * g + 1));
-                _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi)
+            pairs: std::array::from_fn(|p| interleave(q[2 * p], q[2 * p + 1])),
+            scales: std::array::from_fn(|p| {
+                let (lo, hi) = (s(4 * p) | s(4 * p + 2) << 16, s(4 * p + 1) | s(4 * p + 3) << 16);
+                _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi)
             }),
             scales_16: _mm256_cvtepi8_epi16(_mm_loadu_si128(x.scales.as_ptr().cast())),
             d: f16(x.d),
         }
-    }
-}
-
-/// One super-block of ggml's Q6_K dot product for one activation row, into its accumulator.
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[inline(always)]
-unsafe fn dot_q6_k(x: &Q6K, y: &BlockQ8K, acc: &mut __m256) {
-    let d = y.d * x.d;
-    // SAFETY: by the caller; the activation block's bytes are read.
-    unsafe {
-        // The `− 32` of every weight, as ggml subtracts it: 32·Σ scale·bsum.
-        let q8sums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
-        let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, x.scales_16));
-        let mut sumi = _mm256_setzero_si256();
-        for i in 0..8 {
-            let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * i).cast());
-            let p16 = _mm256_madd_epi16(x.scales[i], _mm256_maddubs_epi16(x.q[i], q8));
-            sumi = _mm256_add_epi32(sumi, p16);
-        }
-        sumi = _mm256_sub_epi32(sumi, q8sclsub);
-        *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), *acc);
     }
 }
