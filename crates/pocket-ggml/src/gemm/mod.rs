@@ -231,9 +231,60 @@ pub(crate) fn applies(w: Tensor, x: Tensor) -> bool {
 }
 
 /// `w · x`: our kernel where it [`applies`], ggml's `mul_mat` elsewhere (one token, other
-/// formats, other CPUs).
-pub(crate) fn mul_mat_or_ggml(ctx: &Ctx, w: Tensor, x: Tensor) -> Tensor {
-    if applies(w, x) { mul_mat(ctx, w, x) } else { ctx.mul_mat(w, x) }
+/// formats, other CPUs). `x` is quantized for the kernel once per graph and activation
+/// format, in `quantized`, however many matrices multiply it (a layer's Q, K and V
+/// projections, its gate and up projections).
+pub(crate) fn mul_mat_or_ggml(ctx: &Ctx, w: Tensor, x: Tensor, quantized: &Quantized) -> Tensor {
+    match Quant::of(w.ty()) {
+        Some(quant) if applies(w, x) => mul_mat(ctx, w, quantized.get(ctx, x, quant.activations())),
+        _ => ctx.mul_mat(w, x),
+    }
+}
+
+/// The activation rows of a graph quantized as the kernels read them: one node per source
+/// tensor and activation format.
+#[derive(Default)]
+pub(crate) struct Quantized(RefCell<Vec<(*mut sys::ggml_tensor, sys::ggml_type, Tensor)>>);
+
+impl Quantized {
+    /// `x`'s rows in format `ty`, as ggml's `mul_mat` quantizes them: the node made for them
+    /// before, or a new one.
+    fn get(&self, ctx: &Ctx, x: Tensor, ty: sys::ggml_type) -> Tensor {
+        let mut made = self.0.borrow_mut();
+        if let Some(&(_, _, q)) = made.iter().find(|(src, t, _)| *src == x.ptr() && *t == ty) {
+            return q;
+        }
+        // SAFETY: a pure function of a type and a length.
+        let row = unsafe { sys::ggml_row_size(ty, x.ne()[0]) };
+        // SAFETY: `quantize_rows` writes each f32 row of x (contiguous: checked by `applies`)
+        // quantized to the type its userdata names into a row of `row` bytes; threads take
+        // rows apart.
+        let q = unsafe {
+            ctx.custom(
+                sys::GGML_TYPE_I8,
+                [row as i64, x.ne()[1], 1, 1],
+                &[x],
+                Some(quantize_rows),
+                ty as usize as *mut c_void,
+            )
+        };
+        made.push((x.ptr(), ty, q));
+        q
+    }
+}
+
+/// The quantizing node's body on thread `ith` of `nth`: rows `ith`, `ith + nth`, ….
+unsafe extern "C" fn quantize_rows(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, ty: *mut c_void) {
+    // SAFETY: ggml calls this with the node `Quantized::get` built: f32 rows of `k` in src 0,
+    // a destination of as many rows of `ggml_row_size(ty, k)` bytes; rows apart per thread.
+    unsafe {
+        let (x, dst) = (&*(*dst).src[0], &*dst);
+        let quantize = quantizer(ty as usize as sys::ggml_type);
+        for c in (ith.max(0) as usize..x.ne[1] as usize).step_by(nth.max(1) as usize) {
+            let row = x.data.cast::<u8>().add(c * x.nb[1]).cast::<f32>();
+            quantize(row, dst.data.cast::<u8>().add(c * dst.nb[1]).cast(), x.ne[0]);
+        }
+    }
 }
 
 /// The kernels' name as `GgmlModel::kernels` reports it: the instructions and the formats,
@@ -287,11 +338,12 @@ fn agrees_with_ggml(isa: Isa, quant: Quant) -> bool {
     })
 }
 
-/// `w · x` as a ggml custom op: `[w.ne1, x.ne1]` f32, each row what `ggml_mul_mat` gives.
-/// Call only where [`applies`] holds.
-pub(crate) fn mul_mat(ctx: &Ctx, w: Tensor, x: Tensor) -> Tensor {
-    // SAFETY: `compute` reads a matrix of a format with a kernel and f32 rows of the shapes
-    // `applies` checked, and each thread writes its own rows of the destination.
+/// `w · x` as a ggml custom op, `x` quantized by [`Quantized`]: `[w.ne1, x.ne1]` f32, each
+/// row what `ggml_mul_mat` gives. Call only where [`applies`] holds.
+fn mul_mat(ctx: &Ctx, w: Tensor, x: Tensor) -> Tensor {
+    // SAFETY: `compute` reads a matrix of a format with a kernel and rows of its activation
+    // format of the shapes `applies` checked, and each thread writes its own rows of the
+    // destination.
     unsafe {
         ctx.custom(
             sys::GGML_TYPE_F32,
@@ -301,15 +353,6 @@ pub(crate) fn mul_mat(ctx: &Ctx, w: Tensor, x: Tensor) -> Tensor {
             std::ptr::null_mut(),
         )
     }
-}
-
-/// Per-thread scratch: the activations quantized (as 8-byte words, for alignment) and the
-/// kernels' working memory. ggml's thread pool keeps its threads, so these grow once and are
-/// reused.
-#[derive(Default)]
-struct Scratch {
-    y: Vec<u64>,
-    work: Work,
 }
 
 /// Working memory of the kernels: per-tile scales, per-block sums of activations, tiles.
@@ -325,7 +368,8 @@ pub(crate) struct Work {
 }
 
 thread_local! {
-    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// Per thread: ggml's thread pool keeps its threads, so this grows once and is reused.
+    static WORK: RefCell<Work> = RefCell::new(Work::default());
 }
 
 /// ggml's CPU quantizer for activations of type `ty`: what its `mul_mat` applies.
@@ -340,36 +384,28 @@ fn quantizer(ty: sys::ggml_type) -> unsafe extern "C" fn(*const f32, *mut c_void
 /// Weight rows per thread are a multiple of this, so that every kernel's tiles stay whole.
 const ROW_STEP: usize = 4;
 
-/// The custom op's body on thread `ith` of `nth`: quantize every activation row (as
-/// `ggml_mul_mat` does, once per row), then compute this thread's share of weight rows.
+/// The custom op's body on thread `ith` of `nth`: this thread's share of weight rows times
+/// every activation row (quantized, as `ggml_mul_mat` quantizes them, by the node before).
 unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, _: *mut c_void) {
     let Some(isa) = isa() else { return };
     // SAFETY: ggml calls this with the tensor `mul_mat` built, its sources and destination
-    // allocated; `applies` checked their types and layout. Threads write disjoint rows of dst.
+    // allocated; `applies` checked their types and layout, and the quantized rows are
+    // contiguous (a fresh node's). Threads write disjoint rows of dst.
     unsafe {
-        let (w, x) = (&*(*dst).src[0], &*(*dst).src[1]);
+        let (w, y) = (&*(*dst).src[0], &*(*dst).src[1]);
         let Some(quant) = Quant::of(w.type_) else { return };
         let k = w.ne[0] as usize;
-        let (m, n) = (w.ne[1] as usize, x.ne[1] as usize);
+        let (m, n) = (w.ne[1] as usize, y.ne[1] as usize);
         let per_thread = m.div_ceil(nth.max(1) as usize).next_multiple_of(ROW_STEP);
         let r0 = (ith as usize * per_thread).min(m);
         let r1 = (r0 + per_thread).min(m);
         if r0 == r1 {
             return;
         }
-        let y_type = quant.activations();
-        let y_row = sys::ggml_row_size(y_type, k as i64);
-        let quantize = quantizer(y_type);
-        SCRATCH.with_borrow_mut(|s| {
-            s.y.clear();
-            s.y.resize((n * y_row).div_ceil(8), 0);
-            let y = s.y.as_mut_ptr().cast::<u8>();
-            for c in 0..n {
-                let row = x.data.cast::<u8>().add(c * x.nb[1]).cast::<f32>();
-                quantize(row, y.add(c * y_row).cast(), k as i64);
-            }
-            let rows = Rows { w: w.data.cast_const().cast(), y: y.cast_const(), k, n, range: r0..r1 };
-            gemm(isa, quant, rows, (*dst).data.cast(), m, &mut s.work);
+        WORK.with_borrow_mut(|work| {
+            let rows =
+                Rows { w: w.data.cast_const().cast(), y: y.data.cast_const().cast(), k, n, range: r0..r1 };
+            gemm(isa, quant, rows, (*dst).data.cast(), m, work);
         });
     }
 }

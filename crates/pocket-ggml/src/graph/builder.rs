@@ -20,6 +20,9 @@ pub(crate) struct Builder<'a> {
     pub(crate) inp: &'a Inputs,
     /// The last layer the pass runs (its output rows are cut to the wanted ones).
     pub(crate) last_layer: usize,
+    /// Activations quantized for the multi-row kernels, shared by the matrices that multiply
+    /// the same rows.
+    pub(crate) quantized: gemm::Quantized,
 }
 
 /// The activation of a gated feed-forward block.
@@ -45,7 +48,7 @@ impl Builder<'_> {
 
     /// `w · x (+ b)`.
     pub(crate) fn linear(&self, w: Tensor, b: Option<Tensor>, x: Tensor) -> Tensor {
-        let y = gemm::mul_mat_or_ggml(self.ctx, w, x);
+        let y = gemm::mul_mat_or_ggml(self.ctx, w, x, &self.quantized);
         match b {
             Some(b) => self.ctx.add(y, b),
             None => y,

@@ -159,7 +159,8 @@ pub(crate) fn build(
     };
     let last_layer = plan.layers().last().unwrap_or(0);
     let logits = {
-        let b = Builder { ctx: &ctx, hp, w, kv, shape, inp: &inputs, last_layer };
+        let b =
+            Builder { ctx: &ctx, hp, w, kv, shape, inp: &inputs, last_layer, quantized: Default::default() };
         let mut x = ctx.get_rows(w.tok_embd, inputs.tokens);
         if let Some(s) = hp.embd_scale {
             x = ctx.scale(x, s);
@@ -171,7 +172,7 @@ pub(crate) fn build(
         // A pass that only fills the cache has no output: its last layer returned None.
         x.map(|x| {
             let h = ctx.name(ctx.mul(ctx.rms_norm(x, hp.rms_eps), w.output_norm), "result_norm", None);
-            let mut logits = crate::gemm::mul_mat_or_ggml(&ctx, w.output, h);
+            let mut logits = b.linear(w.output, None, h);
             if let Some(c) = hp.logit_softcap {
                 logits = ctx.scale(ctx.tanh(ctx.scale(logits, 1.0 / c)), c);
             }

@@ -30,10 +30,11 @@ use crate::gemm::{Rows, Work, balanced_tiles, blocks};
 /// registers).
 const TILE_COLS: usize = 8;
 
-/// Weight rows that take a tile's activations in turn, super-block by super-block, so that
-/// each activation super-block is read from L1 by all of them (a tile's rows of activations
-/// outgrow L1 in the wider matrices, and a row at a time streamed them from L2 again for
-/// every weight row).
+/// Weight rows that take a tile's activations in turn, super-block by super-block: each
+/// activation super-block is read from L1 by all of them (a tile's activations outgrow L1 in
+/// the wider matrices, and one weight row at a time streamed them from L2 again for every
+/// row). Every tile of a pass goes through a group of rows before the next group, so a
+/// prompt's pass reads the weights from memory once.
 const ROWS: usize = 4;
 
 /// Sub-blocks `j` and `j + 1` (32 bytes each) interleaved in 16-bit pairs: the first
@@ -137,9 +138,9 @@ unsafe fn gemm_q4_k_avx2(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work)
     let tiles = &mut work.tiles;
     tiles.clear();
     tiles.extend(balanced_tiles(rows.n, TILE_COLS));
-    for &(c0, nc) in tiles.iter() {
-        for r in rows.range.clone().step_by(ROWS) {
-            let w = &w[r * nb..rows.range.end.min(r + ROWS) * nb];
+    for r in rows.range.clone().step_by(ROWS) {
+        let w = &w[r * nb..rows.range.end.min(r + ROWS) * nb];
+        for &(c0, nc) in tiles.iter() {
             // SAFETY: this function has AVX2, FMA and F16C; the columns c0..c0 + nc exist (in
             // y, sums and acts) and out is writable at (c, r..) by the caller.
             unsafe {
@@ -293,9 +294,9 @@ unsafe fn gemm_q6_k_avx2(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work)
     let tiles = &mut work.tiles;
     tiles.clear();
     tiles.extend(balanced_tiles(rows.n, TILE_COLS));
-    for &(c0, nc) in tiles.iter() {
-        for r in rows.range.clone().step_by(ROWS) {
-            let w = &w[r * nb..rows.range.end.min(r + ROWS) * nb];
+    for r in rows.range.clone().step_by(ROWS) {
+        let w = &w[r * nb..rows.range.end.min(r + ROWS) * nb];
+        for &(c0, nc) in tiles.iter() {
             // SAFETY: this function has AVX2, FMA and F16C; the columns c0..c0 + nc exist (in
             // y and acts) and out is writable at (c, r..) by the caller.
             unsafe {
