@@ -256,9 +256,9 @@ impl Quantized {
         }
         // SAFETY: a pure function of a type and a length.
         let row = unsafe { sys::ggml_row_size(ty, x.ne()[0]) };
-        // SAFETY: `quantize_rows` writes each f32 row of x (contiguous: checked by `applies`)
-        // quantized to the type its userdata names into a row of `row` bytes; threads take
-        // rows apart.
+        // SAFETY: `quantize_rows` writes each f32 row of x (each row contiguous: checked by
+        // `applies`) quantized to the type its userdata names into a row of `row` bytes;
+        // threads take rows apart.
         let q = unsafe {
             ctx.custom(
                 sys::GGML_TYPE_I8,
@@ -390,7 +390,8 @@ unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int,
     let Some(isa) = isa() else { return };
     // SAFETY: ggml calls this with the tensor `mul_mat` built, its sources and destination
     // allocated; `applies` checked their types and layout, and the quantized rows are
-    // contiguous (a fresh node's). Threads write disjoint rows of dst.
+    // contiguous whole blocks in memory ggml aligns (a fresh node's). Threads write disjoint
+    // rows of dst.
     unsafe {
         let (w, y) = (&*(*dst).src[0], &*(*dst).src[1]);
         let Some(quant) = Quant::of(w.type_) else { return };
