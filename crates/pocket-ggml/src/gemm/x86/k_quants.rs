@@ -92,7 +92,35 @@ unsafe fn pair_sums(w: &[__m256i; 2], scales: __m256i, a: *const u8) -> __m256i 
     }
 }
 
-/// A weight super-block unpacked for [`tile_q4_k`].
+/// The exact int32 lane sums of an unpacked weight super-block (its [`interleave`]d pairs of
+/// sub-blocks and their scales) by super-block `ib` of each of the `N` activation rows of
+/// `t` (rows of `nb` blocks). Pair by pair, the weights and scales stay in registers while
+/// every row takes them in.
+///
+/// # Safety
+/// The CPU must have AVX2; `t` holds `N` rows of `nb` blocks.
+#[inline(always)]
+unsafe fn lane_sums<const N: usize>(
+    pairs: &[[__m256i; 2]; 4],
+    scales: &[__m256i; 4],
+    t: &Tile,
+    nb: usize,
+    ib: usize,
+) -> [__m256i; N] {
+    // SAFETY: by the caller.
+    unsafe {
+        let mut sumi = [_mm256_setzero_si256(); N];
+        for p in 0..4 {
+            unroll_cols!(c, N, {
+                let a = t.acts.add((c * nb + ib) * 256 + 64 * p);
+                sumi[c] = _mm256_add_epi32(sumi[c], pair_sums(&pairs[p], scales[p], a));
+            });
+        }
+        sumi
+    }
+}
+
+/// A Q4_K super-block unpacked for its tiles.
 struct Q4K {
     /// The 4 pairs of sub-blocks as bytes, [`interleave`]d.
     pairs: [[__m256i; 2]; 4],
@@ -104,32 +132,51 @@ struct Q4K {
     dmin: f32,
 }
 
-/// `out[c * ld + r] = dot(weight row r, activation row c)`: [`super::gemm`] for Q4_K.
+/// A super-block format with a kernel here.
+pub(crate) trait SuperBlock: Sized {
+    /// Whether the tile needs each activation super-block's sums of each 32.
+    const SUMS: bool;
+
+    /// Weight rows `w` (`nb` blocks each, at most [`ROWS`]) times the `N` activation rows of
+    /// `t`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; `t` holds `N` rows of `nb` blocks (and their
+    /// sums where [`SuperBlock::SUMS`]), and `t.out` is writable at `c * t.ld + r` for every
+    /// `c < N` and weight row `r`.
+    unsafe fn tile<const N: usize>(w: &[Self], nb: usize, t: &Tile);
+}
+
+/// `out[c * ld + r] = dot(weight row r, activation row c)`: [`super::gemm`] for a K-quant.
 ///
 /// # Safety
 /// As for [`super::gemm`].
-pub(crate) unsafe fn gemm_q4_k(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
+pub(crate) unsafe fn gemm<B: SuperBlock>(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
     // SAFETY: by the caller.
-    unsafe { gemm_q4_k_avx2(rows, out, ld, work) }
+    unsafe { gemm_avx2::<B>(rows, out, ld, work) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gemm_q4_k_avx2(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
+unsafe fn gemm_avx2<B: SuperBlock>(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
     let nb = rows.k / 256;
     // SAFETY: by the caller, the operands hold these blocks.
     let (w, y) =
-        unsafe { (blocks::<BlockQ4K>(rows.w, rows.range.end * nb), blocks::<BlockQ8K>(rows.y, rows.n * nb)) };
+        unsafe { (blocks::<B>(rows.w, rows.range.end * nb), blocks::<BlockQ8K>(rows.y, rows.n * nb)) };
     // Per activation super-block, the sums of each 32 (ggml's `_mm_hadd_epi16` of bsums).
     let sums = &mut work.ints;
     sums.clear();
-    sums.resize(y.len() * 4, 0);
-    for (i, b) in y.iter().enumerate() {
-        // SAFETY: this function has AVX2; 32 bytes are read and 16 written.
-        unsafe {
-            let q8sums = _mm256_loadu_si256(b.bsums.as_ptr().cast());
-            let q8s =
-                _mm_hadd_epi16(_mm256_extracti128_si256::<0>(q8sums), _mm256_extracti128_si256::<1>(q8sums));
-            _mm_storeu_si128(sums.as_mut_ptr().add(i * 4).cast(), q8s);
+    if B::SUMS {
+        sums.resize(y.len() * 4, 0);
+        for (i, b) in y.iter().enumerate() {
+            // SAFETY: this function has AVX2; 32 bytes are read and 16 written.
+            unsafe {
+                let q8sums = _mm256_loadu_si256(b.bsums.as_ptr().cast());
+                let q8s = _mm_hadd_epi16(
+                    _mm256_extracti128_si256::<0>(q8sums),
+                    _mm256_extracti128_si256::<1>(q8sums),
+                );
+                _mm_storeu_si128(sums.as_mut_ptr().add(i * 4).cast(), q8s);
+            }
         }
     }
     // SAFETY: this function has AVX2.
@@ -144,18 +191,22 @@ unsafe fn gemm_q4_k_avx2(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work)
             // SAFETY: this function has AVX2, FMA and F16C; the columns c0..c0 + nc exist (in
             // y, sums and acts) and out is writable at (c, r..) by the caller.
             unsafe {
-                let t =
-                    Tile { y: &y[c0 * nb..], acts: acts.add(c0 * nb * 256), out: out.add(c0 * ld + r), ld };
-                let sums = &sums[c0 * nb * 4..];
+                let t = Tile {
+                    y: &y[c0 * nb..],
+                    acts: acts.add(c0 * nb * 256),
+                    sums: sums.get(c0 * nb * 4..).unwrap_or_default(),
+                    out: out.add(c0 * ld + r),
+                    ld,
+                };
                 match nc {
-                    8 => tile_q4_k::<8>(w, nb, &t, sums),
-                    7 => tile_q4_k::<7>(w, nb, &t, sums),
-                    6 => tile_q4_k::<6>(w, nb, &t, sums),
-                    5 => tile_q4_k::<5>(w, nb, &t, sums),
-                    4 => tile_q4_k::<4>(w, nb, &t, sums),
-                    3 => tile_q4_k::<3>(w, nb, &t, sums),
-                    2 => tile_q4_k::<2>(w, nb, &t, sums),
-                    _ => tile_q4_k::<1>(w, nb, &t, sums),
+                    8 => B::tile::<8>(w, nb, &t),
+                    7 => B::tile::<7>(w, nb, &t),
+                    6 => B::tile::<6>(w, nb, &t),
+                    5 => B::tile::<5>(w, nb, &t),
+                    4 => B::tile::<4>(w, nb, &t),
+                    3 => B::tile::<3>(w, nb, &t),
+                    2 => B::tile::<2>(w, nb, &t),
+                    _ => B::tile::<1>(w, nb, &t),
                 }
             }
         }
@@ -179,58 +230,52 @@ unsafe fn prefetch_next_rows<B>(b: &B, nb: usize) {
 }
 
 /// A tile's activation rows (from the first): the blocks, the same blocks' bytes
-/// [`interleave`]d, and where row `c`'s results go (`out + c * ld`).
-struct Tile<'a> {
+/// [`interleave`]d, their sums of each 32 where the format takes them, and where row `c`'s
+/// results go (`out + c * ld`).
+pub(crate) struct Tile<'a> {
     y: &'a [BlockQ8K],
     acts: *const u8,
+    sums: &'a [i32],
     out: *mut f32,
     ld: usize,
 }
 
-/// One weight row times the `N` activation rows of `t`, with their sums of each 32. Pair by
-/// pair of sub-blocks, the unpacked weights and scales stay in registers while every
-/// activation row's lane sums take them in; per super-block and row, the same float
-/// operations as ggml's (mins term, then `d·sumi`), in the same order.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C; `t` holds `N` rows of `row.len()` blocks, `sums`
-/// their 4 sums each, and `t.out` is writable at `c * t.ld` for every `c < N`.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)] // c indexes y, sums and the accumulators
-unsafe fn tile_q4_k<const N: usize>(w: &[BlockQ4K], nb: usize, t: &Tile, sums: &[i32]) {
-    let nr = w.len() / nb;
-    // SAFETY: by the caller (instructions, and every index in range).
-    unsafe {
-        let mut accs = [[_mm256_setzero_ps(); N]; ROWS];
-        let mut accs_m = [[_mm_setzero_ps(); N]; ROWS];
-        for (ib, r) in (0..nb).flat_map(|ib| (0..nr).map(move |r| (ib, r))) {
-            let (acc, acc_m) = (&mut accs[r], &mut accs_m[r]);
-            let b = w.get_unchecked(r * nb + ib);
-            prefetch_next_rows(b, nb);
-            let x = unpack_q4_k(b);
-            let mut sumi = [_mm256_setzero_si256(); N];
-            for p in 0..4 {
+impl SuperBlock for BlockQ4K {
+    const SUMS: bool = true;
+
+    /// Per super-block, the [`lane_sums`] of every row; then per row the same float
+    /// operations as ggml's (mins term, then `d·sumi`), in the same order.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // c indexes y, sums and the accumulators
+    unsafe fn tile<const N: usize>(w: &[Self], nb: usize, t: &Tile) {
+        let nr = w.len() / nb;
+        // SAFETY: by the caller (instructions, and every index in range).
+        unsafe {
+            let mut accs = [[_mm256_setzero_ps(); N]; ROWS];
+            let mut accs_m = [[_mm_setzero_ps(); N]; ROWS];
+            for (ib, r) in (0..nb).flat_map(|ib| (0..nr).map(move |r| (ib, r))) {
+                let (acc, acc_m) = (&mut accs[r], &mut accs_m[r]);
+                let b = w.get_unchecked(r * nb + ib);
+                prefetch_next_rows(b, nb);
+                let x = unpack_q4_k(b);
+                let sumi = lane_sums::<N>(&x.pairs, &x.scales, t, nb, ib);
                 unroll_cols!(c, N, {
-                    let a = t.acts.add((c * nb + ib) * 256 + 64 * p);
-                    sumi[c] = _mm256_add_epi32(sumi[c], pair_sums(&x.pairs[p], x.scales[p], a));
+                    let at = c * nb + ib;
+                    let yd = t.y.get_unchecked(at).d;
+                    let (d, dmin) = (yd * x.d, -yd * x.dmin);
+                    let q8s = _mm_loadu_si128(t.sums.as_ptr().add(at * 4).cast());
+                    let prod = _mm_madd_epi16(x.mins, q8s);
+                    acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[c]);
+                    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
                 });
             }
-            unroll_cols!(c, N, {
-                let at = c * nb + ib;
-                let yd = t.y.get_unchecked(at).d;
-                let (d, dmin) = (yd * x.d, -yd * x.dmin);
-                let q8s = _mm_loadu_si128(sums.as_ptr().add(at * 4).cast());
-                let prod = _mm_madd_epi16(x.mins, q8s);
-                acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[c]);
-                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-            });
-        }
-        for (r, c) in (0..nr).flat_map(|r| (0..N).map(move |c| (r, c))) {
-            // ggml's order: the 4 mins lanes as (0 + 2) + (1 + 3), added after the 8-lane sum.
-            let mut m = accs_m[r][c];
-            m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-            m = _mm_add_ss(m, _mm_movehdup_ps(m));
-            *t.out.add(c * t.ld + r) = hsum(accs[r][c]) + _mm_cvtss_f32(m);
+            for (r, c) in (0..nr).flat_map(|r| (0..N).map(move |c| (r, c))) {
+                // ggml's order: the 4 mins lanes as (0 + 2) + (1 + 3), added after the 8-lane sum.
+                let mut m = accs_m[r][c];
+                m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+                m = _mm_add_ss(m, _mm_movehdup_ps(m));
+                *t.out.add(c * t.ld + r) = hsum(accs[r][c]) + _mm_cvtss_f32(m);
+            }
         }
     }
 }
@@ -262,7 +307,7 @@ unsafe fn unpack_q4_k(x: &BlockQ4K) -> Q4K {
     }
 }
 
-/// A weight super-block unpacked for [`tile_q6_k`].
+/// A Q6_K super-block unpacked for its tiles.
 struct Q6K {
     /// The 4 pairs of 32-weight groups as unsigned 6-bit bytes, [`interleave`]d.
     pairs: [[__m256i; 2]; 4],
@@ -273,87 +318,36 @@ struct Q6K {
     d: f32,
 }
 
-/// `out[c * ld + r] = dot(weight row r, activation row c)`: [`super::gemm`] for Q6_K.
-///
-/// # Safety
-/// As for [`super::gemm`].
-pub(crate) unsafe fn gemm_q6_k(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
-    // SAFETY: by the caller.
-    unsafe { gemm_q6_k_avx2(rows, out, ld, work) }
-}
+impl SuperBlock for BlockQ6K {
+    const SUMS: bool = false;
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gemm_q6_k_avx2(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
-    let nb = rows.k / 256;
-    // SAFETY: by the caller, the operands hold these blocks.
-    let (w, y) =
-        unsafe { (blocks::<BlockQ6K>(rows.w, rows.range.end * nb), blocks::<BlockQ8K>(rows.y, rows.n * nb)) };
-    // SAFETY: this function has AVX2.
-    unsafe { interleave_activations(y, &mut work.acts) };
-    let acts = work.acts.as_ptr().cast::<u8>();
-    let tiles = &mut work.tiles;
-    tiles.clear();
-    tiles.extend(balanced_tiles(rows.n, TILE_COLS));
-    for r in rows.range.clone().step_by(ROWS) {
-        let w = &w[r * nb..rows.range.end.min(r + ROWS) * nb];
-        for &(c0, nc) in tiles.iter() {
-            // SAFETY: this function has AVX2, FMA and F16C; the columns c0..c0 + nc exist (in
-            // y and acts) and out is writable at (c, r..) by the caller.
-            unsafe {
-                let t =
-                    Tile { y: &y[c0 * nb..], acts: acts.add(c0 * nb * 256), out: out.add(c0 * ld + r), ld };
-                match nc {
-                    8 => tile_q6_k::<8>(w, nb, &t),
-                    7 => tile_q6_k::<7>(w, nb, &t),
-                    6 => tile_q6_k::<6>(w, nb, &t),
-                    5 => tile_q6_k::<5>(w, nb, &t),
-                    4 => tile_q6_k::<4>(w, nb, &t),
-                    3 => tile_q6_k::<3>(w, nb, &t),
-                    2 => tile_q6_k::<2>(w, nb, &t),
-                    _ => tile_q6_k::<1>(w, nb, &t),
-                }
-            }
-        }
-    }
-}
-
-/// One weight row times the `N` activation rows of `t`, as [`tile_q4_k`] does it; per
-/// super-block and row, ggml's `−32` term and `d·sumi`.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C; `t` holds `N` rows of `row.len()` blocks, and
-/// `t.out` is writable at `c * t.ld` for every `c < N`.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)] // c indexes y and the accumulators
-unsafe fn tile_q6_k<const N: usize>(w: &[BlockQ6K], nb: usize, t: &Tile) {
-    let nr = w.len() / nb;
-    // SAFETY: by the caller (instructions, and every index in range).
-    unsafe {
-        let mut accs = [[_mm256_setzero_ps(); N]; ROWS];
-        for (ib, r) in (0..nb).flat_map(|ib| (0..nr).map(move |r| (ib, r))) {
-            let acc = &mut accs[r];
-            let b = w.get_unchecked(r * nb + ib);
-            prefetch_next_rows(b, nb);
-            let x = unpack_q6_k(b);
-            let mut sumi = [_mm256_setzero_si256(); N];
-            for p in 0..4 {
+    /// As for Q4_K; per super-block and row, ggml's `−32` term and `d·sumi`.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // c indexes y and the accumulators
+    unsafe fn tile<const N: usize>(w: &[Self], nb: usize, t: &Tile) {
+        let nr = w.len() / nb;
+        // SAFETY: by the caller (instructions, and every index in range).
+        unsafe {
+            let mut accs = [[_mm256_setzero_ps(); N]; ROWS];
+            for (ib, r) in (0..nb).flat_map(|ib| (0..nr).map(move |r| (ib, r))) {
+                let acc = &mut accs[r];
+                let b = w.get_unchecked(r * nb + ib);
+                prefetch_next_rows(b, nb);
+                let x = unpack_q6_k(b);
+                let sumi = lane_sums::<N>(&x.pairs, &x.scales, t, nb, ib);
                 unroll_cols!(c, N, {
-                    let a = t.acts.add((c * nb + ib) * 256 + 64 * p);
-                    sumi[c] = _mm256_add_epi32(sumi[c], pair_sums(&x.pairs[p], x.scales[p], a));
+                    let yb = t.y.get_unchecked(c * nb + ib);
+                    let d = yb.d * x.d;
+                    // The `− 32` of every weight, as ggml subtracts it: 32·Σ scale·bsum.
+                    let q8sums = _mm256_loadu_si256(yb.bsums.as_ptr().cast());
+                    let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, x.scales_16));
+                    let s = _mm256_sub_epi32(sumi[c], q8sclsub);
+                    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[c]);
                 });
             }
-            unroll_cols!(c, N, {
-                let yb = t.y.get_unchecked(c * nb + ib);
-                let d = yb.d * x.d;
-                // The `− 32` of every weight, as ggml subtracts it: 32·Σ scale·bsum.
-                let q8sums = _mm256_loadu_si256(yb.bsums.as_ptr().cast());
-                let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, x.scales_16));
-                let s = _mm256_sub_epi32(sumi[c], q8sclsub);
-                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[c]);
-            });
-        }
-        for (r, c) in (0..nr).flat_map(|r| (0..N).map(move |c| (r, c))) {
-            *t.out.add(c * t.ld + r) = hsum(accs[r][c]);
+            for (r, c) in (0..nr).flat_map(|r| (0..N).map(move |c| (r, c))) {
+                *t.out.add(c * t.ld + r) = hsum(accs[r][c]);
+            }
         }
     }
 }
