@@ -120,9 +120,7 @@ unsafe fn gemm_body<D: Dot>(
     // `d` then its `s`, COLS lanes each (unused lanes zero).
     scales.clear();
     scales.resize(nb * 2 * COLS, 0.0);
-    let mut c0 = 0;
-    while c0 < ncols {
-        let nc = TILE_COLS.min(ncols - c0);
+    for (c0, nc) in balanced_tiles(ncols, TILE_COLS) {
         scales.fill(0.0);
         for c in 0..nc {
             for ib in 0..nb {
@@ -143,7 +141,6 @@ unsafe fn gemm_body<D: Dot>(
                 _ => tile::<D, 1>(w, y, scales, nb, c0, rows.clone(), out, ld),
             }
         }
-        c0 += nc;
     }
 }
 
