@@ -51,7 +51,7 @@ pub struct Setup<'a> {
 /// A drafter, keeping its concrete type for what is learned from it afterwards.
 pub enum Built {
     /// `suffix`.
-    Suffix(SuffixDrafter),
+    Suffix(Box<SuffixDrafter>),
     /// `inputcopy`.
     InputCopy(InputCopyDrafter),
     /// `layerskip`.
@@ -66,7 +66,7 @@ impl Built {
     /// The drafter, for the generation loop.
     pub fn as_drafter(&mut self) -> &mut dyn Drafter {
         match self {
-            Built::Suffix(d) => d,
+            Built::Suffix(d) => d.as_mut(),
             Built::InputCopy(d) => d,
             Built::LayerSkip(d) => d.as_mut(),
             Built::Draft(d) => d,
@@ -108,10 +108,10 @@ pub fn build(mode: SpecMode, setup: &Setup<'_>) -> Result<Option<Built>> {
     };
     Ok(Some(match mode {
         SpecMode::Off => return Ok(None),
-        SpecMode::Suffix => Built::Suffix(match setup.source {
+        SpecMode::Suffix => Built::Suffix(Box::new(match setup.source {
             Some(source) => SuffixDrafter::with_source(source, max_draft, cost()),
             None => SuffixDrafter::with_cost(max_draft, cost()),
-        }),
+        })),
         SpecMode::InputCopy => {
             let source =
                 setup.source.ok_or_else(|| Error::invalid("spec", not_offered(mode, setup.model)))?;

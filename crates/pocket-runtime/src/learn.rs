@@ -112,8 +112,7 @@ pub struct Tuned {
 /// Whether a good skip set could beat plain decoding on `cost`: half the layers at the
 /// agreement a search aims for.
 pub fn layerskip_could_pay(cost: &CostModel) -> bool {
-    let config = AutoConfig::new(cost.clone());
-    cost.best_k(GOOD_AGREEMENT, 0.5, DEFAULT_MAX_DRAFT).1 > config.min_gain
+    AutoConfig::new(cost.clone()).model_drafting_pays(cost.best_k(GOOD_AGREEMENT, 0.5, DEFAULT_MAX_DRAFT).1)
 }
 
 /// Whether [`tune`] with `settings` has anything to do for `model`.

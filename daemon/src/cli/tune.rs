@@ -138,9 +138,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether an expected speed-up is one `auto` acts on.
+/// Whether an expected speed-up from layer skipping is one `auto` acts on.
 fn learn_pays(gain: f64) -> bool {
-    gain > pocket_core::spec::AutoConfig::new(CostModel::linear(1.0)).min_gain
+    pocket_core::spec::AutoConfig::new(CostModel::linear(1.0)).model_drafting_pays(gain)
 }
 
 fn describe(e: &WeightsEstimate) -> String {

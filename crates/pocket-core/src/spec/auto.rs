@@ -68,6 +68,11 @@ pub struct AutoConfig {
     pub max_draft: usize,
     /// Expected speed-up a drafter must promise before it is used.
     pub min_gain: f64,
+    /// Expected speed-up a drafter that runs a model (layer skipping, a draft model) must
+    /// promise. Higher than `min_gain`: its agreement was measured on few tokens, and each of
+    /// its drafted tokens costs a pass that is paid even when the draft is cut short or
+    /// rejected, so a gain within the cost curve's noise is a loss in practice.
+    pub min_model_gain: f64,
     /// Cost of one draft-model step in target steps (its weights over the target's is a good
     /// first guess for memory-bound decoding).
     pub draft_model_cost: f64,
@@ -76,7 +81,12 @@ pub struct AutoConfig {
 impl AutoConfig {
     /// Defaults for a device with cost model `cost`.
     pub fn new(cost: CostModel) -> Self {
-        AutoConfig { cost, max_draft: MAX_DRAFT, min_gain: 1.02, draft_model_cost: 0.3 }
+        AutoConfig { cost, max_draft: MAX_DRAFT, min_gain: 1.02, min_model_gain: 1.1, draft_model_cost: 0.3 }
+    }
+
+    /// Whether a drafter that runs a model and is expected to give `gain` is worth using.
+    pub fn model_drafting_pays(&self, gain: f64) -> bool {
+        gain > self.min_model_gain
     }
 }
 
@@ -90,6 +100,8 @@ pub struct AutoDrafter {
     layerskip_acceptance: AcceptanceEstimate,
     draft_acceptance: AcceptanceEstimate,
     last: Choice,
+    /// The length the last draft was planned at (a model drafter may stop short of it).
+    last_k: usize,
     counts: [usize; Choice::ALL.len()],
 }
 
@@ -119,6 +131,7 @@ impl AutoDrafter {
             layerskip_acceptance,
             draft_acceptance: AcceptanceEstimate::prior(0.7, 4.0),
             last: Choice::Plain,
+            last_k: 0,
             counts: [0; Choice::ALL.len()],
         }
     }
@@ -126,9 +139,9 @@ impl AutoDrafter {
     /// Whether `ls` drafts with a known skip set that is expected to beat plain decoding.
     fn layerskip_pays(config: &AutoConfig, ls: &LayerSkipDrafter) -> bool {
         match ls.skip_set() {
-            Some(set) if !ls.searching() => {
-                config.cost.best_k(set.agreement, ls.run_fraction(), config.max_draft).1 > config.min_gain
-            }
+            Some(set) if !ls.searching() => config.model_drafting_pays(
+                config.cost.best_k(set.agreement, ls.run_fraction(), config.max_draft).1,
+            ),
             _ => false,
         }
     }
@@ -196,19 +209,20 @@ impl Drafter for AutoDrafter {
         if let Some(ls) = &self.layerskip {
             let (k, gain) =
                 self.config.cost.best_k(self.layerskip_acceptance.alpha(), ls.run_fraction(), max);
-            if k > 0 && gain > best.2 {
+            if k > 0 && gain > best.2 && self.config.model_drafting_pays(gain) {
                 best = (Choice::LayerSkip, k, gain);
             }
         }
         if self.draft_model.is_some() {
             let alpha = self.draft_acceptance.alpha();
             let (k, gain) = self.config.cost.best_k(alpha, self.config.draft_model_cost, max);
-            if k > 0 && gain > best.2 {
+            if k > 0 && gain > best.2 && self.config.model_drafting_pays(gain) {
                 best = (Choice::Draft, k, gain);
             }
         }
         let (choice, k, _) = best;
         self.last = choice;
+        self.last_k = k;
         self.counts[Choice::ALL.iter().position(|&c| c == choice).unwrap_or(0)] += 1;
         match choice {
             Choice::Plain => Ok(()),
@@ -229,6 +243,11 @@ impl Drafter for AutoDrafter {
     }
 
     fn feedback(&mut self, drafted: &[Token], accepted: usize) {
+        // A model drafter that stopped short of the planned length (layer skipping below its
+        // confidence threshold) paid for the pass that found the token it did not trust: that
+        // counts as a rejected token, or auto would keep choosing a drafter that drafts
+        // nothing.
+        let model_drafted = drafted.len() + usize::from(drafted.len() < self.last_k);
         match self.last {
             Choice::Plain => {}
             Choice::Suffix => self.suffix.feedback(drafted, accepted),
@@ -238,12 +257,12 @@ impl Drafter for AutoDrafter {
                 }
             }
             Choice::LayerSkip => {
-                self.layerskip_acceptance.update(drafted.len(), accepted);
+                self.layerskip_acceptance.update(model_drafted, accepted);
                 if let Some(ls) = &mut self.layerskip {
                     ls.feedback(drafted, accepted);
                 }
             }
-            Choice::Draft => self.draft_acceptance.update(drafted.len(), accepted),
+            Choice::Draft => self.draft_acceptance.update(model_drafted, accepted),
         }
     }
 
@@ -313,9 +332,42 @@ mod tests {
             AutoDrafter::new(AutoConfig::new(steep.clone()), Some(layerskip(&steep, Some(&half))), None);
         assert!(auto.layerskip().is_none());
         // Nor does a set that agrees too rarely.
-        let poor = SkipSet { agreement: 0.3, ..half };
+        let poor = SkipSet { agreement: 0.3, ..half.clone() };
         let auto = AutoDrafter::new(AutoConfig::new(flat.clone()), Some(layerskip(&flat, Some(&poor))), None);
         assert!(auto.layerskip().is_none());
+        // Nor one whose expected gain is within the curve's noise: 1.03x here, which would
+        // beat plain decoding on paper.
+        let shallow = CostModel::linear(0.4);
+        let config = AutoConfig::new(shallow.clone());
+        let (_, gain) = shallow.best_k(half.agreement, 0.5, MAX_DRAFT);
+        assert!(gain > config.min_gain && !config.model_drafting_pays(gain), "{gain}");
+        let auto = AutoDrafter::new(config, Some(layerskip(&shallow, Some(&half))), None);
+        assert!(auto.layerskip().is_none());
+    }
+
+    #[test]
+    fn a_model_drafter_that_stops_short_is_charged_for_the_token_it_did_not_draft() {
+        let mut auto = AutoDrafter::new(AutoConfig::new(CostModel::linear(0.05)), None, None);
+        auto.last = Choice::LayerSkip;
+        /// Planned length, the draft, tokens kept, and the update the estimate should get.
+        type Case<'a> = (usize, &'a [Token], usize, (usize, usize));
+        let cases: [Case; 4] = [
+            (4, &[], 0, (1, 0)),        // nothing drafted: one rejection
+            (4, &[1, 2], 2, (3, 2)),    // two kept, then the stop: two and a rejection
+            (2, &[1, 2], 2, (2, 2)),    // drafted all planned and all kept
+            (3, &[1, 2, 3], 1, (3, 1)), // a rejection by the verifier only
+        ];
+        for (planned, drafted, accepted, (n, kept)) in cases {
+            let mut expected = auto.layerskip_acceptance;
+            expected.update(n, kept);
+            auto.last_k = planned;
+            auto.feedback(drafted, accepted);
+            assert_eq!(
+                auto.layerskip_acceptance.alpha(),
+                expected.alpha(),
+                "{planned} {drafted:?} {accepted}"
+            );
+        }
     }
 
     #[test]

@@ -29,6 +29,7 @@
 mod acceptance;
 mod auto;
 mod draft_model;
+mod edit_tracker;
 mod input_copy;
 mod layerskip;
 mod search;

@@ -6,12 +6,18 @@
 //! verdicts and the device's cost model says how many tokens that acceptance pays for. A
 //! step whose best draft would not beat plain decoding drafts nothing.
 //!
+//! Where the output copies earlier text with edits (a renamed variable, added type hints),
+//! every edit breaks the match; an [`EditTracker`] keeps the output's place in the text
+//! across them and learns the substitutions it makes, and drafts from it when it knows more
+//! than the match does. Its drafts have acceptance estimates of their own.
+//!
 //! For an encoder-decoder model the decoder's context does not hold the source text, so the
 //! drafter can be seeded with it ([`SuffixDrafter::with_source`]): the automaton then holds
 //! the source followed by the context, and a suffix of the output that occurred in the
 //! source drafts what followed it there.
 
 use super::acceptance::AcceptanceEstimate;
+use super::edit_tracker::EditTracker;
 use super::suffix::SuffixAutomaton;
 use super::{Draft, Drafter};
 use crate::cost::CostModel;
@@ -21,11 +27,24 @@ use crate::{Result, Session, Token};
 const BUCKETS: [usize; 6] = [1, 2, 4, 8, 16, usize::MAX];
 /// Acceptance assumed per bucket before any verdict: short matches are often chance.
 const PRIORS: [f64; 6] = [0.2, 0.35, 0.5, 0.65, 0.75, 0.85];
+/// Acceptance assumed per bucket of the edit tracker's run (the tokens it has followed)
+/// before any verdict. Higher than a match's: a run starts where the output met text it was
+/// already copying, not anywhere a token repeats.
+const TRACKED_PRIORS: [f64; 6] = [0.4, 0.5, 0.6, 0.7, 0.8, 0.85];
 /// Weight of the prior, in drafted tokens.
 const PRIOR_WEIGHT: f64 = 4.0;
 
 fn bucket(match_len: usize) -> usize {
     BUCKETS.iter().position(|&b| match_len <= b).unwrap_or(BUCKETS.len() - 1)
+}
+
+/// Where a draft comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// What followed the longest match.
+    Match,
+    /// What the edit tracker predicts.
+    Tracker,
 }
 
 /// The suffix drafter.
@@ -37,8 +56,12 @@ pub struct SuffixDrafter {
     max_draft: usize,
     cost: CostModel,
     acceptance: [AcceptanceEstimate; 6],
-    /// The bucket of the last draft's match, for its verdict.
-    last_bucket: usize,
+    tracker: EditTracker,
+    tracked_acceptance: [AcceptanceEstimate; 6],
+    /// The tracker's prediction for the step planned last.
+    predicted: Draft,
+    /// Where the last draft came from and the bucket of its match or run, for its verdict.
+    last: (Origin, usize),
 }
 
 impl SuffixDrafter {
@@ -50,7 +73,10 @@ impl SuffixDrafter {
             max_draft,
             cost,
             acceptance: PRIORS.map(|p| AcceptanceEstimate::prior(p, PRIOR_WEIGHT)),
-            last_bucket: 0,
+            tracker: EditTracker::default(),
+            tracked_acceptance: TRACKED_PRIORS.map(|p| AcceptanceEstimate::prior(p, PRIOR_WEIGHT)),
+            predicted: Draft::new(),
+            last: (Origin::Match, 0),
         }
     }
 
@@ -64,7 +90,8 @@ impl SuffixDrafter {
 
     /// Bring the automaton up to `source ++ context`: append what is new, or rebuild when
     /// `context` is not a continuation of what it holds after the source (a new request on a
-    /// reused drafter).
+    /// reused drafter); then the edit tracker, which takes a new context's tokens as the
+    /// prompt, all but the pending one.
     fn sync(&mut self, context: &[Token]) {
         let src = self.source.len();
         let held = self.sam.tokens().get(src..);
@@ -74,22 +101,38 @@ impl SuffixDrafter {
                 self.sam.clear();
                 self.sam.extend(&self.source);
                 self.sam.extend(context);
+                self.tracker.reset(src + context.len().saturating_sub(1));
             }
         }
+        self.tracker.update(self.sam.tokens(), src, self.sam.longest_match());
     }
 
     /// For the sequence `context`: how many tokens to draft (at most `max`) and the speed-up
-    /// expected from it; `(0, 1.0)` when there is no match or no draft would pay.
+    /// expected from it; `(0, 1.0)` when there is no match or no draft would pay. Of the
+    /// match's continuation and the edit tracker's prediction, the one expected to pay more.
     pub fn plan_step(&mut self, context: &[Token], max: usize) -> (usize, f64) {
         self.sync(context);
-        let Some(m) = self.sam.longest_match() else { return (0, 1.0) };
+        let max = max.min(self.max_draft);
         let src = self.source.len();
-        let available = if m.end <= src { src } else { self.sam.len() } - m.end;
-        let b = bucket(m.len);
-        let (k, gain) =
-            self.cost.best_k(self.acceptance[b].alpha(), 0.0, max.min(self.max_draft).min(available));
-        self.last_bucket = b;
-        (k, gain)
+        let mut best = (0, 1.0);
+        if let Some(m) = self.sam.longest_match() {
+            let available = if m.end <= src { src } else { self.sam.len() } - m.end;
+            let b = bucket(m.len);
+            best = self.cost.best_k(self.acceptance[b].alpha(), 0.0, max.min(available));
+            self.last = (Origin::Match, b);
+        }
+        self.predicted.clear();
+        if let Some(run) = self.tracker.run() {
+            let room = max.min(self.predicted.capacity());
+            let n = self.tracker.predict(self.sam.tokens(), src, room, &mut self.predicted);
+            let b = bucket(run);
+            let (k, gain) = self.cost.best_k(self.tracked_acceptance[b].alpha(), 0.0, n);
+            if k > 0 && gain > best.1 {
+                best = (k, gain);
+                self.last = (Origin::Tracker, b);
+            }
+        }
+        best
     }
 }
 
@@ -107,14 +150,28 @@ impl Drafter for SuffixDrafter {
     ) -> Result<()> {
         out.clear();
         let (k, _) = self.plan_step(context, max);
+        let k = k.min(out.capacity());
         if k > 0 {
-            self.sam.draft(k.min(out.capacity()), out);
+            match self.last.0 {
+                Origin::Match => {
+                    self.sam.draft(k, out);
+                }
+                // k is within the prediction, which fits in a draft.
+                Origin::Tracker => {
+                    out.extend_from_slice(&self.predicted[..k]).ok();
+                }
+            }
         }
         Ok(())
     }
 
     fn feedback(&mut self, drafted: &[Token], accepted: usize) {
-        self.acceptance[self.last_bucket].update(drafted.len(), accepted);
+        let (origin, b) = self.last;
+        let estimate = match origin {
+            Origin::Match => &mut self.acceptance[b],
+            Origin::Tracker => &mut self.tracked_acceptance[b],
+        };
+        estimate.update(drafted.len(), accepted);
     }
 }
 
@@ -156,6 +213,47 @@ mod tests {
         let mut out = Draft::new();
         d.draft(&mut crate::testing::FakeSession::new(0), context, max, &mut out).unwrap();
         out.to_vec()
+    }
+
+    /// Generate `truth` after `prompt` the way the loop does, with `d` drafting: each step
+    /// keeps the agreeing prefix of the draft and then the true next token. Returns each
+    /// step's draft and how many of its tokens were kept.
+    fn simulate(d: &mut SuffixDrafter, prompt: &[Token], truth: &[Token]) -> Vec<(Vec<Token>, usize)> {
+        let mut context = [prompt, &truth[..1]].concat();
+        let mut steps = Vec::new();
+        while context.len() - prompt.len() < truth.len() {
+            let done = context.len() - prompt.len();
+            let drafted = draft(d, &context, truth.len() - done - 1);
+            let kept = drafted.iter().zip(&truth[done..]).take_while(|(a, b)| a == b).count();
+            d.feedback(&drafted, kept);
+            context.extend_from_slice(&truth[done..done + kept + 1]);
+            steps.push((drafted, kept));
+        }
+        steps
+    }
+
+    #[test]
+    fn a_renamed_variable_is_drafted_renamed_after_its_first_occurrences() {
+        // A prompt holding a function in which variable 7 occurs eight times, each time
+        // between other tokens; the output is the function with 7 renamed to 99.
+        let mut code: Vec<Token> = Vec::new();
+        for line in 0..8 {
+            code.extend([100 + line * 10, 101 + line * 10, 7, 102 + line * 10, 103 + line * 10]);
+        }
+        let prompt = [&[1, 2, 3][..], &code, &[4, 5]].concat();
+        let renamed: Vec<Token> = code.iter().map(|&t| if t == 7 { 99 } else { t }).collect();
+        let flat = || SuffixDrafter::with_cost(16, CostModel::linear(0.05));
+        let steps = simulate(&mut flat(), &prompt, &renamed);
+        let rejected: Vec<usize> =
+            steps.iter().enumerate().filter(|(_, (d, kept))| *kept < d.len()).map(|(i, _)| i).collect();
+        // The first two occurrences are drafted as 7 (the rename is not confirmed before the
+        // second); every later one is drafted as 99 and kept, so the rest of the copy takes
+        // full drafts.
+        assert_eq!(rejected.len(), 2, "{steps:?}");
+        let after = &steps[rejected[1] + 1..];
+        assert!(after.iter().all(|(d, kept)| *kept == d.len()), "{steps:?}");
+        assert!(after.iter().filter(|(d, _)| d.contains(&99)).count() >= 3, "{steps:?}");
+        assert!(steps.len() <= 12, "{} steps: {steps:?}", steps.len());
     }
 
     #[test]
