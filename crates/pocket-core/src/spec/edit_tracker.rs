@@ -254,10 +254,11 @@ impl EditTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::SuffixAutomaton;
 
     /// Feed the tracker the tokens of `tokens` it has not seen one at a time, as generation
-    /// does (no fence), each time anchored at the longest repeated suffix as a suffix
-    /// automaton finds it; then its prediction.
+    /// does (no fence), each time anchored at the longest repeated suffix as the suffix
+    /// drafter's automaton finds it; then its prediction.
     fn predict(t: &mut EditTracker, tokens: &[Token], max: usize) -> Vec<Token> {
         for n in t.seen + 1..=tokens.len() {
             t.update(&tokens[..n], 0, longest_repeated_suffix(&tokens[..n]));
@@ -267,13 +268,10 @@ mod tests {
         out
     }
 
-    /// The longest suffix of `tokens` that also ends earlier, at its first such end.
     fn longest_repeated_suffix(tokens: &[Token]) -> Option<Match> {
-        let n = tokens.len();
-        (1..n).rev().find_map(|len| {
-            let suffix = &tokens[n - len..];
-            (len..n).find(|&end| &tokens[end - len..end] == suffix).map(|end| Match { len, end })
-        })
+        let mut sam = SuffixAutomaton::new();
+        sam.extend(tokens);
+        sam.longest_match()
     }
 
     /// A tracker for the output after `prompt`.
