@@ -24,13 +24,16 @@ use crate::weights::Weights;
 pub struct LoadOptions {
     /// The device to run on.
     pub device: DeviceChoice,
-    /// Let ggml repack quantized weights into its CPU layouts (llama.cpp does by default).
+    /// Let ggml repack every quantized matrix it can into its CPU layouts (llama.cpp does by
+    /// default).
     ///
     /// Off by default: a repacked matrix multiplies groups of 4 rows with one kernel and the
     /// rest with another, so a verification pass of several tokens would not compute each
     /// row exactly as decoding that token alone does (measured on Qwen2.5's Q4_K: logits
     /// off by up to 0.3), and speculative decoding's greedy output must equal plain
-    /// decoding's. Decoding itself was no slower without it here.
+    /// decoding's. Without it, Q4_K matrices are still repacked on x86 with AVX2, where one
+    /// token goes through ggml's kernel for that layout and several through ours, which
+    /// rounds as ggml's one-token kernel does (`gemm::repacked`); the rest stay as stored.
     pub repack: bool,
     /// The format weight matrices are held in: as stored, or widened to Q8_0 for a flatter
     /// verification cost curve on CPUs (see [`WeightFormat`]).

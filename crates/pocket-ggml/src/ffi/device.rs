@@ -42,6 +42,9 @@ pub(crate) struct Device {
     /// Buffer types for weights in order of preference: for the CPU the extra (repacking)
     /// types first, then plain host memory; for a GPU its own memory, then host memory.
     pub(crate) weight_bufts: Vec<sys::ggml_backend_buffer_type_t>,
+    /// Where Q4_K matrices go when not every repacking is asked for: ggml's repacking buffer
+    /// type on CPUs where our kernels read its layout (see `gemm::repacked`).
+    pub(crate) q4_k_buft: Option<sys::ggml_backend_buffer_type_t>,
 }
 
 // SAFETY: device and buffer-type handles are process-wide singletons owned by ggml's registry;
@@ -97,6 +100,7 @@ impl Device {
         if dev == cpu && repack {
             weight_bufts.extend(cpu_extra_bufts(cpu));
         }
+        let q4_k_buft = if dev == cpu && !repack { crate::gemm::repacked::buffer_type() } else { None };
         // SAFETY: registry device.
         weight_bufts.push(unsafe { sys::ggml_backend_dev_buffer_type(dev) });
         if dev != cpu {
@@ -106,7 +110,7 @@ impl Device {
             // SAFETY: registry device.
             weight_bufts.push(unsafe { sys::ggml_backend_dev_buffer_type(cpu) });
         }
-        Ok(Device { dev, cpu, name: dev_name(dev), weight_bufts })
+        Ok(Device { dev, cpu, name: dev_name(dev), weight_bufts, q4_k_buft })
     }
 
     /// The device's own buffer type (its memory).
@@ -128,6 +132,13 @@ impl Device {
 
     /// The first buffer type whose device can run `op` on a weight `w` placed in it.
     pub(crate) fn weight_buft(&self, w: Tensor, op: WeightOp) -> sys::ggml_backend_buffer_type_t {
+        if op == WeightOp::MulMat
+            && w.ty() == sys::GGML_TYPE_Q4_K
+            && let Some(buft) = self.q4_k_buft
+            && supports(self.dev, buft, w.ptr(), op)
+        {
+            return buft;
+        }
         for &buft in &self.weight_bufts {
             if supports(self.dev, buft, w.ptr(), op) {
                 return buft;
@@ -147,6 +158,18 @@ pub(crate) enum WeightOp {
     MulMat,
     /// Norm weights and biases: element-wise.
     Elementwise,
+}
+
+/// ggml's CPU buffer type that repacks quantized matrices for its CPU kernels
+/// (`CPU_REPACK`), if this build has it.
+pub(crate) fn cpu_repack_buffer_type() -> Option<sys::ggml_backend_buffer_type_t> {
+    crate::ffi::init();
+    // SAFETY: registry query.
+    let cpu = unsafe { sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU) };
+    if cpu.is_null() {
+        return None;
+    }
+    cpu_extra_bufts(cpu).into_iter().find(|&b| buft_name(b) == "CPU_REPACK")
 }
 
 fn cpu_extra_bufts(cpu: sys::ggml_backend_dev_t) -> Vec<sys::ggml_backend_buffer_type_t> {

@@ -66,6 +66,21 @@ pub(crate) struct BlockQ4K {
     pub(crate) qs: [u8; 128],
 }
 
+/// `block_q4_Kx8`: the super-blocks of 8 Q4_K rows as ggml's CPU repacking for AVX2 lays
+/// them out (`make_block_q4_Kx8` in `ggml-cpu/repack.cpp`): the 8 `d`, the 8 `dmin`, per
+/// sub-block `j` the 8 rows' scales and mins packed as one Q4_K super-block's (12 bytes),
+/// and the rows' `qs` interleaved 8 bytes at a time (row 0's bytes 0–7, row 1's, …, row 7's,
+/// then row 0's bytes 8–15, …).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlockQ4Kx8 {
+    pub(crate) d: [u16; 8],
+    pub(crate) dmin: [u16; 8],
+    pub(crate) scales: [u8; 96],
+    pub(crate) qs: [u8; 1024],
+}
+
 /// `block_q6_K`: 16 sub-blocks of 16 6-bit weights (`q − 32`), each with an 8-bit scale.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

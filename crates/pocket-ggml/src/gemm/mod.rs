@@ -51,6 +51,7 @@ macro_rules! unroll_cols {
 pub(crate) mod blocks;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+pub(crate) mod repacked;
 pub(crate) mod timing;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -230,11 +231,14 @@ pub(crate) fn applies(w: Tensor, x: Tensor) -> bool {
         && plain_host
 }
 
-/// `w · x`: our kernel where it [`applies`], ggml's `mul_mat` elsewhere (one token, other
-/// formats, other CPUs). `x` is quantized for the kernel once per graph and activation
+/// `w · x`: our kernel where it [`applies`] (or, for a matrix ggml repacked, where
+/// [`repacked::applies`]), ggml's `mul_mat` elsewhere (one token, other formats, other CPUs). `x` is quantized for the kernel once per graph and activation
 /// format, in `quantized`, however many matrices multiply it (a layer's Q, K and V
 /// projections, its gate and up projections).
 pub(crate) fn mul_mat_or_ggml(ctx: &Ctx, w: Tensor, x: Tensor, quantized: &Quantized) -> Tensor {
+    if repacked::applies(w, x) {
+        return repacked::mul_mat(ctx, w, quantized.get(ctx, x, sys::GGML_TYPE_Q8_K));
+    }
     match Quant::of(w.ty()) {
         Some(quant) if applies(w, x) => mul_mat(ctx, w, quantized.get(ctx, x, quant.activations())),
         _ => ctx.mul_mat(w, x),
@@ -290,7 +294,10 @@ unsafe extern "C" fn quantize_rows(dst: *mut sys::ggml_tensor, ith: c_int, nth: 
 /// The kernels' name as `GgmlModel::kernels` reports it: the instructions and the formats,
 /// `mm-avx2(q4_0,q4_1,…)`, or `None` where the graph keeps ggml's `mul_mat`.
 pub(crate) fn name() -> Option<String> {
-    let formats: Vec<&str> = Quant::ALL.into_iter().filter(|&q| verified(q)).map(|q| q.name()).collect();
+    let mut formats: Vec<&str> = Quant::ALL.into_iter().filter(|&q| verified(q)).map(|q| q.name()).collect();
+    if repacked::buffer_type().is_some() {
+        formats.push("q4_Kx8");
+    }
     isa().filter(|_| !formats.is_empty()).map(|isa| format!("mm-{}({})", isa.name(), formats.join(",")))
 }
 

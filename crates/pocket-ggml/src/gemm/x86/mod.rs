@@ -9,6 +9,7 @@ use super::{Isa, Quant, Rows, Work};
 mod k_quants;
 mod q0;
 mod q4_1;
+pub(crate) mod q4_k_x8;
 
 /// [`super::gemm`] on x86-64.
 ///

@@ -1,0 +1,209 @@
+//! Q4_K matrices in ggml's repacked CPU layout, on x86 with AVX2.
+//!
+//! ggml's CPU backend can repack Q4_K matrices into `block_q4_Kx8` (8 rows' super-blocks
+//! interleaved) when they are loaded, as llama.cpp does by default. Its one-token kernel on
+//! that layout (`ggml_gemv_q4_K_8x8_q8_K`) decodes Qwen2.5-Coder-1.5B's Q4_K_M about 30%
+//! faster here than its one-row kernel on the stored layout, but its several-token kernel
+//! rounds otherwise, so a verification pass would not compute each row as decoding that token
+//! alone does. So: Q4_K matrices are repacked, a single token goes through ggml's gemv, and a
+//! pass of two or more tokens through our kernel (`x86::q4_k_x8`), which gives every element
+//! bitwise what the gemv gives (probed once, at start).
+//!
+//! On ARM ggml picks other layouts (4 bytes interleaved with the dot-product instructions, 8
+//! with i8mm) and repacks Q5_K, Q6_K and Q8_0 as well; there the matrices stay as stored for
+//! our NEON kernels.
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86_64::*;
+
+/// Nowhere but on x86-64 are matrices repacked for our kernels.
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn buffer_type() -> Option<llama_cpp_sys_2::ggml_backend_buffer_type_t> {
+    None
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn applies(_: crate::ffi::graph::Tensor, _: crate::ffi::graph::Tensor) -> bool {
+    false
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn mul_mat(
+    _: &crate::ffi::graph::Ctx,
+    _: crate::ffi::graph::Tensor,
+    _: crate::ffi::graph::Tensor,
+) -> crate::ffi::graph::Tensor {
+    unreachable!("`applies` is false off x86-64")
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86_64 {
+    use std::ffi::{c_int, c_void};
+    use std::sync::OnceLock;
+
+    use llama_cpp_sys_2 as sys;
+
+    use crate::ffi::arena::Arena;
+    use crate::ffi::device::cpu_repack_buffer_type;
+    use crate::ffi::graph::{Ctx, Tensor};
+    use crate::gemm::{Quant, Rows, WORK, isa, timing, x86};
+
+    unsafe extern "C" {
+        /// ggml's one-token kernel on a repacked Q4_K matrix (`ggml-cpu/arch/x86/repack.cpp`):
+        /// `s[r] = dot(row r, the activation row at vy)` for `nc` rows (a multiple of 8) of
+        /// `n` weights; `nr` must be 1 and `bs` is unused. What ggml's `mul_mat` runs for one
+        /// token; here only to check our kernel against it.
+        fn ggml_gemv_q4_K_8x8_q8_K(
+            n: c_int,
+            s: *mut f32,
+            bs: usize,
+            vx: *const c_void,
+            vy: *const c_void,
+            nr: c_int,
+            nc: c_int,
+        );
+    }
+
+    /// A buffer type handle that may be kept in a static (ggml's buffer types are static
+    /// objects, never freed, used from any thread).
+    #[derive(Clone, Copy)]
+    struct Buft(sys::ggml_backend_buffer_type_t);
+    // SAFETY: see the type's comment.
+    unsafe impl Send for Buft {}
+    // SAFETY: as for Send.
+    unsafe impl Sync for Buft {}
+
+    /// ggml's repacking buffer type, where Q4_K matrices go: on a CPU with our kernels
+    /// (AVX2), where ggml repacks Q4_K to `block_q4_Kx8` and our kernel agreed with its gemv,
+    /// bit for bit, on a probe. `None` elsewhere (the matrices stay as stored), or when
+    /// `POCKET_GGML_REPACK=0`.
+    pub(crate) fn buffer_type() -> Option<sys::ggml_backend_buffer_type_t> {
+        static BUFT: OnceLock<Option<Buft>> = OnceLock::new();
+        BUFT.get_or_init(|| {
+            if std::env::var_os("POCKET_GGML_REPACK").is_some_and(|v| v == "0") {
+                return None;
+            }
+            // Where `isa()` finds kernels, ggml was built with AVX2 and FMA and the CPU has
+            // them: ggml's gemv on this layout takes its AVX2 branch, which ours follows.
+            isa()?;
+            let buft = cpu_repack_buffer_type()?;
+            let agrees = agrees_with_ggml(buft);
+            if !agrees {
+                tracing::warn!(
+                    "our kernel on ggml's repacked Q4_K does not round as this build of ggml does; Q4_K matrices stay as stored"
+                );
+            }
+            agrees.then_some(Buft(buft))
+        })
+        .map(|b| b.0)
+    }
+
+    /// Whether [`mul_mat`] computes `w · x`: `w` a Q4_K matrix repacked by ggml (in
+    /// [`buffer_type`]), `x` two or more f32 rows.
+    pub(crate) fn applies(w: Tensor, x: Tensor) -> bool {
+        let Some(buft) = buffer_type() else { return false };
+        // SAFETY: live tensors (graph handles); reading where a weight's data lies.
+        let repacked = unsafe {
+            let raw = &*w.ptr();
+            !raw.extra.is_null() && !raw.buffer.is_null() && sys::ggml_backend_buffer_get_type(raw.buffer) == buft
+        };
+        let (wn, xn, xb) = (w.ne(), x.ne(), x.nb());
+        repacked
+            && w.ty() == sys::GGML_TYPE_Q4_K
+            && x.ty() == sys::GGML_TYPE_F32
+            && wn[0] % 256 == 0
+            && wn[1] % 8 == 0
+            && xn[0] == wn[0]
+            && xn[1] >= 2
+            && wn[2] == 1
+            && wn[3] == 1
+            && xn[2] == 1
+            && xn[3] == 1
+            && xb[0] == size_of::<f32>()
+    }
+
+    /// `w · x` as a ggml custom op, `x` quantized to Q8_K: `[w.ne1, x.ne1]` f32. The matrix
+    /// is passed as the op's userdata, not as a source: ggml's CPU backend hands an op with a
+    /// source in a repacking buffer to that buffer type, which runs only `mul_mat`. Weights
+    /// are placed before any graph is built and outlive every graph of their model, so the
+    /// scheduler needs no edge to them. Call only where [`applies`] holds.
+    pub(crate) fn mul_mat(ctx: &Ctx, w: Tensor, xq: Tensor) -> Tensor {
+        // SAFETY: `compute` reads the repacked matrix `w` (alive as long as the model, which
+        // outlives its graphs) and rows of Q8_K of the shapes `applies` checked, and each
+        // thread writes its own rows of the destination.
+        unsafe {
+            ctx.custom(sys::GGML_TYPE_F32, [w.ne()[1], xq.ne()[1], 1, 1], &[xq], Some(compute), w.ptr().cast())
+        }
+    }
+
+    /// The custom op's body on thread `ith` of `nth`: this thread's groups of 8 weight rows
+    /// times every activation row.
+    unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, w: *mut c_void) {
+        // SAFETY: ggml calls this with the tensor `mul_mat` built: the Q8_K rows in src 0, the
+        // matrix as userdata; `applies` checked their types and shapes. Threads write
+        // disjoint groups of rows of dst.
+        unsafe {
+            let (w, y) = (&*w.cast::<sys::ggml_tensor>(), &*(*dst).src[0]);
+            let (k, m, n) = (w.ne[0] as usize, w.ne[1] as usize, y.ne[1] as usize);
+            let per_thread = m.div_ceil(nth.max(1) as usize).next_multiple_of(8);
+            let r0 = (ith as usize * per_thread).min(m);
+            let r1 = (r0 + per_thread).min(m);
+            if r0 == r1 {
+                return;
+            }
+            WORK.with_borrow_mut(|work| {
+                let rows = Rows { w: w.data.cast_const().cast(), y: y.data.cast_const().cast(), k, n, range: r0..r1 };
+                x86::q4_k_x8::gemm(&rows, (*dst).data.cast(), m, work);
+            });
+        }
+    }
+
+    /// `out[c * m + r]`, ggml's gemv and ours, for `m` rows of a Q4_K matrix (`w`, stored
+    /// layout) repacked by ggml in `buft`, times `n` rows of Q8_K (`y`), `k` weights each.
+    /// Ours computes rows `..split` and `split..` in two calls, as two threads would.
+    pub(crate) fn both(
+        buft: sys::ggml_backend_buffer_type_t,
+        w: &[u64],
+        y: &[u64],
+        (m, n, k): (usize, usize, usize),
+        split: usize,
+    ) -> Option<(Vec<f32>, Vec<f32>)> {
+        let mut arena = Arena::new(1).ok()?;
+        let t = arena.matrix(sys::GGML_TYPE_Q4_K, k, m).ok()?;
+        arena.alloc_in(buft).ok()?;
+        // SAFETY: the words' bytes, as many as the matrix holds.
+        let bytes = unsafe { std::slice::from_raw_parts(w.as_ptr().cast::<u8>(), t.nbytes()) };
+        // ggml repacks while copying.
+        t.write_at(0, bytes).ok()?;
+        // SAFETY: a placed tensor of a host buffer: its data is the repacked matrix.
+        let data = unsafe { (*t.ptr()).data.cast_const() };
+        // SAFETY: a pure function of a type and a length.
+        let y_row = unsafe { sys::ggml_row_size(sys::GGML_TYPE_Q8_K, k as i64) };
+        assert!(y.len() * 8 >= n * y_row && k.is_multiple_of(256) && m.is_multiple_of(8));
+        let mut gemv = vec![f32::NAN; m * n];
+        for c in 0..n {
+            // SAFETY: the repacked matrix of m rows of k and one Q8_K row of k; m outputs.
+            unsafe {
+                let yc = y.as_ptr().cast::<u8>().add(c * y_row);
+                ggml_gemv_q4_K_8x8_q8_K(k as c_int, gemv.as_mut_ptr().add(c * m), 0, data, yc.cast(), 1, m as c_int);
+            }
+        }
+        let mut ours = vec![f32::NAN; m * n];
+        for range in [0..split, split..m] {
+            let rows = Rows { w: data.cast(), y: y.as_ptr().cast(), k, n, range };
+            // SAFETY: the CPU has AVX2, FMA and F16C (`isa()` found kernels); the operands hold
+            // m rows (m / 8 groups) and n rows of k; out holds m × n.
+            unsafe { x86::q4_k_x8::gemm(&rows, ours.as_mut_ptr(), m, &mut Default::default()) };
+        }
+        Some((gemv, ours))
+    }
+
+    /// Whether our kernel gives ggml's gemv results bit for bit on random operands: 16 rows
+    /// (two groups) × 5 tokens (tiles of 3 and 2) of 3 super-blocks.
+    fn agrees_with_ggml(buft: sys::ggml_backend_buffer_type_t) -> bool {
+        let (m, n, k) = (16, 5, 3 * 256);
+        let (w, y) = timing::random_operands(Quant::Q4K, m, n, k, 0x5eed);
+        both(buft, &w, &y, (m, n, k), 8)
+            .is_some_and(|(gemv, ours)| gemv.iter().zip(&ours).all(|(a, b)| a.to_bits() == b.to_bits()))
+    }
+}
