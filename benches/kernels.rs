@@ -38,7 +38,7 @@ fn run() -> anyhow::Result<()> {
         .collect::<anyhow::Result<_>>()?;
     let mut results = Vec::new();
     for format in pocket_ggml::kernel_formats() {
-        let default = if format.ends_with("_K") { (896, 4864) } else { (4864, 896) };
+        let default = if format.contains("_K") { (896, 4864) } else { (4864, 896) };
         for &(m, k) in if shapes.is_empty() { std::slice::from_ref(&default) } else { &shapes } {
             let Some(timings) = pocket_ggml::time_kernel(format, m, k, &rows, 5) else { continue };
             print_timings(timings, &mut results);

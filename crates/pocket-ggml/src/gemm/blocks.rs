@@ -94,6 +94,7 @@ pub(crate) struct BlockQ6K {
 /// A Q4_K super-block's 8 scales and 8 mins (6 bits each, packed into 12 bytes), unpacked
 /// as ggml's kernels unpack them (`utmp` and its masks): bytes 0–7 the scales, 8–15 the
 /// mins.
+#[inline(always)]
 pub(crate) fn q4_k_scales_and_mins(scales: &[u8; 12]) -> [u8; 16] {
     const KMASK1: u32 = 0x3f3f3f3f;
     const KMASK2: u32 = 0x0f0f0f0f;

@@ -36,6 +36,16 @@ pub(crate) fn mul_mat(
     unreachable!("`applies` is false off x86-64")
 }
 
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn time(
+    _: usize,
+    _: usize,
+    _: &[usize],
+    _: usize,
+) -> Option<Vec<crate::gemm::timing::KernelTiming>> {
+    None
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86_64 {
     use std::ffi::{c_int, c_void};
@@ -46,7 +56,7 @@ mod x86_64 {
     use crate::ffi::arena::Arena;
     use crate::ffi::device::cpu_repack_buffer_type;
     use crate::ffi::graph::{Ctx, Tensor};
-    use crate::gemm::{Quant, Rows, WORK, isa, timing, x86};
+    use crate::gemm::{Isa, Quant, Rows, WORK, Work, isa, timing, x86};
 
     unsafe extern "C" {
         /// ggml's one-token kernel on a repacked Q4_K matrix (`ggml-cpu/arch/x86/repack.cpp`):
@@ -105,7 +115,9 @@ mod x86_64 {
         // SAFETY: live tensors (graph handles); reading where a weight's data lies.
         let repacked = unsafe {
             let raw = &*w.ptr();
-            !raw.extra.is_null() && !raw.buffer.is_null() && sys::ggml_backend_buffer_get_type(raw.buffer) == buft
+            !raw.extra.is_null()
+                && !raw.buffer.is_null()
+                && sys::ggml_backend_buffer_get_type(raw.buffer) == buft
         };
         let (wn, xn, xb) = (w.ne(), x.ne(), x.nb());
         repacked
@@ -132,13 +144,20 @@ mod x86_64 {
         // outlives its graphs) and rows of Q8_K of the shapes `applies` checked, and each
         // thread writes its own rows of the destination.
         unsafe {
-            ctx.custom(sys::GGML_TYPE_F32, [w.ne()[1], xq.ne()[1], 1, 1], &[xq], Some(compute), w.ptr().cast())
+            ctx.custom(
+                sys::GGML_TYPE_F32,
+                [w.ne()[1], xq.ne()[1], 1, 1],
+                &[xq],
+                Some(compute),
+                w.ptr().cast(),
+            )
         }
     }
 
     /// The custom op's body on thread `ith` of `nth`: this thread's groups of 8 weight rows
     /// times every activation row.
     unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, w: *mut c_void) {
+        let Some(isa) = isa() else { return };
         // SAFETY: ggml calls this with the tensor `mul_mat` built: the Q8_K rows in src 0, the
         // matrix as userdata; `applies` checked their types and shapes. Threads write
         // disjoint groups of rows of dst.
@@ -152,50 +171,144 @@ mod x86_64 {
                 return;
             }
             WORK.with_borrow_mut(|work| {
-                let rows = Rows { w: w.data.cast_const().cast(), y: y.data.cast_const().cast(), k, n, range: r0..r1 };
-                x86::q4_k_x8::gemm(&rows, (*dst).data.cast(), m, work);
+                let rows = Rows {
+                    w: w.data.cast_const().cast(),
+                    y: y.data.cast_const().cast(),
+                    k,
+                    n,
+                    range: r0..r1,
+                };
+                x86::q4_k_x8::gemm(isa, &rows, (*dst).data.cast(), m, work);
             });
+        }
+    }
+
+    /// A Q4_K matrix repacked by ggml, for tests and timing.
+    pub(crate) struct Repacked {
+        /// Holds the matrix's buffer.
+        _arena: Arena,
+        data: *const c_void,
+        m: usize,
+        k: usize,
+    }
+
+    impl Repacked {
+        /// `m` rows of `k` Q4_K weights (`w`, stored layout) repacked by ggml in `buft`.
+        pub(crate) fn new(
+            buft: sys::ggml_backend_buffer_type_t,
+            w: &[u64],
+            m: usize,
+            k: usize,
+        ) -> Option<Repacked> {
+            let mut arena = Arena::new(1).ok()?;
+            let t = arena.matrix(sys::GGML_TYPE_Q4_K, k, m).ok()?;
+            arena.alloc_in(buft).ok()?;
+            assert!(w.len() * 8 >= t.nbytes() && k.is_multiple_of(256) && m.is_multiple_of(8));
+            // SAFETY: the words' bytes, as many as the matrix holds (checked).
+            let bytes = unsafe { std::slice::from_raw_parts(w.as_ptr().cast::<u8>(), t.nbytes()) };
+            // ggml repacks while copying.
+            t.write_at(0, bytes).ok()?;
+            // SAFETY: a placed tensor of a host buffer: its data is the repacked matrix.
+            let data = unsafe { (*t.ptr()).data.cast_const() };
+            Some(Repacked { _arena: arena, data, m, k })
+        }
+
+        /// ggml's gemv for each of `n` rows of Q8_K (`y`): `out[c * m + r]`.
+        pub(crate) fn gemv(&self, y: &[u64], n: usize, out: &mut [f32]) {
+            let (m, k) = (self.m, self.k);
+            // SAFETY: a pure function of a type and a length.
+            let y_row = unsafe { sys::ggml_row_size(sys::GGML_TYPE_Q8_K, k as i64) };
+            assert!(y.len() * 8 >= n * y_row && out.len() >= m * n);
+            for c in 0..n {
+                // SAFETY: the repacked matrix of m rows of k and one Q8_K row of k (checked);
+                // m outputs (checked).
+                unsafe {
+                    let yc = y.as_ptr().cast::<u8>().add(c * y_row);
+                    ggml_gemv_q4_K_8x8_q8_K(
+                        k as c_int,
+                        out.as_mut_ptr().add(c * m),
+                        0,
+                        self.data,
+                        yc.cast(),
+                        1,
+                        m as c_int,
+                    );
+                }
+            }
+        }
+
+        /// Our kernel with `isa`'s instructions (one this CPU has, as [`isa`] finds them) on
+        /// rows `range` (whole groups of 8) by `n` rows of Q8_K: `out[c * m + r]`.
+        pub(crate) fn ours(
+            &self,
+            isa: Isa,
+            y: &[u64],
+            n: usize,
+            range: std::ops::Range<usize>,
+            out: &mut [f32],
+            work: &mut Work,
+        ) {
+            // SAFETY: a pure function of a type and a length.
+            let y_row = unsafe { sys::ggml_row_size(sys::GGML_TYPE_Q8_K, self.k as i64) };
+            assert!(y.len() * 8 >= n * y_row && out.len() >= self.m * n && range.end <= self.m);
+            assert!(range.start.is_multiple_of(8) && range.end.is_multiple_of(8));
+            let rows = Rows { w: self.data.cast(), y: y.as_ptr().cast(), k: self.k, n, range };
+            // SAFETY: the CPU has isa's instructions (by the caller); the operands
+            // hold the rows (checked); out holds m × n.
+            unsafe { x86::q4_k_x8::gemm(isa, &rows, out.as_mut_ptr(), self.m, work) };
         }
     }
 
     /// `out[c * m + r]`, ggml's gemv and ours, for `m` rows of a Q4_K matrix (`w`, stored
     /// layout) repacked by ggml in `buft`, times `n` rows of Q8_K (`y`), `k` weights each.
-    /// Ours computes rows `..split` and `split..` in two calls, as two threads would.
+    /// Ours, with `isa`'s instructions, computes rows `..split` and `split..` in two calls, as
+    /// two threads would.
     pub(crate) fn both(
+        isa: Isa,
         buft: sys::ggml_backend_buffer_type_t,
         w: &[u64],
         y: &[u64],
         (m, n, k): (usize, usize, usize),
         split: usize,
     ) -> Option<(Vec<f32>, Vec<f32>)> {
-        let mut arena = Arena::new(1).ok()?;
-        let t = arena.matrix(sys::GGML_TYPE_Q4_K, k, m).ok()?;
-        arena.alloc_in(buft).ok()?;
-        // SAFETY: the words' bytes, as many as the matrix holds.
-        let bytes = unsafe { std::slice::from_raw_parts(w.as_ptr().cast::<u8>(), t.nbytes()) };
-        // ggml repacks while copying.
-        t.write_at(0, bytes).ok()?;
-        // SAFETY: a placed tensor of a host buffer: its data is the repacked matrix.
-        let data = unsafe { (*t.ptr()).data.cast_const() };
-        // SAFETY: a pure function of a type and a length.
-        let y_row = unsafe { sys::ggml_row_size(sys::GGML_TYPE_Q8_K, k as i64) };
-        assert!(y.len() * 8 >= n * y_row && k.is_multiple_of(256) && m.is_multiple_of(8));
+        let matrix = Repacked::new(buft, w, m, k)?;
         let mut gemv = vec![f32::NAN; m * n];
-        for c in 0..n {
-            // SAFETY: the repacked matrix of m rows of k and one Q8_K row of k; m outputs.
-            unsafe {
-                let yc = y.as_ptr().cast::<u8>().add(c * y_row);
-                ggml_gemv_q4_K_8x8_q8_K(k as c_int, gemv.as_mut_ptr().add(c * m), 0, data, yc.cast(), 1, m as c_int);
-            }
-        }
+        matrix.gemv(y, n, &mut gemv);
         let mut ours = vec![f32::NAN; m * n];
+        let mut work = Work::default();
         for range in [0..split, split..m] {
-            let rows = Rows { w: data.cast(), y: y.as_ptr().cast(), k, n, range };
-            // SAFETY: the CPU has AVX2, FMA and F16C (`isa()` found kernels); the operands hold
-            // m rows (m / 8 groups) and n rows of k; out holds m × n.
-            unsafe { x86::q4_k_x8::gemm(&rows, ours.as_mut_ptr(), m, &mut Default::default()) };
+            matrix.ours(isa, y, n, range, &mut ours, &mut work);
         }
         Some((gemv, ours))
+    }
+
+    /// [`timing::time_kernel`] for repacked Q4_K: ours against ggml's gemv once per token.
+    pub(crate) fn time(m: usize, k: usize, rows: &[usize], reps: usize) -> Option<Vec<timing::KernelTiming>> {
+        if !(k.is_multiple_of(256) && m.is_multiple_of(8) && m > 0) {
+            return None;
+        }
+        let (buft, isa) = (buffer_type()?, isa()?);
+        let max_rows = rows.iter().copied().max().unwrap_or(1);
+        let (w, y) = timing::random_operands(Quant::Q4K, m, max_rows, k, 7);
+        let matrix = Repacked::new(buft, &w, m, k)?;
+        // SAFETY: a pure function of a type and a length.
+        let weight_bytes = unsafe { sys::ggml_row_size(sys::GGML_TYPE_Q4_K, k as i64) } * m;
+        let mut out = vec![0f32; m * max_rows];
+        let mut work = Work::default();
+        Some(
+            rows.iter()
+                .map(|&n| timing::KernelTiming {
+                    format: "q4_Kx8",
+                    shape: (m, k),
+                    rows: n,
+                    one_row_seconds: timing::best_of(reps, &mut || matrix.gemv(&y, n, &mut out)),
+                    ours_seconds: Some(timing::best_of(reps, &mut || {
+                        matrix.ours(isa, &y, n, 0..m, &mut out, &mut work)
+                    })),
+                    weight_bytes,
+                })
+                .collect(),
+        )
     }
 
     /// Whether our kernel gives ggml's gemv results bit for bit on random operands: 16 rows
@@ -203,7 +316,8 @@ mod x86_64 {
     fn agrees_with_ggml(buft: sys::ggml_backend_buffer_type_t) -> bool {
         let (m, n, k) = (16, 5, 3 * 256);
         let (w, y) = timing::random_operands(Quant::Q4K, m, n, k, 0x5eed);
-        both(buft, &w, &y, (m, n, k), 8)
+        let Some(isa) = isa() else { return false };
+        both(isa, buft, &w, &y, (m, n, k), 8)
             .is_some_and(|(gemv, ours)| gemv.iter().zip(&ours).all(|(a, b)| a.to_bits() == b.to_bits()))
     }
 }

@@ -180,9 +180,10 @@ fn every_format_agrees_with_this_ggml_at_start() {
     assert!(name().is_some_and(|n| Quant::ALL.iter().all(|q| n.contains(q.name()))), "{:?}", name());
 }
 
-/// Q4_K repacked by ggml (x86 with AVX2): every element of our several-token kernel is what
-/// ggml's one-token kernel on that layout computes, at the extremes too, for every tile
-/// width and across blocks of tokens, with the rows split between calls as threads split them.
+/// Q4_K repacked by ggml (x86 with AVX2): every element of our several-token kernel, with
+/// each instruction set this CPU has, is what ggml's one-token kernel on that layout computes,
+/// at the extremes too, for every tile width and across blocks of tokens, with the rows split
+/// between calls as threads split them.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn repacked_q4_k_is_what_ggml_s_gemv_computes() {
@@ -195,15 +196,23 @@ fn repacked_q4_k_is_what_ggml_s_gemv_computes() {
         return;
     };
     let mut compared = 0;
-    for (i, &(rows, cols)) in [(8, 2), (16, 5), (32, 9), (24, 1), (16, 70), (40, 4)].iter().enumerate() {
+    let shapes = [(8, 2), (16, 5), (32, 9), (24, 1), (16, 70), (40, 4), (8, 7), (16, 8), (24, 15), (8, 131)];
+    for (i, &(rows, cols)) in shapes.iter().enumerate() {
         let k = 256 * [1, 3, 7, 2][i % 4];
         let (w, y) = data(Quant::Q4K, rows, cols, k, (rows * 31 + cols) as u64);
         let split = (rows / 16) * 8;
-        let (gemv, ours) = repacked::both(buft, &w, &y, (rows, cols, k), split).expect("ggml repacks");
-        for (at, (want, got)) in gemv.iter().zip(&ours).enumerate() {
-            let (c, r) = (at / rows, at % rows);
-            assert_eq!(got.to_bits(), want.to_bits(), "row {r} col {c} of {rows}x{cols}x{k}: {got} vs {want}");
-            compared += 1;
+        for isa in isas() {
+            let (gemv, ours) =
+                repacked::both(isa, buft, &w, &y, (rows, cols, k), split).expect("ggml repacks");
+            for (at, (want, got)) in gemv.iter().zip(&ours).enumerate() {
+                let (c, r) = (at / rows, at % rows);
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{isa:?}: row {r} col {c} of {rows}x{cols}x{k}: {got} vs {want}"
+                );
+                compared += 1;
+            }
         }
     }
     eprintln!("{compared} elements compared");

@@ -1,4 +1,5 @@
-//! Timing the kernels alone, against ggml's one-row kernel, on random data: what
+//! Timing the kernels alone, against ggml's one-row kernel (for repacked Q4_K, its
+//! one-token kernel), on random data: what
 //! `cargo bench --bench kernels` prints, so that a board's owner can see them on the device.
 
 use std::time::Instant;
@@ -37,9 +38,14 @@ impl KernelTiming {
     }
 }
 
-/// The formats with kernels, by name.
+/// The formats with kernels, by name: ggml's, and `q4_Kx8` for Q4_K in ggml's repacked
+/// layout where this CPU uses it.
 pub fn kernel_formats() -> Vec<&'static str> {
-    Quant::ALL.iter().map(|q| q.name()).collect()
+    let mut formats: Vec<&str> = Quant::ALL.iter().map(|q| q.name()).collect();
+    if super::repacked::buffer_type().is_some() {
+        formats.push("q4_Kx8");
+    }
+    formats
 }
 
 /// The instructions our kernels use on this CPU (`avx2`, `avxvnni`, `avx512`; `neon`,
@@ -59,6 +65,9 @@ pub fn time_kernel(
     reps: usize,
 ) -> Option<Vec<KernelTiming>> {
     crate::ffi::init();
+    if format == "q4_Kx8" {
+        return super::repacked::time(m, k, rows, reps);
+    }
     let quant = Quant::ALL.into_iter().find(|q| q.name() == format)?;
     if !k.is_multiple_of(quant.block_len()) || m == 0 {
         return None;
@@ -69,15 +78,7 @@ pub fn time_kernel(
     let weight_bytes = unsafe { sys::ggml_row_size(quant.ggml(), k as i64) } * m;
     let mut out = vec![0f32; m * max_rows];
     let mut work = Work::default();
-    let best = |f: &mut dyn FnMut()| {
-        (0..reps.max(1))
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64()
-            })
-            .fold(f64::INFINITY, f64::min)
-    };
+    let best = |f: &mut dyn FnMut()| best_of(reps, f);
     Some(
         rows.iter()
             .map(|&n| {
@@ -107,6 +108,17 @@ pub fn time_kernel(
             })
             .collect(),
     )
+}
+
+/// The fastest of `reps` runs of `f`, in seconds.
+pub(crate) fn best_of(reps: usize, f: &mut dyn FnMut()) -> f64 {
+    (0..reps.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// Random weights (`rows × k`, quantized to `quant` by ggml) and activations (`cols × k`,

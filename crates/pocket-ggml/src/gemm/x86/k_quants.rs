@@ -23,7 +23,7 @@ use std::arch::x86_64::*;
 
 use super::{f16, hsum};
 use crate::gemm::blocks::{BlockQ4K, BlockQ6K, BlockQ8K, q4_k_scales_and_mins};
-use crate::gemm::{Rows, Work, balanced_tiles, blocks};
+use crate::gemm::{Isa, Rows, Work, balanced_tiles, blocks};
 
 /// Activation rows per tile: each has an int32 lane-sum register while a super-block is
 /// multiplied (8 of them, a pair of sub-blocks, its scales and temporaries fill AVX2's 16
@@ -151,13 +151,36 @@ pub(crate) trait SuperBlock: Sized {
 ///
 /// # Safety
 /// As for [`super::gemm`].
-pub(crate) unsafe fn gemm<B: SuperBlock>(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
-    // SAFETY: by the caller.
-    unsafe { gemm_avx2::<B>(rows, out, ld, work) }
+pub(crate) unsafe fn gemm<B: SuperBlock>(isa: Isa, rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
+    // SAFETY: by the caller, the CPU has isa's instructions.
+    unsafe {
+        match isa {
+            Isa::Avx512 => gemm_avx512::<B>(rows, out, ld, work),
+            Isa::AvxVnni | Isa::Avx2 => gemm_avx2::<B>(rows, out, ld, work),
+        }
+    }
+}
+
+/// AVX2's instructions with AVX-512's 32 registers (a tile's accumulators and a super-block's
+/// weights then stay in registers).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn gemm_avx512<B: SuperBlock>(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
+    // SAFETY: by the caller; this function has the instructions the body uses.
+    unsafe { gemm_body::<B>(rows, out, ld, work) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemm_avx2<B: SuperBlock>(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
+    // SAFETY: by the caller; this function has the instructions the body uses.
+    unsafe { gemm_body::<B>(rows, out, ld, work) }
+}
+
+/// The kernel, for the instructions of the function it is inlined into.
+///
+/// # Safety
+/// As for [`gemm`], with AVX2, FMA and F16C.
+#[inline(always)]
+unsafe fn gemm_body<B: SuperBlock>(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
     let nb = rows.k / 256;
     // SAFETY: by the caller, the operands hold these blocks.
     let (w, y) =

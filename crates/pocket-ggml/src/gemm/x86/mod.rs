@@ -23,8 +23,8 @@ pub(crate) unsafe fn gemm(isa: Isa, quant: Quant, rows: Rows, out: *mut f32, ld:
             Quant::Q4_0 => q0::gemm::<q0::BlockQ4_0>(isa, &rows, out, ld, work),
             Quant::Q5_0 => q0::gemm::<q0::BlockQ5_0>(isa, &rows, out, ld, work),
             Quant::Q8_0 => q0::gemm::<q0::BlockQ8_0>(isa, &rows, out, ld, work),
-            Quant::Q4K => k_quants::gemm::<BlockQ4K>(&rows, out, ld, work),
-            Quant::Q6K => k_quants::gemm::<BlockQ6K>(&rows, out, ld, work),
+            Quant::Q4K => k_quants::gemm::<BlockQ4K>(isa, &rows, out, ld, work),
+            Quant::Q6K => k_quants::gemm::<BlockQ6K>(isa, &rows, out, ld, work),
         }
     }
 }
