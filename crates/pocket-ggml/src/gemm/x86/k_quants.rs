@@ -37,6 +37,9 @@ const TILE_COLS: usize = 8;
 /// prompt's pass reads the weights from memory once.
 const ROWS: usize = 4;
 
+/// Bytes of a tile's activation blocks that leave most of L1 to the weights.
+const L1_ACTIVATIONS: usize = 16 * 1024;
+
 /// Sub-blocks `j` and `j + 1` (32 bytes each) interleaved in 16-bit pairs: the first
 /// register has, in 32-bit lane `l`, bytes `4l, 4l+1` of `j` then of `j + 1`; the second
 /// bytes `4l+2, 4l+3` of each.
@@ -208,8 +211,12 @@ unsafe fn gemm_body<B: SuperBlock>(rows: &Rows, out: *mut f32, ld: usize, work: 
     let tiles = &mut work.tiles;
     tiles.clear();
     tiles.extend(balanced_tiles(rows.n, TILE_COLS));
-    for r in rows.range.clone().step_by(ROWS) {
-        let w = &w[r * nb..rows.range.end.min(r + ROWS) * nb];
+    // Where a tile's activations fit in L1 with room to spare, one weight row at a time: the
+    // weights then stream in order, which the prefetchers follow (a matrix read from DRAM,
+    // such as an LM head, came about half as fast in groups of rows).
+    let group = if nb * size_of::<BlockQ8K>() * TILE_COLS <= L1_ACTIVATIONS { 1 } else { ROWS };
+    for r in rows.range.clone().step_by(group) {
+        let w = &w[r * nb..rows.range.end.min(r + group) * nb];
         for &(c0, nc) in tiles.iter() {
             // SAFETY: this function has AVX2, FMA and F16C; the columns c0..c0 + nc exist (in
             // y, sums and acts) and out is writable at (c, r..) by the caller.
@@ -400,14 +407,16 @@ unsafe fn unpack_q6_k(x: &BlockQ6K) -> Q6K {
             q[4 * j + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits2), m15), h3);
         }
         // Group g's bytes 0..16 have scale 2g, bytes 16..32 scale 2g + 1; lanes 0..4 of a
-        // pair's sums hold the first 16 bytes of each group.
-        let s = |i: usize| i32::from(x.scales[i]) & 0xFFFF;
+        // pair's sums hold the first 16 bytes of each group: pair p's int16 lanes alternate
+        // scales 4p and 4p + 2 in its first 8, 4p + 1 and 4p + 3 in its last 8.
+        let scales = _mm_loadu_si128(x.scales.as_ptr().cast());
+        let spread = |p: i8| {
+            let (a, b, c, d) = (4 * p, 4 * p + 2, 4 * p + 1, 4 * p + 3);
+            _mm_setr_epi8(a, b, a, b, a, b, a, b, c, d, c, d, c, d, c, d)
+        };
         Q6K {
             pairs: std::array::from_fn(|p| interleave(q[2 * p], q[2 * p + 1])),
-            scales: std::array::from_fn(|p| {
-                let (lo, hi) = (s(4 * p) | s(4 * p + 2) << 16, s(4 * p + 1) | s(4 * p + 3) << 16);
-                _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi)
-            }),
+            scales: [0, 1, 2, 3].map(|p| _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, spread(p)))),
             scales_16: _mm256_cvtepi8_epi16(_mm_loadu_si128(x.scales.as_ptr().cast())),
             d: f16(x.d),
         }
