@@ -165,7 +165,7 @@ const TOKENS: usize = 64;
 struct Unpacked {
     /// Per sub-block `j` and 8-byte column `q`: rows 0–3's bytes `8q..8q + 8` of sub-block `j`
     /// (at `2q`), then rows 4–7's (at `2q + 1`), 8 bytes a row.
-    w: [[__m256i; 8]; 8],
+    qs: *const u8,
     /// Per sub-block, for rows 0–3 and for rows 4–7: the rows' scales as [`Sums::scales`]
     /// lays them out.
     scales: [[__m256i; 2]; 8],
@@ -307,7 +307,14 @@ unsafe fn tile<K: Sums, const N: usize>(u: &Unpacked, t: &Tokens, accs: &mut [f3
         for j in 0..8 {
             let mut lanes = [[_mm256_setzero_si256(); N]; 2];
             for q in 0..4 {
-                let (w0, w1) = (u.w[j][2 * q], u.w[j][2 * q + 1]);
+                let m4 = _mm256_set1_epi8(0xF);
+                let raw0 = _mm256_loadu_si256(u.qs.add(256 * (j / 2) + 64 * q).cast());
+                let raw1 = _mm256_loadu_si256(u.qs.add(256 * (j / 2) + 64 * q + 32).cast());
+                let (w0, w1) = if j % 2 == 0 {
+                    (_mm256_and_si256(raw0, m4), _mm256_and_si256(raw1, m4))
+                } else {
+                    (_mm256_and_si256(_mm256_srli_epi16::<4>(raw0), m4), _mm256_and_si256(_mm256_srli_epi16::<4>(raw1), m4))
+                };
                 unroll_cols!(c, N, {
                     let a = blocks[c].qs.as_ptr().add(32 * j + 8 * q).cast::<i64>().read_unaligned();
                     let a = _mm256_set1_epi64x(a);
@@ -351,19 +358,6 @@ unsafe fn tile<K: Sums, const N: usize>(u: &Unpacked, t: &Tokens, accs: &mut [f3
 unsafe fn unpack<K: Sums>(x: &BlockQ4Kx8) -> Unpacked {
     // SAFETY: by the caller; the block's bytes are read.
     unsafe {
-        let m4 = _mm256_set1_epi8(0xF);
-        let mut w = [[_mm256_setzero_si256(); 8]; 8];
-        // Row bytes 32p.. (8 columns of 4 rows each) hold sub-block 2p in their low nibbles and
-        // 2p + 1 in their high ones. (Plain loops: closures here are not always inlined into
-        // the caller's instruction set, and an intrinsic outside it is a call.)
-        for p in 0..4 {
-            #[allow(clippy::needless_range_loop)] // i indexes the bytes and two sub-blocks
-            for i in 0..8 {
-                let raw = _mm256_loadu_si256(x.qs.as_ptr().add(256 * p + 32 * i).cast());
-                w[2 * p][i] = _mm256_and_si256(raw, m4);
-                w[2 * p + 1][i] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
-            }
-        }
         // Per sub-block, the 8 rows' scales then their 8 mins, as bytes (the 12 bytes of group j,
         // packed as a Q4_K super-block's own).
         let bytes: [__m128i; 8] = std::array::from_fn(|j| {
@@ -379,7 +373,7 @@ unsafe fn unpack<K: Sums>(x: &BlockQ4Kx8) -> Unpacked {
         });
         let d = _mm256_cvtph_ps(_mm_loadu_si128(x.d.as_ptr().cast()));
         Unpacked {
-            w,
+            qs: x.qs.as_ptr(),
             scales,
             mins,
             d: _mm256_permutevar8x32_ps(d, _mm256_loadu_si256(ORDER.as_ptr().cast())),
