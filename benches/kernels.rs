@@ -1,6 +1,10 @@
 //! `cargo bench --bench kernels`: our multi-row matrix kernels alone, against ggml's one-row
 //! kernel, for every weight format that has one, at 1 to 16 activation rows (the sizes of a
-//! decode step and of verification passes), on one thread: time, GFLOP/s and weight GB/s.
+//! decode step and of verification passes), on one thread: time, GFLOP/s and weight GB/s. And
+//! against ggml's own `mul_mat` as llama.cpp runs it, up to prompt-sized passes of 256 rows:
+//! its repacked, llamafile or tiled kernels where it has them. This process turns ggml's tiled
+//! K-quant kernels off as pocketd does; `GGML_CPU_TILED_MM=1 cargo bench --bench kernels`
+//! compares with llama.cpp's defaults.
 //!
 //! The shapes are Qwen2.5-Coder-0.5B's feed-forward (4864 × 896 for 32-weight blocks,
 //! 896 × 4864 for K-quants). The speed-up column is what a verification pass of n tokens
@@ -18,15 +22,28 @@ fn main() -> ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    let rows = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16];
+    let rows = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 32, 64, 128, 256];
     let isa = pocket_ggml::kernel_isa();
     println!(
         "kernels: {}",
         isa.map_or("none on this CPU (ggml's mul_mat is used)".to_owned(), |i| format!("mm-{i}"))
     );
     println!(
-        "{:6} {:>12} {:>4} {:>11} {:>11} {:>8} {:>8} {:>8}",
-        "format", "shape", "rows", "ours µs", "one-row µs", "speed-up", "GFLOP/s", "GB/s"
+        "ggml's tiled K-quant kernels (GGML_CPU_TILED_MM): {}",
+        if std::env::var("GGML_CPU_TILED_MM").is_ok_and(|v| v != "0") { "on" } else { "off" }
+    );
+    println!(
+        "{:6} {:>12} {:>4} {:>11} {:>11} {:>8} {:>11} {:>8} {:>8} {:>8}",
+        "format",
+        "shape",
+        "rows",
+        "ours µs",
+        "one-row µs",
+        "speed-up",
+        "ggml µs",
+        "vs ggml",
+        "GFLOP/s",
+        "GB/s"
     );
     let shapes: Vec<(usize, usize)> = std::env::args()
         .skip(1)
@@ -54,22 +71,28 @@ fn run() -> anyhow::Result<()> {
 
 /// One line per row count, and its JSON.
 fn print_timings(timings: Vec<pocket_ggml::KernelTiming>, results: &mut Vec<serde_json::Value>) {
+    let us = |s: Option<f64>| s.map_or("-".to_owned(), |s| format!("{:.1}", s * 1e6));
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2}x", a / b),
+        _ => "-".to_owned(),
+    };
     for t in timings {
-        let ours = t.ours_seconds.unwrap_or(f64::NAN);
         println!(
-            "{:6} {:>12} {:>4} {:>11.1} {:>11.1} {:>7.2}x {:>8.1} {:>8.1}",
+            "{:6} {:>12} {:>4} {:>11} {:>11} {:>8} {:>11} {:>8} {:>8.1} {:>8.1}",
             t.format,
             format!("{}x{}", t.shape.0, t.shape.1),
             t.rows,
-            ours * 1e6,
-            t.one_row_seconds * 1e6,
-            t.one_row_seconds / ours,
+            us(t.ours_seconds),
+            us(t.one_row_seconds),
+            ratio(t.one_row_seconds, t.ours_seconds),
+            us(t.ggml_seconds),
+            ratio(t.ggml_seconds, t.ours_seconds),
             t.gflops(),
             t.gbytes_per_second()
         );
         results.push(json!({
             "format": t.format, "m": t.shape.0, "k": t.shape.1, "rows": t.rows,
-            "ours_s": t.ours_seconds, "one_row_s": t.one_row_seconds,
+            "ours_s": t.ours_seconds, "one_row_s": t.one_row_seconds, "ggml_mul_mat_s": t.ggml_seconds,
             "gflops": t.gflops(), "gbytes_per_s": t.gbytes_per_second(),
         }));
     }

@@ -295,16 +295,20 @@ mod x86_64 {
         let weight_bytes = unsafe { sys::ggml_row_size(sys::GGML_TYPE_Q4_K, k as i64) } * m;
         let mut out = vec![0f32; m * max_rows];
         let mut work = Work::default();
+        let ggml = timing::ggml_mul_mat_seconds(sys::GGML_TYPE_Q4_K, &w, (m, k), rows, reps);
         Some(
             rows.iter()
-                .map(|&n| timing::KernelTiming {
+                .zip(ggml)
+                .map(|(&n, ggml_seconds)| timing::KernelTiming {
                     format: "q4_Kx8",
                     shape: (m, k),
                     rows: n,
-                    one_row_seconds: timing::best_of(reps, &mut || matrix.gemv(&y, n, &mut out)),
+                    one_row_seconds: (n <= timing::ONE_ROW_UP_TO)
+                        .then(|| timing::best_of(reps, &mut || matrix.gemv(&y, n, &mut out))),
                     ours_seconds: Some(timing::best_of(reps, &mut || {
                         matrix.ours(isa, &y, n, 0..m, &mut out, &mut work)
                     })),
+                    ggml_seconds,
                     weight_bytes,
                 })
                 .collect(),

@@ -19,22 +19,27 @@ pub struct KernelTiming {
     pub rows: usize,
     /// Seconds for the product by all rows with our kernel, or `None` where this CPU has none.
     pub ours_seconds: Option<f64>,
-    /// Seconds for the same with ggml's one-row kernel, once per (weight row, activation row).
-    pub one_row_seconds: f64,
+    /// Seconds for the same with ggml's one-row kernel, once per (weight row, activation row)
+    /// (for repacked Q4_K, its one-token kernel once per activation row), or `None` where not
+    /// timed (prompt-sized passes).
+    pub one_row_seconds: Option<f64>,
+    /// Seconds for the same with ggml's own `mul_mat`, as llama.cpp runs it on this CPU (see
+    /// [`ggml_mul_mat_seconds`]), or `None` where ggml could not be run so.
+    pub ggml_seconds: Option<f64>,
     /// Bytes of weights read.
     pub weight_bytes: usize,
 }
 
 impl KernelTiming {
-    /// Multiply-adds ×2 per second of our kernel (or of the one-row kernel where we have none).
+    /// Multiply-adds ×2 per second of our kernel (NaN where we have none).
     pub fn gflops(&self) -> f64 {
         let (m, k) = self.shape;
-        2.0 * (m * k * self.rows) as f64 / self.ours_seconds.unwrap_or(self.one_row_seconds) / 1e9
+        2.0 * (m * k * self.rows) as f64 / self.ours_seconds.unwrap_or(f64::NAN) / 1e9
     }
 
     /// Weight bytes read per second by our kernel (each weight is read once per call).
     pub fn gbytes_per_second(&self) -> f64 {
-        self.weight_bytes as f64 / self.ours_seconds.unwrap_or(self.one_row_seconds) / 1e9
+        self.weight_bytes as f64 / self.ours_seconds.unwrap_or(f64::NAN) / 1e9
     }
 }
 
@@ -53,6 +58,10 @@ pub fn kernel_formats() -> Vec<&'static str> {
 pub fn kernel_isa() -> Option<&'static str> {
     isa().map(|i| i.name())
 }
+
+/// Activation rows up to which the one-row kernel is timed too (beyond, only ours and ggml's
+/// `mul_mat`: the one-row kernel's time is linear in the rows).
+pub(crate) const ONE_ROW_UP_TO: usize = 16;
 
 /// Time `format` (one of [`kernel_formats`]) on an `m × k` matrix by each of `rows`
 /// activation rows, on one thread: the best of `reps` runs of each kernel. `k` must be a
@@ -81,13 +90,16 @@ pub fn time_kernel(
     let best = |f: &mut dyn FnMut()| best_of(reps, f);
     Some(
         rows.iter()
-            .map(|&n| {
-                let one_row_seconds = best(&mut || {
-                    for c in 0..n {
-                        for r in 0..m {
-                            out[c * m + r] = one_row_dot(quant, &w, &y, k, r, c);
+            .zip(ggml_mul_mat_seconds(quant.ggml(), &w, (m, k), rows, reps))
+            .map(|(&n, ggml_seconds)| {
+                let one_row_seconds = (n <= ONE_ROW_UP_TO).then(|| {
+                    best(&mut || {
+                        for c in 0..n {
+                            for r in 0..m {
+                                out[c * m + r] = one_row_dot(quant, &w, &y, k, r, c);
+                            }
                         }
-                    }
+                    })
                 });
                 let ours_seconds = isa().map(|isa| {
                     best(&mut || {
@@ -103,11 +115,71 @@ pub fn time_kernel(
                     rows: n,
                     ours_seconds,
                     one_row_seconds,
+                    ggml_seconds,
                     weight_bytes,
                 }
             })
             .collect(),
     )
+}
+
+/// ggml's own `mul_mat` of `w` (`m × k` weights of type `ty`, stored layout) by `n` rows of
+/// f32 activations, for each `n` of `rows`, as llama.cpp runs it on the CPU: the weights in
+/// the buffer ggml's CPU backend prefers for them (repacked where it repacks that format), in
+/// a graph of its CPU backend on one thread. What it takes is ggml's choice: its repacked
+/// kernels, llamafile's tiled kernels, its tiled K-quant kernels (off in this process unless
+/// `GGML_CPU_TILED_MM=1` was set before the first use of ggml) or one-row dot products. The
+/// best of `reps` runs each; `None` for a size ggml could not run.
+pub(crate) fn ggml_mul_mat_seconds(
+    ty: sys::ggml_type,
+    w: &[u64],
+    (m, k): (usize, usize),
+    rows: &[usize],
+    reps: usize,
+) -> Vec<Option<f64>> {
+    use crate::ffi::arena::Arena;
+    use crate::ffi::device::{Device, DeviceChoice, WeightOp};
+    use crate::ffi::graph::Ctx;
+    use crate::ffi::sched::Scheduler;
+
+    let setup = || -> Option<(Arena, crate::ffi::graph::Tensor, Device)> {
+        let device = Device::select(&DeviceChoice::Cpu, true).ok()?;
+        let mut arena = Arena::new(1).ok()?;
+        let t = arena.matrix(ty, k, m).ok()?;
+        arena.alloc_in(device.weight_buft(t, WeightOp::MulMat)).ok()?;
+        // SAFETY: the words' bytes, at least as many as the matrix holds (checked).
+        let bytes =
+            unsafe { std::slice::from_raw_parts(w.as_ptr().cast::<u8>(), t.nbytes().min(w.len() * 8)) };
+        (bytes.len() == t.nbytes()).then_some(())?;
+        // ggml repacks while copying, where the buffer is a repacking one.
+        t.write_at(0, bytes).ok()?;
+        Some((arena, t, device))
+    };
+    let Some((_arena, t, device)) = setup() else { return vec![None; rows.len()] };
+    let Ok(sched) = Scheduler::new(&device, 1, 8) else { return vec![None; rows.len()] };
+    let mut state = 0x5eed_u64;
+    let most = rows.iter().copied().max().unwrap_or(1);
+    let x: Vec<f32> = (0..most * k)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect();
+    rows.iter()
+        .map(|&n| {
+            let ctx = Ctx::new(Vec::new(), 8).ok()?;
+            let input = ctx.input(sys::GGML_TYPE_F32, &[k as i64, n as i64], "x");
+            let product = ctx.mul_mat(t, input);
+            ctx.output(product);
+            ctx.expand(product);
+            sched.alloc(&ctx).then_some(())?;
+            input.set_data(&x[..n * k]).ok()?;
+            sched.compute(&ctx).ok()?;
+            Some(best_of(reps, &mut || {
+                let _ = sched.compute(&ctx);
+            }))
+        })
+        .collect()
 }
 
 /// The fastest of `reps` runs of `f`, in seconds.

@@ -313,7 +313,10 @@ unsafe fn tile<K: Sums, const N: usize>(u: &Unpacked, t: &Tokens, accs: &mut [f3
                 let (w0, w1) = if j % 2 == 0 {
                     (_mm256_and_si256(raw0, m4), _mm256_and_si256(raw1, m4))
                 } else {
-                    (_mm256_and_si256(_mm256_srli_epi16::<4>(raw0), m4), _mm256_and_si256(_mm256_srli_epi16::<4>(raw1), m4))
+                    (
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(raw0), m4),
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(raw1), m4),
+                    )
                 };
                 unroll_cols!(c, N, {
                     let a = blocks[c].qs.as_ptr().add(32 * j + 8 * q).cast::<i64>().read_unaligned();
