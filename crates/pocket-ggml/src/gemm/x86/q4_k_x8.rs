@@ -8,9 +8,9 @@
 //! `accm = float(imin)·(dmin·d_y) + accm`; the result is `acc − accm`. Integers come out
 //! the same in any order, so this kernel is free in how it forms them, and it forms them on
 //! the layout as it lies: a register of 32 weight bytes holds 8 bytes of each of 4 rows, so
-//! one 8-byte broadcast of the activations serves both halves of the group, and unpacking a
-//! super-block is masking and shifting its nibbles (the gemv also shuffles 8-byte halves into
-//! 4-byte lanes, for every token). Each row's two half-sums meet in one horizontal add per
+//! one 8-byte broadcast of the activations serves both halves of the group, and the weights
+//! are nibbles masked and shifted as a tile reads them (the gemv also shuffles 8-byte halves
+//! into 4-byte lanes, for every token). Each row's two half-sums meet in one horizontal add per
 //! super-block, which leaves the rows in [`ORDER`]; `d` is loaded in that order and the
 //! results go back to row order at the end. The float chain per (row, token) is the gemv's,
 //! operation for operation.
@@ -33,8 +33,8 @@ const ORDER: [i32; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
 /// multiplied by the rows' scales with `vpmaddwd`.
 trait Sums {
     /// Tokens whose sums are formed together: each weight register is loaded once for all of
-    /// them (per token, the lane sums and the int32 sums for the half of the group at hand and
-    /// the other half's int32 sums, besides the weights and a broadcast, fill the registers).
+    /// them (per token, lane sums and int32 sums for both halves of the group, besides two
+    /// weight registers and a broadcast, fill the registers).
     const TILE: usize;
 
     /// `acc` plus the products of unsigned weight bytes `w` by signed activation bytes `a`,
@@ -161,10 +161,11 @@ impl Vnni for AvxVnni {
 /// once per block.
 const TOKENS: usize = 64;
 
-/// A group's super-block unpacked for its tokens.
+/// A group's super-block unpacked for its tiles.
 struct Unpacked {
-    /// Per sub-block `j` and 8-byte column `q`: rows 0–3's bytes `8q..8q + 8` of sub-block `j`
-    /// (at `2q`), then rows 4–7's (at `2q + 1`), 8 bytes a row.
+    /// The block's nibbles as ggml lays them: sub-blocks `2p` and `2p + 1` (low and high
+    /// nibbles) in bytes `256p..256p + 256`, 8-byte column `q` of rows 0–3 at `64q`, of rows
+    /// 4–7 32 bytes later.
     qs: *const u8,
     /// Per sub-block, for rows 0–3 and for rows 4–7: the rows' scales as [`Sums::scales`]
     /// lays them out.
@@ -352,8 +353,8 @@ unsafe fn tile<K: Sums, const N: usize>(u: &Unpacked, t: &Tokens, accs: &mut [f3
     }
 }
 
-/// A `block_q4_Kx8` unpacked: its nibbles as bytes, its scales and mins widened, its `d`
-/// and `dmin` as f32.
+/// A `block_q4_Kx8` unpacked: its scales and mins widened, its `d` and `dmin` as f32 (its
+/// nibbles are read where they lie).
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C.
