@@ -47,6 +47,6 @@ pub use ffi::vocab::Vocab;
 pub use gemm::timing::{KernelTiming, kernel_formats, kernel_isa, time_kernel};
 pub use kv::KV_BLOCK_TOKENS;
 pub use llama_cpp::{LlamaCppModel, LlamaCppSession};
-pub use model::{AttentionKernel, GgmlModel, GraphSupport, LoadOptions, graph_support};
+pub use model::{AttentionKernel, GgmlModel, GraphSupport, LoadOptions, Repack, graph_support};
 pub use reference::LlamaCpp;
 pub use session::{GgmlSession, MAX_LOGIT_ROWS};

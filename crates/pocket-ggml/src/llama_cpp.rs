@@ -24,7 +24,7 @@ use crate::ffi::gguf::GgufFile;
 use crate::ffi::llama::{ContextParams, LlamaContext, LlamaWeights, Load};
 use crate::ffi::vocab::Vocab;
 use crate::kv;
-use crate::{Error, LoadOptions, Result};
+use crate::{Error, LoadOptions, Repack, Result};
 
 /// llama.cpp rounds a context up to a multiple of this many tokens and allocates its KV cache
 /// for all of them at once.
@@ -119,7 +119,7 @@ impl LlamaCppModel {
         // would only fail.
         let file = GgufFile::open(path)?;
         let arch = file.get_str("general.architecture").unwrap_or_default();
-        let device = Device::select(&options.device, false)?;
+        let device = Device::select(&options.device, Repack::None)?;
         let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         let what = format!("the weights of {}", path.display());
         let reservation = options.ledger.as_ref().map(|l| l.reserve(file_bytes, &what)).transpose()?;

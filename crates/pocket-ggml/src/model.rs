@@ -19,22 +19,37 @@ use crate::kv::{self, KV_BLOCK_TOKENS};
 use crate::session::GgmlSession;
 use crate::weights::Weights;
 
+/// Which weight matrices ggml's CPU backend may repack into its own layouts when they are
+/// loaded (llama.cpp repacks every one it can).
+///
+/// A repacked matrix multiplies groups of 4 tokens with one kernel and the rest with
+/// another, so a verification pass of several tokens would not compute each row exactly as
+/// decoding that token alone does (measured on Qwen2.5's Q4_K: logits off by up to 0.3), and
+/// speculative decoding's greedy output must equal plain decoding's. Where our kernel reads
+/// a repacked layout with the one-token kernel's arithmetic, the layout is safe.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Repack {
+    /// Every matrix as the file stores it: the arithmetic of ggml's one-row kernels, which
+    /// llama.cpp also computes with repacking off (`pocket parity` compares so).
+    None,
+    /// Q4_K matrices, on x86 with AVX2: one token goes through ggml's kernel for that layout
+    /// (faster than its one-row kernel) and several through ours, which rounds as ggml's
+    /// one-token kernel does (`gemm::repacked`); the rest stay as stored. Elsewhere, as
+    /// [`Repack::None`].
+    #[default]
+    Q4K,
+    /// Every matrix ggml repacks, as llama.cpp does: fastest plain decoding where ggml has
+    /// such layouts, but verification passes no longer equal single steps.
+    All,
+}
+
 /// How to load a model.
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
     /// The device to run on.
     pub device: DeviceChoice,
-    /// Let ggml repack every quantized matrix it can into its CPU layouts (llama.cpp does by
-    /// default).
-    ///
-    /// Off by default: a repacked matrix multiplies groups of 4 rows with one kernel and the
-    /// rest with another, so a verification pass of several tokens would not compute each
-    /// row exactly as decoding that token alone does (measured on Qwen2.5's Q4_K: logits
-    /// off by up to 0.3), and speculative decoding's greedy output must equal plain
-    /// decoding's. Without it, Q4_K matrices are still repacked on x86 with AVX2, where one
-    /// token goes through ggml's kernel for that layout and several through ours, which
-    /// rounds as ggml's one-token kernel does (`gemm::repacked`); the rest stay as stored.
-    pub repack: bool,
+    /// Which quantized matrices ggml repacks into its CPU layouts at load ([`Repack`]).
+    pub repack: Repack,
     /// The format weight matrices are held in: as stored, or widened to Q8_0 for a flatter
     /// verification cost curve on CPUs (see [`WeightFormat`]).
     pub weights: WeightFormat,
@@ -89,7 +104,7 @@ pub(crate) struct Inner {
     pub(crate) hp: Hparams,
     pub(crate) device: Device,
     pub(crate) info: ModelInfo,
-    pub(crate) repack: bool,
+    pub(crate) repack: Repack,
     pub(crate) format: WeightFormat,
     pub(crate) attention: AttentionKernel,
     pub(crate) file: GgufFile,
@@ -208,8 +223,8 @@ impl GgmlModel {
         kv::bytes_per_token(&self.inner.hp, kv)
     }
 
-    /// Whether weights may be repacked ([`LoadOptions::repack`]).
-    pub fn repacks(&self) -> bool {
+    /// Which weights may be repacked ([`LoadOptions::repack`]).
+    pub fn repacks(&self) -> Repack {
         self.inner.repack
     }
 

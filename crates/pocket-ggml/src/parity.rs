@@ -18,8 +18,8 @@ use pocket_core::sampling::argmax;
 use pocket_core::{KvType, LayerPlan, Model, Rows, SessionConfig, Token};
 
 use crate::{
-    AttentionKernel, DeviceChoice, GgmlModel, GraphSupport, LlamaCpp, LlamaCppModel, LoadOptions, Result,
-    graph_support,
+    AttentionKernel, DeviceChoice, GgmlModel, GraphSupport, LlamaCpp, LlamaCppModel, LoadOptions, Repack,
+    Result, graph_support,
 };
 
 /// What to compare.
@@ -169,7 +169,16 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 /// Compare our engine with llama.cpp on the model at `path`.
 pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
     let device = options.device.clone();
-    let load = LoadOptions { attention: AttentionKernel::Ggml, device: device.clone(), ..Default::default() };
+    // Weights as the file stores them, as llama.cpp loads them here: ggml's one-row kernels on
+    // both sides. (What pocketd repacks by default, Q4_K on x86, its kernels compute as ggml's
+    // one-token kernel for that layout does, checked bit for bit by `gemm`'s tests; that
+    // kernel rounds otherwise than the one-row kernel on the stored layout.)
+    let load = LoadOptions {
+        attention: AttentionKernel::Ggml,
+        device: device.clone(),
+        repack: Repack::None,
+        ..Default::default()
+    };
     // Our graph, kept as such for the report on its own attention kernel.
     let (model, ours, engine, device_name, on_gpu): (Box<dyn Model>, Option<GgmlModel>, _, String, bool) =
         match graph_support(path)? {
@@ -237,7 +246,8 @@ pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
         report.kv.push(agree);
     }
     if !first_reference.is_empty() && ours.as_ref().is_some_and(|m| m.attention_kernel().is_some()) {
-        let own = GgmlModel::load(path, &LoadOptions { device, ..LoadOptions::default() })?;
+        let own =
+            GgmlModel::load(path, &LoadOptions { device, repack: Repack::None, ..LoadOptions::default() })?;
         let ours = teacher_forced(&own, &prompt, &forced, options.threads, kv_types[0])?;
         let mut agree =
             AttentionAgreement { top1_vs_llama_cpp: 0, max_abs_diff: 0.0, flip_margins: Vec::new() };

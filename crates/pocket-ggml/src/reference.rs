@@ -19,8 +19,8 @@ pub struct LlamaCpp {
 
 impl LlamaCpp {
     /// Load `path` with a context of `n_ctx` tokens; `repack` is llama.cpp's
-    /// `use_extra_bufts` (on by default there; compare with a model loaded with the same
-    /// [`crate::LoadOptions::repack`] for identical arithmetic).
+    /// `use_extra_bufts` (on by default there; for identical arithmetic compare `false` with a
+    /// model loaded with [`crate::Repack::None`]).
     pub fn load(
         path: &Path,
         threads: usize,

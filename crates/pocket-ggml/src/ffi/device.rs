@@ -8,7 +8,7 @@ use std::ffi::{CStr, CString};
 use llama_cpp_sys_2 as sys;
 
 use crate::ffi::graph::Tensor;
-use crate::{Error, Result};
+use crate::{Error, Repack, Result};
 
 /// Which device to run on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -66,9 +66,9 @@ fn dev_name(dev: sys::ggml_backend_dev_t) -> String {
 }
 
 impl Device {
-    /// The device for `choice`; on the CPU, `repack` lets weights go into ggml's repacking
-    /// buffer types (see [`crate::LoadOptions::repack`]).
-    pub(crate) fn select(choice: &DeviceChoice, repack: bool) -> Result<Device> {
+    /// The device for `choice`; on the CPU, `repack` says which weights go into ggml's
+    /// repacking buffer types (see [`Repack`]).
+    pub(crate) fn select(choice: &DeviceChoice, repack: Repack) -> Result<Device> {
         crate::ffi::init();
         // SAFETY: registry queries with in-range indices.
         let devices: Vec<sys::ggml_backend_dev_t> =
@@ -97,10 +97,11 @@ impl Device {
             }
         };
         let mut weight_bufts = Vec::new();
-        if dev == cpu && repack {
+        if dev == cpu && repack == Repack::All {
             weight_bufts.extend(cpu_extra_bufts(cpu));
         }
-        let q4_k_buft = if dev == cpu && !repack { crate::gemm::repacked::buffer_type() } else { None };
+        let q4_k_buft =
+            if dev == cpu && repack == Repack::Q4K { crate::gemm::repacked::buffer_type() } else { None };
         // SAFETY: registry device.
         weight_bufts.push(unsafe { sys::ggml_backend_dev_buffer_type(dev) });
         if dev != cpu {

@@ -143,7 +143,7 @@ pub(crate) fn ggml_mul_mat_seconds(
     use crate::ffi::sched::Scheduler;
 
     let setup = || -> Option<(Arena, crate::ffi::graph::Tensor, Device)> {
-        let device = Device::select(&DeviceChoice::Cpu, true).ok()?;
+        let device = Device::select(&DeviceChoice::Cpu, crate::Repack::All).ok()?;
         let mut arena = Arena::new(1).ok()?;
         let t = arena.matrix(ty, k, m).ok()?;
         arena.alloc_in(device.weight_buft(t, WeightOp::MulMat)).ok()?;
