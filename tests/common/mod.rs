@@ -92,6 +92,8 @@ pub(crate) struct Setup {
     pub(crate) spec: Option<&'static str>,
     /// Where it keeps what it learns (a directory of its own unless given).
     pub(crate) cache: Option<PathBuf>,
+    /// Start it with this limit on open files, soft and hard (`ulimit -n`).
+    pub(crate) open_files: Option<u64>,
 }
 
 impl Daemon {
@@ -117,7 +119,15 @@ impl Daemon {
             setup.extra
         );
         std::fs::write(dir.path().join("pocketd.toml"), config).unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_pocketd"));
+        let mut command = match setup.open_files {
+            // sh execs pocketd, so the child is pocketd itself.
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.args(["-c", "ulimit -n \"$0\" && exec \"$@\"", &n.to_string(), env!("CARGO_BIN_EXE_pocketd")]);
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_pocketd")),
+        };
         command
             .arg("--config")
             .arg(dir.path().join("pocketd.toml"))

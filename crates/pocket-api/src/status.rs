@@ -30,6 +30,30 @@ pub struct Status {
     /// Finished conversations kept for the next request to continue, most recently used first.
     #[serde(default)]
     pub parked: Vec<ParkedPrefix>,
+    /// The HTTP connections (absent when the status did not come over HTTP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections: Option<ConnectionStatus>,
+}
+
+/// pocketd's HTTP connections: open now, the caps, and what became of them since start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectionStatus {
+    /// Open now.
+    pub open: usize,
+    /// The cap on connections open at once (`max_connections`, lowered to stay under the
+    /// open files limit).
+    pub max: usize,
+    /// The cap per peer (`max_connections_per_peer`; a peer is a uid on the Unix socket).
+    pub max_per_peer: usize,
+    /// Accepted since start.
+    pub accepted: u64,
+    /// Turned away with a 503: a cap was reached and every candidate was answering a request.
+    pub refused: u64,
+    /// Closed to let a newer connection in (the oldest of those not answering a request).
+    pub evicted: u64,
+    /// Closed because a request's head did not arrive in `header_timeout_seconds`, or no
+    /// request came in `idle_timeout_seconds`.
+    pub timed_out: u64,
 }
 
 /// A conversation in the prompt cache.

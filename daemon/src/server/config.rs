@@ -114,6 +114,19 @@ pub struct Config {
     /// The most the files in `prompt_cache_dir` may take (`"1GiB"`); the least recently used
     /// are deleted first.
     pub prompt_cache_disk: String,
+    /// HTTP connections open at once (lowered at start to stay under the open files limit).
+    /// Past it, a new connection closes the oldest one waiting for a request, or gets a 503
+    /// when all are answering one.
+    pub max_connections: usize,
+    /// HTTP connections open at once from one peer (a uid on the Unix socket; the loopback
+    /// TCP listener counts as one peer).
+    pub max_connections_per_peer: usize,
+    /// Seconds a request's head, and then its body, may take to arrive.
+    pub header_timeout_seconds: u64,
+    /// Seconds a kept-alive HTTP connection may wait for its next request.
+    pub idle_timeout_seconds: u64,
+    /// `Generate` and `Start` calls one D-Bus caller may have running or queued at once.
+    pub dbus_jobs_per_caller: usize,
 }
 
 impl Default for Config {
@@ -140,6 +153,11 @@ impl Default for Config {
             prompt_cache: true,
             prompt_cache_dir: None,
             prompt_cache_disk: "1GiB".to_owned(),
+            max_connections: 512,
+            max_connections_per_peer: 128,
+            header_timeout_seconds: 10,
+            idle_timeout_seconds: 60,
+            dbus_jobs_per_caller: 4,
         }
     }
 }
@@ -167,6 +185,16 @@ impl Config {
         anyhow::ensure!(self.max_tokens >= 1, "max_tokens must be at least 1");
         anyhow::ensure!(self.ctx_size >= 16, "ctx_size must be at least 16 tokens, not {}", self.ctx_size);
         self.prompt_cache_disk_bytes()?;
+        anyhow::ensure!(self.max_connections >= 1, "max_connections must be at least 1");
+        anyhow::ensure!(
+            (1..=self.max_connections).contains(&self.max_connections_per_peer),
+            "max_connections_per_peer must be between 1 and max_connections ({}), not {}",
+            self.max_connections,
+            self.max_connections_per_peer
+        );
+        anyhow::ensure!(self.header_timeout_seconds >= 1, "header_timeout_seconds must be at least 1");
+        anyhow::ensure!(self.idle_timeout_seconds >= 1, "idle_timeout_seconds must be at least 1");
+        anyhow::ensure!(self.dbus_jobs_per_caller >= 1, "dbus_jobs_per_caller must be at least 1");
         if let Some(addr) = self.tcp {
             anyhow::ensure!(
                 addr.ip().is_loopback(),

@@ -11,6 +11,8 @@
 //! - `Cancel(o job)`, `ListModels() -> a(sbt)`, `LoadModel(s) -> t`, `UnloadModel(s)`.
 //! - Properties `Models`, `LoadedModels`, `BudgetBytes`, `UsedBytes`, `ActiveSessions` and
 //!   `Version`, with `PropertiesChanged` when they change.
+//! - A caller may have `dbus_jobs_per_caller` `Generate` and `Start` calls running or queued
+//!   (more: `org.pocketd.Error.QueueFull`); a caller that leaves the bus has its jobs cancelled.
 //!
 //! An empty model name means the default model. Options: `max_tokens` (any integer type),
 //! `temperature`, `top_p` (double), `top_k`, `seed` (integers), `stop` (string or array of
@@ -41,6 +43,7 @@ use pocket_core::ChatMessage;
 use zbus::object_server::SignalEmitter;
 use zbus::{Connection, ObjectPath, OwnedObjectPath, OwnedVariant, Str, Variant};
 
+use super::bus_callers::{self, Callers, Slot};
 use super::config::Bus;
 use super::error::ServeError;
 use super::scheduler::{Canceller, Finished, Input, Job, JobOptions, Piece, Scheduler, tool_choice};
@@ -81,7 +84,7 @@ impl From<ServeError> for PocketError {
             ServeError::InvalidArgument { .. } => PocketError::InvalidArgument(m),
             ServeError::UnknownModel(_) => PocketError::UnknownModel(m),
             ServeError::OverBudget { .. } => PocketError::OverBudget(m),
-            ServeError::QueueFull(_) => PocketError::QueueFull(m),
+            ServeError::QueueFull(_) | ServeError::CallerLimit(_) => PocketError::QueueFull(m),
             ServeError::TooLarge(_) => PocketError::TooLarge(m),
             ServeError::Busy(_) => PocketError::Busy(m),
             ServeError::ShuttingDown => PocketError::ShuttingDown(m),
@@ -94,6 +97,7 @@ impl From<ServeError> for PocketError {
 /// `org.pocketd.Pocketd1`.
 pub struct Pocketd {
     scheduler: Arc<Scheduler>,
+    callers: Arc<Callers>,
     jobs: Arc<Mutex<HashMap<String, Canceller>>>,
     next_job: AtomicU64,
 }
@@ -311,6 +315,26 @@ fn caller(header: &zbus::message::Header<'_>) -> String {
     format!("dbus {}", header.sender().map_or_else(|| "?".to_owned(), |s| s.to_string()))
 }
 
+impl Pocketd {
+    /// Take a job slot for the caller (refused past `dbus_jobs_per_caller`), then submit.
+    async fn submit(
+        &self,
+        job: Job,
+        header: &zbus::message::Header<'_>,
+        connection: &Connection,
+    ) -> Result<(super::scheduler::Running, Option<Slot>), PocketError> {
+        let slot = header.sender().map(|s| self.callers.enter(s.as_str())).transpose()?;
+        let running = self.scheduler.submit(job).await?;
+        if let Some(slot) = &slot {
+            slot.attach(running.canceller());
+            if !bus_callers::still_there(connection, slot.caller()).await {
+                running.canceller().cancel();
+            }
+        }
+        Ok((running, slot))
+    }
+}
+
 #[zbus::interface(name = "org.pocketd.Pocketd1")]
 impl Pocketd {
     /// Generate text and return it with statistics when it is complete.
@@ -321,9 +345,11 @@ impl Pocketd {
         prompt: &str,
         options: Options,
         #[zbus(header)] header: zbus::message::Header<'_>,
+        #[zbus(connection)] connection: &Connection,
     ) -> Result<(String, HashMap<String, OwnedVariant>), PocketError> {
         let job = job(model, prompt, &options, caller(&header))?;
-        let f = self.scheduler.submit(job).await?.collect().await?;
+        let (running, _slot) = self.submit(job, &header, connection).await?;
+        let f = running.collect().await?;
         Ok((f.text.clone(), stats(&f)))
     }
 
@@ -338,7 +364,7 @@ impl Pocketd {
         #[zbus(connection)] connection: &Connection,
     ) -> Result<OwnedObjectPath, PocketError> {
         let job = job(model, prompt, &options, caller(&header))?;
-        let running = self.scheduler.submit(job).await?;
+        let (running, slot) = self.submit(job, &header, connection).await?;
         let n = self.next_job.fetch_add(1, Ordering::Relaxed);
         let path = format!("{JOBS_PATH}/{n}");
         let state = Arc::new(Mutex::new(JobProgress { state: JobState::Running, text: String::new() }));
@@ -354,6 +380,7 @@ impl Pocketd {
             if let Err(e) = stream_job(&connection, &p, running, &state).await {
                 tracing::warn!(job = %p, "D-Bus job: {e}");
             }
+            drop(slot);
             jobs.lock().unwrap_or_else(|e| e.into_inner()).remove(&p);
             tokio::time::sleep(JOB_LINGER).await;
             let _ = connection.object_server().remove::<JobObject, _>(p.as_str()).await;
@@ -567,7 +594,13 @@ pub async fn serve(bus: Bus, scheduler: Arc<Scheduler>) -> anyhow::Result<Option
         Bus::System => zbus::connection::Builder::system(),
         Bus::Session => zbus::connection::Builder::session(),
     };
-    let iface = Pocketd { scheduler: scheduler.clone(), jobs: Arc::default(), next_job: AtomicU64::new(1) };
+    let callers = Callers::new(scheduler.config().dbus_jobs_per_caller);
+    let iface = Pocketd {
+        scheduler: scheduler.clone(),
+        callers: callers.clone(),
+        jobs: Arc::default(),
+        next_job: AtomicU64::new(1),
+    };
     let connection = builder
         .serve_at(OBJECT_PATH, iface)
         .name(BUS_NAME)
@@ -575,21 +608,25 @@ pub async fn serve(bus: Bus, scheduler: Arc<Scheduler>) -> anyhow::Result<Option
         .await
         .map_err(|e| anyhow::anyhow!("cannot serve {BUS_NAME} on the {bus:?} bus: {e}"))?;
     tokio::spawn(watch_properties(connection.clone(), scheduler));
+    tokio::spawn(bus_callers::watch(connection.clone(), callers));
     Ok(Some(connection))
 }
 
 /// Emit `PropertiesChanged` for the main object's properties when they change (whichever
-/// transport changed them), checked twice a second.
+/// transport changed them), woken by the registry's and scheduler's events.
 async fn watch_properties(connection: Connection, scheduler: Arc<Scheduler>) {
     let Ok(iface) = connection.object_server().interface::<_, Pocketd>(OBJECT_PATH).await else { return };
     let snapshot = |s: &Scheduler| {
         let loaded: Vec<String> = s.registry.loaded().into_iter().map(|(m, _)| m.name.clone()).collect();
         (loaded, s.ledger().used(), s.active())
     };
+    let mut changes = scheduler.registry.changes.subscribe();
     let mut last = snapshot(&scheduler);
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
-    loop {
-        tick.tick().await;
+    while changes.changed().await.is_ok() {
+        // Events come in bursts (a session ends: its memory, the session count, a parked
+        // conversation): one signal per property for the burst.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        changes.borrow_and_update();
         let now = snapshot(&scheduler);
         let emitter = iface.signal_emitter();
         let p = iface.get().await;

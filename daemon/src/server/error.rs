@@ -38,6 +38,9 @@ pub enum ServeError {
         /// The budget.
         budget: u64,
     },
+    /// The caller has as many jobs running or queued as one caller may.
+    #[error("{0}")]
+    CallerLimit(String),
     /// The model is in use and cannot be unloaded now.
     #[error("{0}")]
     Busy(String),
@@ -131,7 +134,7 @@ impl ServeError {
             ServeError::UnknownModel(_) => 404,
             ServeError::Busy(_) => 409,
             ServeError::TooLarge(_) => 413,
-            ServeError::QueueFull(_) => 429,
+            ServeError::QueueFull(_) | ServeError::CallerLimit(_) => 429,
             ServeError::Cancelled => 499,
             ServeError::Internal { .. } => 500,
             ServeError::OverBudget { .. } | ServeError::ShuttingDown => 503,
@@ -144,7 +147,7 @@ impl ServeError {
             ServeError::InvalidArgument { .. } | ServeError::TooLarge(_) => "invalid_request_error",
             ServeError::UnknownModel(_) => "not_found_error",
             ServeError::Busy(_) => "conflict_error",
-            ServeError::QueueFull(_) => "rate_limit_error",
+            ServeError::QueueFull(_) | ServeError::CallerLimit(_) => "rate_limit_error",
             ServeError::OverBudget { .. } | ServeError::ShuttingDown => "service_unavailable_error",
             ServeError::Cancelled => "cancelled",
             ServeError::Internal { .. } => "server_error",
@@ -158,7 +161,7 @@ impl ServeError {
             ServeError::InvalidArgument { .. } => "InvalidArgument",
             ServeError::UnknownModel(_) => "UnknownModel",
             ServeError::TooLarge(_) => "TooLarge",
-            ServeError::QueueFull(_) => "QueueFull",
+            ServeError::QueueFull(_) | ServeError::CallerLimit(_) => "QueueFull",
             ServeError::OverBudget { .. } => "OverBudget",
             ServeError::Busy(_) => "Busy",
             ServeError::ShuttingDown => "ShuttingDown",

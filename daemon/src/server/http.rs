@@ -10,14 +10,13 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::ConnectInfo;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::IncomingStream;
 use futures_util::Stream;
 use pocket_api::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
@@ -27,6 +26,7 @@ use pocket_api::{
 use pocket_runtime::Engine;
 use serde::de::DeserializeOwned;
 
+use super::connections::Connections;
 use super::error::ServeError;
 use super::registry::now_seconds;
 use super::scheduler::{Finished, Input, Job, JobOptions, Piece, Running, Scheduler};
@@ -35,33 +35,10 @@ use super::scheduler::{Finished, Input, Job, JobOptions, Piece, Running, Schedul
 /// these boards hold).
 pub const MAX_BODY_BYTES: usize = 4 << 20;
 
-/// Who is connected: the peer's credentials on the Unix socket, its address on TCP.
+/// Who is connected: the peer's credentials on the Unix socket, its address on TCP (put in
+/// each request's extensions by [`super::accept`]).
 #[derive(Debug, Clone)]
 pub struct Peer(pub String);
-
-impl Connected<IncomingStream<'_, tokio::net::UnixListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, tokio::net::UnixListener>) -> Self {
-        let peer = match stream.io().peer_cred() {
-            Ok(c) => Peer(format!(
-                "uid={} gid={} pid={}",
-                c.uid(),
-                c.gid(),
-                c.pid().map_or_else(|| "?".to_owned(), |p| p.to_string())
-            )),
-            Err(e) => Peer(format!("unix (credentials unavailable: {e})")),
-        };
-        tracing::debug!(peer = %peer.0, "connection");
-        peer
-    }
-}
-
-impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, tokio::net::TcpListener>) -> Self {
-        let peer = Peer(format!("tcp {}", stream.remote_addr()));
-        tracing::debug!(peer = %peer.0, "connection");
-        peer
-    }
-}
 
 impl IntoResponse for ServeError {
     fn into_response(self) -> Response {
@@ -415,10 +392,32 @@ async fn unload_model(
     Ok(axum::Json(ModelAction { model, loaded: false, bytes: 0 }))
 }
 
-async fn status(State(s): Shared) -> axum::Json<pocket_api::Status> {
-    axum::Json(s.status())
+/// The connection table, which the accept loop puts in every request's extensions.
+type Table = Option<Extension<Arc<Connections>>>;
+
+async fn status(State(s): Shared, table: Table) -> axum::Json<pocket_api::Status> {
+    let mut status = s.status();
+    status.connections = table.map(|Extension(c)| connection_status(&c));
+    axum::Json(status)
 }
 
-async fn metrics(State(s): Shared) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render(&s)).into_response()
+fn connection_status(c: &Connections) -> pocket_api::ConnectionStatus {
+    let (counts, limits) = (c.counts(), c.limits());
+    pocket_api::ConnectionStatus {
+        open: counts.open,
+        max: limits.max,
+        max_per_peer: limits.per_peer,
+        accepted: counts.accepted,
+        refused: counts.refused,
+        evicted: counts.evicted,
+        timed_out: counts.timed_out,
+    }
+}
+
+async fn metrics(State(s): Shared, table: Table) -> Response {
+    let mut text = s.metrics.render(&s);
+    if let Some(Extension(c)) = table {
+        super::metrics::render_connections(&mut text, c.counts());
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

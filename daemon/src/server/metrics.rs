@@ -19,6 +19,27 @@ struct Counters {
     session_peak_bytes: u64,
 }
 
+/// The connection table's gauge and counters, appended to `out`.
+pub fn render_connections(out: &mut String, c: super::connections::Counts) {
+    let _ = writeln!(
+        out,
+        "# HELP pocketd_connections_open HTTP connections open now.\n# TYPE pocketd_connections_open gauge\n\
+         pocketd_connections_open {}",
+        c.open
+    );
+    let _ = writeln!(
+        out,
+        "# HELP pocketd_connections_total HTTP connections by what became of them: accepted, refused \
+         (503, every connection of the peer busy), evicted (closed to let a newer one in), timed_out \
+         (head or idle timeout).\n# TYPE pocketd_connections_total counter"
+    );
+    for (outcome, n) in
+        [("accepted", c.accepted), ("refused", c.refused), ("evicted", c.evicted), ("timed_out", c.timed_out)]
+    {
+        let _ = writeln!(out, "pocketd_connections_total{{outcome=\"{outcome}\"}} {n}");
+    }
+}
+
 /// The daemon's counters.
 #[derive(Debug, Default)]
 pub struct Metrics(Mutex<Counters>);

@@ -6,7 +6,10 @@
 //! new requests are refused, running ones get `shutdown_seconds` to finish and are then
 //! cancelled.
 
+pub mod accept;
+pub mod bus_callers;
 pub mod config;
+pub mod connections;
 pub mod dbus;
 pub mod error;
 pub mod http;
@@ -45,30 +48,39 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let bus = dbus::serve(config.bus, scheduler.clone()).await?;
 
     let (stop_http, http_stopped) = tokio::sync::watch::channel(false);
-    let mut servers = Vec::new();
+    let fd_limit = connections::raise_open_files_limit();
+    let max = connections::cap_under_fd_limit(config.max_connections, fd_limit);
+    if max < config.max_connections {
+        tracing::warn!(
+            "max_connections = {} does not fit the open files limit ({fd_limit}): {max} it is",
+            config.max_connections
+        );
+    }
+    let table = connections::Connections::new(connections::Limits {
+        max,
+        per_peer: config.max_connections_per_peer.min(max),
+        header_timeout: Duration::from_secs(config.header_timeout_seconds),
+        idle_timeout: Duration::from_secs(config.idle_timeout_seconds),
+    });
     let router = http::router(scheduler.clone());
-    {
-        let mut stopped = http_stopped.clone();
-        let app = router.clone().into_make_service_with_connect_info::<http::Peer>();
-        servers.push(tokio::spawn(async move {
-            axum::serve(socket.listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await
-        }));
-    }
+    let mut servers =
+        vec![tokio::spawn(accept::serve(socket.listener, router.clone(), table.clone(), http_stopped.clone()))];
     if let Some(tcp) = tcp {
-        let mut stopped = http_stopped.clone();
-        let app = router.into_make_service_with_connect_info::<http::Peer>();
-        servers.push(tokio::spawn(async move {
-            axum::serve(tcp, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await
-        }));
+        servers.push(tokio::spawn(accept::serve(tcp, router, table.clone(), http_stopped.clone())));
     }
+    let timeouts = {
+        let table = table.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                tick.tick().await;
+                let closed = table.sweep();
+                if closed > 0 {
+                    tracing::debug!(closed, "connections timed out");
+                }
+            }
+        })
+    };
 
     let sweeper = {
         let s = scheduler.clone();
@@ -101,7 +113,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             String::new()
         }
     );
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), models_dir = %config.models_dir.display(), "{status}");
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        models_dir = %config.models_dir.display(),
+        open_files = fd_limit,
+        max_connections = max,
+        "{status}"
+    );
     notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
 
     let signal = wait_for_signal().await?;
@@ -115,14 +133,19 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         scheduler.drained(Instant::now() + Duration::from_secs(5)).await;
     }
     let _ = stop_http.send(true);
+    table.close_unbusy();
     for server in servers {
-        match tokio::time::timeout(Duration::from_secs(2), server).await {
-            Ok(Ok(Err(e))) => tracing::warn!("HTTP server: {e}"),
-            Err(_) => tracing::debug!("HTTP connections still open at exit"),
-            _ => {}
-        }
+        let _ = server.await;
+    }
+    let closing = Instant::now() + Duration::from_secs(2);
+    while table.counts().open > 0 && Instant::now() < closing {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if table.counts().open > 0 {
+        tracing::debug!(open = table.counts().open, "HTTP connections still open at exit");
     }
     sweeper.abort();
+    timeouts.abort();
     // The learner stops within a pass once the scheduler is stopping; its memory goes with it.
     let _ = learner.await;
     if let Some(w) = watchdog {

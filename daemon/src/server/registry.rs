@@ -66,6 +66,9 @@ pub struct Registry {
     loading: tokio::sync::Mutex<()>,
     /// Woken when a model is loaded (what is learned about a model starts then).
     pub loaded_notify: tokio::sync::Notify,
+    /// Marked when what D-Bus shows as properties may have changed: models loaded or
+    /// unloaded, sessions started or ended, memory reserved or given back.
+    pub changes: tokio::sync::watch::Sender<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -107,7 +110,13 @@ impl Registry {
             loaded: Mutex::new(Vec::new()),
             loading: tokio::sync::Mutex::new(()),
             loaded_notify: tokio::sync::Notify::new(),
+            changes: tokio::sync::watch::Sender::new(()),
         }
+    }
+
+    /// Tell those watching [`Registry::changes`].
+    pub fn changed(&self) {
+        self.changes.send_replace(());
     }
 
     /// The models directory.
@@ -248,6 +257,7 @@ impl Registry {
                     );
                     lock(&self.loaded).push(Slot { model: m.clone(), last_used: Instant::now() });
                     self.loaded_notify.notify_waiters();
+                    self.changed();
                     return Ok(m);
                 }
                 Err(e) => {
@@ -264,7 +274,11 @@ impl Registry {
     /// Give up the least recently used parked conversation: what goes first when memory is
     /// needed. Returns whether one was.
     pub fn evict_parked(&self) -> bool {
-        self.prompt_cache.as_ref().is_some_and(|c| c.evict_lru(None))
+        let evicted = self.prompt_cache.as_ref().is_some_and(|c| c.evict_lru(None));
+        if evicted {
+            self.changed();
+        }
+        evicted
     }
 
     /// Unload the least recently used model that no session uses, other than `keep`.
@@ -281,6 +295,8 @@ impl Registry {
         let slot = slots.remove(i);
         drop(slots);
         tracing::info!(model = %slot.model.name, bytes = slot.model.bytes(), "unloaded to make room");
+        drop(slot);
+        self.changed();
         true
     }
 
@@ -299,6 +315,9 @@ impl Registry {
         for name in &gone {
             tracing::info!(model = %name, keep_alive_s = self.keep_alive.as_secs(), "unloaded after its keep-alive");
         }
+        if !gone.is_empty() {
+            self.changed();
+        }
         gone
     }
 
@@ -315,14 +334,18 @@ impl Registry {
                 found.name
             )));
         }
-        slots.remove(i);
+        let slot = slots.remove(i);
+        drop((slots, slot));
         tracing::info!(model = %found.name, "unloaded on request");
+        self.changed();
         Ok(found.name)
     }
 
     /// Unload everything (at shutdown).
     pub fn clear(&self) {
-        lock(&self.loaded).clear();
+        let slots = std::mem::take(&mut *lock(&self.loaded));
+        drop(slots);
+        self.changed();
     }
 }
 

@@ -361,6 +361,17 @@ impl Canceller {
     pub fn cancel(&self) {
         self.0.store(true, Ordering::Relaxed);
     }
+
+    /// Whether it was asked to stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// A canceller of nothing (for tests of what holds cancellers).
+    #[cfg(test)]
+    pub(crate) fn new() -> Canceller {
+        Canceller(Arc::default())
+    }
 }
 
 struct CancelOnDrop(Arc<AtomicBool>);
@@ -597,6 +608,7 @@ impl Scheduler {
             queue_capacity: self.config.queue,
             threads: Some(self.threads),
             learning: self.learner.doing(),
+            connections: None,
         }
     }
 
@@ -830,6 +842,7 @@ impl Scheduler {
             }
         }
         self.session_ended.notify_waiters();
+        self.registry.changed();
     }
 }
 
@@ -848,6 +861,7 @@ impl Drop for InFlight {
         *lock(&self.0.last_activity) = Instant::now();
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
         self.0.request_ended.notify_waiters();
+        self.0.registry.changed();
     }
 }
 
@@ -878,6 +892,7 @@ impl Sink for Forward<'_> {
                 cancel: self.cancel.clone(),
             },
         );
+        self.scheduler.registry.changed();
         if let Some(s) = self.started.take() {
             let _ = s.send(Ok(Started {
                 id: self.id.to_owned(),

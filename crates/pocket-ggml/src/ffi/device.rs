@@ -162,7 +162,8 @@ pub(crate) enum WeightOp {
 }
 
 /// ggml's CPU buffer type that repacks quantized matrices for its CPU kernels
-/// (`CPU_REPACK`), if this build has it.
+/// (`CPU_REPACK`), if this build has it. Only the x86 kernels read the repacked layout.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn cpu_repack_buffer_type() -> Option<sys::ggml_backend_buffer_type_t> {
     crate::ffi::init();
     // SAFETY: registry query.
