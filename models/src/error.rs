@@ -134,6 +134,21 @@ pub enum Error {
         source: Box<ureq::Error>,
     },
 
+    /// A pulled file no longer has the manifest's sha256: it was damaged or replaced.
+    #[error(
+        "{} does not have the sha256 its manifest pins ({expected}) but {actual}: it was damaged or replaced \
+         since it was pulled; pull it again",
+        path.display()
+    )]
+    Changed {
+        /// The file.
+        path: PathBuf,
+        /// The manifest's sha256.
+        expected: String,
+        /// The file's.
+        actual: String,
+    },
+
     /// The fetched bytes do not have the manifest's sha256. Nothing was kept.
     #[error("sha256 mismatch for {file} from {from}: expected {expected}, got {actual}; nothing was kept")]
     Checksum {

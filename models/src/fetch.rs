@@ -105,6 +105,27 @@ pub fn pull(manifest: &Manifest, models_dir: &Path, options: &PullOptions) -> Re
     pulled
 }
 
+/// Checks that `manifest`'s pulled files still hold what it pins, before they are loaded: a
+/// file whose marker (written when it was verified) still matches its size, mtime and inode
+/// is taken as it is; any other is hashed again, and one whose sha256 is not the manifest's
+/// is an [`Error::Changed`] — it was damaged or replaced since it was pulled.
+pub fn verify_pulled(manifest: &Manifest, models_dir: &Path) -> Result<()> {
+    for file in &manifest.files {
+        let dest = file.path(models_dir);
+        let meta = fs::metadata(&dest).map_err(|e| Error::io("inspect", &dest, e))?;
+        if read_marker(&dest).as_ref() == Some(&Stamp::of(&meta, &file.sha256)) {
+            continue;
+        }
+        let task = Task::start(ProgressMode::Quiet, &file.name, "verifying the sha256", file.size);
+        let actual = hash_file(&dest, &file.name, &task)?;
+        if actual != file.sha256 {
+            return Err(Error::Changed { path: dest, expected: file.sha256.clone(), actual });
+        }
+        write_marker(file, &dest);
+    }
+    Ok(())
+}
+
 /// One [`pull`]: its options and what it set up lazily (the pip check, the HTTP agent).
 struct Puller<'a> {
     manifest: &'a Manifest,

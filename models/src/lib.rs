@@ -82,7 +82,7 @@ mod resolve;
 use std::path::{Path, PathBuf};
 
 pub use error::{Error, Result};
-pub use fetch::{Outcome, PullOptions, Pulled, PulledFile, pull};
+pub use fetch::{Outcome, PullOptions, Pulled, PulledFile, pull, verify_pulled};
 pub use manifest::{
     Catalog, Fetched, Format, Manifest, ModelFile, Origin, PipPart, Source, Transform, UrlPart, default_model,
 };

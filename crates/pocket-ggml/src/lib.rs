@@ -30,6 +30,7 @@ mod convert;
 mod error;
 mod ffi;
 mod gemm;
+pub mod gguf_check;
 mod graph;
 mod kv;
 mod llama_cpp;

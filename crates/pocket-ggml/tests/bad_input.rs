@@ -302,3 +302,59 @@ fn a_head_size_of_zero_is_a_bad_model() {
     assert!(matches!(err, Error::BadModel { .. }), "{err:?}");
     assert!(err.to_string().contains("head size 0"), "{err}");
 }
+
+impl Gguf {
+    /// A tensor description written as given (type, offset), with no data added for it.
+    fn tensor_raw(mut self, name: &str, ne: &[u64], ty: u32, offset: u64) -> Self {
+        put_str(&mut self.tensors, name);
+        self.tensors.extend((ne.len() as u32).to_le_bytes());
+        for &n in ne {
+            self.tensors.extend(n.to_le_bytes());
+        }
+        self.tensors.extend(ty.to_le_bytes());
+        self.tensors.extend(offset.to_le_bytes());
+        self.n_tensors += 1;
+        self
+    }
+}
+
+#[test]
+fn hostile_headers_are_refused_before_anything_is_allocated_saying_what_is_wrong() {
+    let cases: [(&str, Vec<u8>, &str); 6] = [
+        ("absurd tensor count", { let mut g = tiny_llama(); g.n_tensors = 1 << 50; g.bytes() }, "more than a file of"),
+        ("absurd metadata count", { let mut g = tiny_llama(); g.n_kv = u64::MAX; g.bytes() }, "more than a file of"),
+        (
+            "absurd dimensions",
+            tiny_llama().tensor_raw("token_embd.weight", &[1 << 40, 1 << 40], GGML_TYPE_F32, 0).bytes(),
+            "overflow",
+        ),
+        (
+            "an unknown tensor type",
+            tiny_llama().tensor_raw("token_embd.weight", &[64, 16], 250, 0).bytes(),
+            "tensor type 250",
+        ),
+        (
+            "data past the end",
+            tiny_llama().tensor_raw("token_embd.weight", &[64, 16], GGML_TYPE_F32, 1 << 40).bytes(),
+            "past the end of the file",
+        ),
+        (
+            "a string longer than the file",
+            {
+                let mut g = tiny_llama();
+                put_str(&mut g.kv, "general.name");
+                g.kv.extend(TYPE_STRING.to_le_bytes());
+                g.kv.extend((1u64 << 60).to_le_bytes());
+                g.n_kv += 1;
+                g.bytes()
+            },
+            "only",
+        ),
+    ];
+    for (what, bytes, says) in cases {
+        let (_dir, path) = file_with("hostile.gguf", &bytes);
+        let err = load_err(&path);
+        assert!(matches!(err, Error::Corrupt { .. }), "{what}: {err:?}");
+        assert!(err.to_string().contains(says), "{what}: {err}");
+    }
+}

@@ -16,6 +16,8 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::ConnectInfo;
 use axum::http::{Request, Response};
+use axum::response::IntoResponse;
+use futures_util::FutureExt;
 use http_body_util::BodyExt;
 use hyper::body::{Frame, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -24,6 +26,7 @@ use tokio::sync::watch;
 use tower_service::Service;
 
 use super::connections::{Activity, Admitted, Connections, PeerKey, Refusal};
+use super::error::ServeError;
 use super::http::Peer;
 
 /// A listener's connections, with who is on the other end.
@@ -158,7 +161,19 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         request.extensions_mut().insert(connections.clone());
         let mut router = router.clone();
         async move {
-            let response: Response<Body> = router.call(request).await.unwrap_or_else(|e| match e {});
+            // A panic in a handler is a 500 with an id, not a connection closed without a word.
+            let answered = std::panic::AssertUnwindSafe(router.call(request)).catch_unwind().await;
+            let response: Response<Body> = match answered {
+                Ok(r) => r.unwrap_or_else(|e| match e {}),
+                Err(panic) => {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    ServeError::internal(None, format!("a request handler panicked: {what}")).into_response()
+                }
+            };
             // The connection stays busy until the whole body is sent (a stream may last minutes).
             Ok::<_, Infallible>(response.map(|b| {
                 Body::new(b.map_frame(move |frame| {

@@ -52,13 +52,10 @@ pub enum ServeError {
     Cancelled,
     /// The daemon failed. What failed is in its log under the request's id; clients get the id
     /// only, since the engine's own text may say things about the machine they should not see.
-    #[error(
-        "pocketd failed internally{}; its log has the details",
-        request.as_deref().map(|r| format!(" on request {r}")).unwrap_or_default()
-    )]
+    #[error("pocketd failed internally on request {request}; its log has the details under that id")]
     Internal {
-        /// The request's id, when there is one.
-        request: Option<String>,
+        /// The request's id (or, for a failure outside a generation, an id minted for it).
+        request: String,
     },
 }
 
@@ -79,8 +76,13 @@ impl ServeError {
     /// An internal failure of `request`: `detail` goes to the log with the request's id, the
     /// client gets the id.
     pub fn internal(request: Option<&str>, detail: impl std::fmt::Display) -> Self {
-        tracing::error!(request = request.unwrap_or("-"), "internal error: {detail}");
-        ServeError::Internal { request: request.map(str::to_owned) }
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let request = request.map_or_else(
+            || format!("pocketd-e{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+            str::to_owned,
+        );
+        tracing::error!(request = %request, "internal error: {detail}");
+        ServeError::Internal { request }
     }
 
     /// Classify a failure of the request pipeline by its kind, keeping its data: a context
@@ -211,6 +213,9 @@ mod tests {
         let s = ServeError::from_runtime(e.into(), Some("pocketd-7"));
         assert_eq!(s.http_status(), 500);
         assert!(s.to_string().contains("pocketd-7") && !s.to_string().contains("secret"), "{s}");
+        let e = pocket_core::Error::engine("ggml fell over at /home/secret/model.gguf");
+        let s = ServeError::from_runtime(e.into(), None);
+        assert!(s.to_string().contains("pocketd-e") && !s.to_string().contains("secret"), "{s}");
         let s = ServeError::from_runtime(pocket_runtime::Error::invalid("spec", "no such mode"), None);
         assert_eq!(s.to_openai().error.param.as_deref(), Some("spec"));
     }

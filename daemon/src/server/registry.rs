@@ -29,6 +29,9 @@ pub struct Available {
     pub format: Format,
     /// Seconds since the epoch when its file was last modified (OpenAI's `created`).
     pub created: u64,
+    /// The manifest it was pulled by (`None`: a file dropped into the directory), whose
+    /// sha256 the files are checked against before they are loaded.
+    pub manifest: Option<pocket_models::Manifest>,
 }
 
 /// A model in memory, open on its engine through the pipeline's [`LoadedModel`] (which also
@@ -145,6 +148,7 @@ impl Registry {
                     created: mtime_seconds(&path),
                     format: m.format,
                     path,
+                    manifest: Some(m.clone()),
                 });
             }
         }
@@ -152,7 +156,13 @@ impl Registry {
             pocket_models::loose_files(&self.models_dir).map_err(|e| ServeError::internal(None, e))?;
         for path in loose.into_iter().filter(|p| !claimed.contains(p)) {
             let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else { continue };
-            out.push(Available { name, created: mtime_seconds(&path), format: format_of(&path), path });
+            out.push(Available {
+                name,
+                created: mtime_seconds(&path),
+                format: format_of(&path),
+                path,
+                manifest: None,
+            });
         }
         Ok(out)
     }
@@ -235,6 +245,14 @@ impl Registry {
         let _one_at_a_time = self.loading.lock().await;
         if let Some(m) = self.touch(&found.name) {
             return Ok(m);
+        }
+        if let Some(manifest) = found.manifest.clone() {
+            // A file damaged or replaced since `pocket pull` is refused, not loaded.
+            let dir = self.models_dir.clone();
+            tokio::task::spawn_blocking(move || pocket_models::verify_pulled(&manifest, &dir))
+                .await
+                .map_err(|e| ServeError::internal(None, format!("verifying {} panicked: {e}", found.name)))?
+                .map_err(|e| ServeError::invalid("model", format!("cannot serve {}: {e}", found.name)))?;
         }
         loop {
             let ledger = self.ledger.sub();

@@ -56,6 +56,11 @@ impl GgufFile {
             return Err(Error::NotGguf { path: path.to_owned(), found });
         }
         let corrupt = |reason: String| Error::Corrupt { path: path.to_owned(), reason };
+        // Every count and length held against the file's size before ggml reads (and
+        // allocates for) any of it, with a message that says what is wrong.
+        let len = file.metadata().map_err(io)?.len();
+        let reader = std::io::BufReader::new(File::open(path).map_err(io)?);
+        crate::gguf_check::check(reader, len, &type_layout).map_err(corrupt)?;
         let cpath = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| corrupt("the path contains a NUL byte".into()))?;
         let mut meta: *mut sys::ggml_context = std::ptr::null_mut();
@@ -283,6 +288,19 @@ impl GgufFile {
         let start = self.data_offset + off;
         Some(&self.mmap[start..start + size])
     }
+}
+
+/// How ggml stores tensor type `ty`: (elements per block, bytes per block), `None` for a
+/// type this build does not know or no longer supports.
+pub(crate) fn type_layout(ty: u32) -> Option<(u64, u64)> {
+    if ty >= sys::GGML_TYPE_COUNT as u32 {
+        return None;
+    }
+    // SAFETY: ty is a valid ggml_type value (below GGML_TYPE_COUNT); both functions only read
+    // ggml's static type table.
+    let (block, bytes) = unsafe { (sys::ggml_blck_size(ty as _), sys::ggml_type_size(ty as _)) };
+    // Removed types (Q4_2, the old repacked Q4_0 variants) keep an entry of size 0.
+    (block > 0 && bytes > 0).then_some((block as u64, bytes as u64))
 }
 
 fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
