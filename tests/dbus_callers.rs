@@ -17,7 +17,11 @@ fn wait_generating(d: &Daemon) {
     let start = Instant::now();
     loop {
         let st = d.get("/v1/status");
-        if st["sessions"].as_array().unwrap().first().is_some_and(|s| s["generated_tokens"].as_u64().unwrap() > 5)
+        if st["sessions"]
+            .as_array()
+            .unwrap()
+            .first()
+            .is_some_and(|s| s["generated_tokens"].as_u64().unwrap() > 5)
         {
             return;
         }
@@ -34,7 +38,11 @@ fn wait_returned(d: &Daemon, baseline: u64, within: Duration) -> Duration {
         if st["sessions"].as_array().unwrap().is_empty() && used_without_parked(&st) == baseline {
             return start.elapsed();
         }
-        assert!(start.elapsed() < within, "still running or holding memory after {within:?}: {st}\n{}", d.log());
+        assert!(
+            start.elapsed() < within,
+            "still running or holding memory after {within:?}: {st}\n{}",
+            d.log()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -77,7 +85,13 @@ fn a_generate_whose_caller_dies_is_cancelled_and_its_memory_returns_within_a_sec
     let address = d.bus.as_ref().unwrap().address.clone();
     let mut caller = Command::new("busctl")
         .arg(format!("--address={address}"))
-        .args(["--timeout=600", "call", "org.pocketd.Pocketd1", "/org/pocketd/Pocketd1", "org.pocketd.Pocketd1"])
+        .args([
+            "--timeout=600",
+            "call",
+            "org.pocketd.Pocketd1",
+            "/org/pocketd/Pocketd1",
+            "org.pocketd.Pocketd1",
+        ])
         .args(["Generate", "ssa{sv}", "", "Once upon a time", "2", "max_tokens", "u", "1000"])
         .args(["chat", "b", "false"])
         .stdout(Stdio::null())
@@ -96,7 +110,8 @@ fn a_generate_whose_caller_dies_is_cancelled_and_its_memory_returns_within_a_sec
 
 #[test]
 fn a_start_whose_caller_closes_its_connection_is_cancelled_and_one_caller_s_jobs_are_limited() {
-    let d = Daemon::start(Setup { dbus: true, extra: "dbus_jobs_per_caller = 1\n".into(), ..Setup::default() });
+    let d =
+        Daemon::start(Setup { dbus: true, extra: "dbus_jobs_per_caller = 1\n".into(), ..Setup::default() });
     let idle = baseline(&d);
     let address = d.bus.as_ref().unwrap().address.clone();
     let d = &d;

@@ -123,7 +123,12 @@ impl Daemon {
             // sh execs pocketd, so the child is pocketd itself.
             Some(n) => {
                 let mut c = Command::new("sh");
-                c.args(["-c", "ulimit -n \"$0\" && exec \"$@\"", &n.to_string(), env!("CARGO_BIN_EXE_pocketd")]);
+                c.args([
+                    "-c",
+                    "ulimit -n \"$0\" && exec \"$@\"",
+                    &n.to_string(),
+                    env!("CARGO_BIN_EXE_pocketd"),
+                ]);
                 c
             }
             None => Command::new(env!("CARGO_BIN_EXE_pocketd")),

@@ -21,6 +21,11 @@ pub struct Summary {
 /// it does not know (or no longer supports).
 pub type TypeLayout<'a> = &'a dyn Fn(u32) -> Option<(u64, u64)>;
 
+/// ggml's own layout of tensor type `ty` (this build's type table), for [`check`].
+pub fn ggml_type_layout(ty: u32) -> Option<(u64, u64)> {
+    crate::ffi::gguf::type_layout(ty)
+}
+
 /// The smallest a tensor description can be: name length, dimension count, one dimension,
 /// type, offset.
 const MIN_TENSOR_INFO: u64 = 8 + 4 + 8 + 4 + 8;
@@ -75,7 +80,10 @@ impl<R: Read> Walker<R> {
     fn string(&mut self, what: &str) -> Result<String, String> {
         let n = self.u64(what)?;
         if n > self.left {
-            return Err(format!("{what} claims {n} bytes, but only {} bytes of the file are left", self.left));
+            return Err(format!(
+                "{what} claims {n} bytes, but only {} bytes of the file are left",
+                self.left
+            ));
         }
         if n <= 256 {
             let mut b = vec![0u8; n as usize];
@@ -101,10 +109,10 @@ impl<R: Read> Walker<R> {
 /// Bytes of a fixed-size GGUF value type.
 fn scalar_size(ty: u32) -> Option<u64> {
     match ty {
-        0 | 1 | 7 => Some(1),  // u8, i8, bool
-        2 | 3 => Some(2),      // u16, i16
-        4..=6 => Some(4),      // u32, i32, f32
-        10..=12 => Some(8),    // u64, i64, f64
+        0 | 1 | 7 => Some(1), // u8, i8, bool
+        2 | 3 => Some(2),     // u16, i16
+        4..=6 => Some(4),     // u32, i32, f32
+        10..=12 => Some(8),   // u64, i64, f64
         _ => None,
     }
 }
@@ -194,14 +202,18 @@ pub fn check(file: impl Read, len: u64, layout: TypeLayout<'_>) -> Result<Summar
         let (block, block_bytes) = layout(ty)
             .ok_or_else(|| format!("{what} has tensor type {ty}, which this build of ggml does not know"))?;
         if block == 0 || ne0 % block != 0 {
-            return Err(format!("{what}'s rows ({ne0} elements) are not whole blocks of {block} (type {ty})"));
+            return Err(format!(
+                "{what}'s rows ({ne0} elements) are not whole blocks of {block} (type {ty})"
+            ));
         }
         let bytes = (elements / block)
             .checked_mul(block_bytes)
             .ok_or_else(|| format!("{what}'s size overflows 64 bits"))?;
         let offset = w.u64(&what)?;
         if offset % alignment != 0 {
-            return Err(format!("{what}'s data offset {offset} is not a multiple of the alignment {alignment}"));
+            return Err(format!(
+                "{what}'s data offset {offset} is not a multiple of the alignment {alignment}"
+            ));
         }
         spans.push((name, offset, bytes));
     }

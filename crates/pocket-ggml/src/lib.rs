@@ -44,6 +44,7 @@ pub use arch::SUPPORTED_ARCHITECTURES;
 pub use convert::WeightFormat;
 pub use error::{Error, Result};
 pub use ffi::device::{DeviceChoice, device_names};
+pub use ffi::heap::release_free_heap;
 pub use ffi::vocab::Vocab;
 pub use gemm::timing::{KernelTiming, kernel_formats, kernel_isa, time_kernel};
 pub use kv::KV_BLOCK_TOKENS;

@@ -321,8 +321,24 @@ impl Gguf {
 #[test]
 fn hostile_headers_are_refused_before_anything_is_allocated_saying_what_is_wrong() {
     let cases: [(&str, Vec<u8>, &str); 6] = [
-        ("absurd tensor count", { let mut g = tiny_llama(); g.n_tensors = 1 << 50; g.bytes() }, "more than a file of"),
-        ("absurd metadata count", { let mut g = tiny_llama(); g.n_kv = u64::MAX; g.bytes() }, "more than a file of"),
+        (
+            "absurd tensor count",
+            {
+                let mut g = tiny_llama();
+                g.n_tensors = 1 << 50;
+                g.bytes()
+            },
+            "more than a file of",
+        ),
+        (
+            "absurd metadata count",
+            {
+                let mut g = tiny_llama();
+                g.n_kv = u64::MAX;
+                g.bytes()
+            },
+            "more than a file of",
+        ),
         (
             "absurd dimensions",
             tiny_llama().tensor_raw("token_embd.weight", &[1 << 40, 1 << 40], GGML_TYPE_F32, 0).bytes(),

@@ -65,6 +65,12 @@ impl PeakSampler {
 /// tests); generous rather than tight.
 pub const PROCESS_MARGIN: u64 = 32 << 20;
 
+/// Give the heap's free pages back to the system after a model is unloaded, so that resident
+/// memory follows the budget down (see [`pocket_ggml::release_free_heap`]).
+pub fn release_free_heap() {
+    pocket_ggml::release_free_heap();
+}
+
 /// The ledger for `--memory-budget`, with the process's own memory (resident now, plus
 /// [`PROCESS_MARGIN`]) reserved first; keep the reservation for as long as the ledger is
 /// used. Without a budget, an unlimited ledger.

@@ -334,8 +334,12 @@ impl Connections {
     /// Close every connection not answering a request (at shutdown).
     pub fn close_unbusy(&self) {
         let mut table = self.lock();
-        let ids: Vec<u64> =
-            table.open.iter().filter(|(_, o)| o.activity.phase().0 != Phase::Busy).map(|(id, _)| *id).collect();
+        let ids: Vec<u64> = table
+            .open
+            .iter()
+            .filter(|(_, o)| o.activity.phase().0 != Phase::Busy)
+            .map(|(id, _)| *id)
+            .collect();
         for id in ids {
             if let Some(o) = table.remove(id) {
                 o.close.notify_one();

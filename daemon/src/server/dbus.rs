@@ -102,7 +102,7 @@ pub struct Pocketd {
     next_job: AtomicU64,
 }
 
-type Options = HashMap<String, OwnedVariant>;
+pub(super) type Options = HashMap<String, OwnedVariant>;
 
 fn integer(v: &Variant<'_>) -> Option<i128> {
     Some(match v {
@@ -153,7 +153,7 @@ fn wrong(key: &str, expected: &str) -> ServeError {
 }
 
 /// The job, from a D-Bus call's arguments.
-fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<Job, ServeError> {
+pub(super) fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<Job, ServeError> {
     let mut o = JobOptions::default();
     let mut chat = true;
     let mut system = None;

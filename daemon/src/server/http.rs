@@ -78,7 +78,7 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
     (StatusCode::METHOD_NOT_ALLOWED, axum::Json(e.to_openai())).into_response()
 }
 
-fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ServeError> {
+pub(super) fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ServeError> {
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ServeError::TooLarge(format!("the request body is larger than {} bytes", MAX_BODY_BYTES))

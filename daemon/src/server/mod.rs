@@ -12,6 +12,8 @@ pub mod config;
 pub mod connections;
 pub mod dbus;
 pub mod error;
+#[cfg(test)]
+mod fuzzing;
 pub mod http;
 pub mod learner;
 pub mod listen;
@@ -63,8 +65,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         idle_timeout: Duration::from_secs(config.idle_timeout_seconds),
     });
     let router = http::router(scheduler.clone());
-    let mut servers =
-        vec![tokio::spawn(accept::serve(socket.listener, router.clone(), table.clone(), http_stopped.clone()))];
+    let mut servers = vec![tokio::spawn(accept::serve(
+        socket.listener,
+        router.clone(),
+        table.clone(),
+        http_stopped.clone(),
+    ))];
     if let Some(tcp) = tcp {
         servers.push(tokio::spawn(accept::serve(tcp, router, table.clone(), http_stopped.clone())));
     }

@@ -122,6 +122,12 @@ impl Registry {
         self.changes.send_replace(());
     }
 
+    /// A model was dropped: give its freed heap back to the system, and tell the watchers.
+    fn unloaded(&self) {
+        pocket_runtime::process::release_free_heap();
+        self.changed();
+    }
+
     /// The models directory.
     pub fn models_dir(&self) -> &Path {
         &self.models_dir
@@ -314,7 +320,7 @@ impl Registry {
         drop(slots);
         tracing::info!(model = %slot.model.name, bytes = slot.model.bytes(), "unloaded to make room");
         drop(slot);
-        self.changed();
+        self.unloaded();
         true
     }
 
@@ -334,7 +340,7 @@ impl Registry {
             tracing::info!(model = %name, keep_alive_s = self.keep_alive.as_secs(), "unloaded after its keep-alive");
         }
         if !gone.is_empty() {
-            self.changed();
+            self.unloaded();
         }
         gone
     }
@@ -355,7 +361,7 @@ impl Registry {
         let slot = slots.remove(i);
         drop((slots, slot));
         tracing::info!(model = %found.name, "unloaded on request");
-        self.changed();
+        self.unloaded();
         Ok(found.name)
     }
 
@@ -363,7 +369,7 @@ impl Registry {
     pub fn clear(&self) {
         let slots = std::mem::take(&mut *lock(&self.loaded));
         drop(slots);
-        self.changed();
+        self.unloaded();
     }
 }
 

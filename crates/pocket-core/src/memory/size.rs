@@ -270,4 +270,29 @@ mod tests {
         assert_eq!(cgroup_limit("", &files), None);
         assert_eq!(proc_field("MemTotal: 100 kB\nMemAvailable:   2048 kB\n", "MemAvailable"), Some(2 << 20));
     }
+
+    proptest::proptest! {
+        /// Whatever is written in a config file or a flag: an answer, never a panic.
+        #[test]
+        fn any_text_is_a_size_or_an_error_that_shows_the_forms(text in ".{0,24}") {
+            if let Err(e) = parse_size(&text) {
+                proptest::prop_assert!(e.to_string().contains("200MiB"));
+            }
+        }
+
+        /// Plain bytes and every binary unit read back exactly.
+        #[test]
+        fn whole_numbers_read_exactly_in_every_unit(n in 0u64..(1 << 40), unit in 0usize..4) {
+            let (name, scale) = [("", 1u64), ("KiB", 1 << 10), ("M", 1 << 20), ("gib", 1 << 30)][unit];
+            let n = n >> (10 * unit as u32); // stays exact in an f64 once scaled
+            proptest::prop_assert_eq!(parse_size(&format!("{n}{name}")).unwrap(), n * scale);
+        }
+
+        /// What `--print-config` writes for a budget reads back as the same budget.
+        #[test]
+        fn budgets_read_back_as_printed(n in 0u64..(1 << 52)) {
+            let b = BudgetSpec::Bytes(n);
+            proptest::prop_assert_eq!(b.to_config_string().parse::<BudgetSpec>().unwrap(), b);
+        }
+    }
 }

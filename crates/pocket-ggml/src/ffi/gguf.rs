@@ -60,7 +60,7 @@ impl GgufFile {
         // allocates for) any of it, with a message that says what is wrong.
         let len = file.metadata().map_err(io)?.len();
         let reader = std::io::BufReader::new(File::open(path).map_err(io)?);
-        crate::gguf_check::check(reader, len, &type_layout).map_err(corrupt)?;
+        crate::gguf_check::check(reader, len, &crate::gguf_check::ggml_type_layout).map_err(corrupt)?;
         let cpath = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| corrupt("the path contains a NUL byte".into()))?;
         let mut meta: *mut sys::ggml_context = std::ptr::null_mut();

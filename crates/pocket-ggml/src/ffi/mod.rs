@@ -8,6 +8,7 @@ pub(crate) mod arena;
 pub(crate) mod device;
 pub(crate) mod gguf;
 pub(crate) mod graph;
+pub(crate) mod heap;
 pub(crate) mod llama;
 pub(crate) mod sched;
 pub(crate) mod types;
