@@ -226,7 +226,7 @@ fn variant(kind: u8, n: i64, s: &str) -> zbus::OwnedVariant {
         5 => Variant::from(vec![s.to_owned(), "x".to_owned()]),
         6 => Variant::from(vec![("user".to_owned(), s.to_owned()), (s.to_owned(), "hi".to_owned())]),
         7 => Variant::from(n as u8),
-        _ => Variant::from(Variant::from(n as i32)),
+        _ => Variant::Variant(Box::new(Variant::from(n as i32))),
     };
     zbus::OwnedVariant::try_from(v).unwrap()
 }

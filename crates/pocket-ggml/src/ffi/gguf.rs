@@ -293,7 +293,7 @@ impl GgufFile {
 /// How ggml stores tensor type `ty`: (elements per block, bytes per block), `None` for a
 /// type this build does not know or no longer supports.
 pub(crate) fn type_layout(ty: u32) -> Option<(u64, u64)> {
-    if ty >= sys::GGML_TYPE_COUNT as u32 {
+    if i64::from(ty) >= sys::GGML_TYPE_COUNT as i64 {
         return None;
     }
     // SAFETY: ty is a valid ggml_type value (below GGML_TYPE_COUNT); both functions only read
