@@ -12,24 +12,6 @@ use common::{Daemon, Setup, used_without_parked};
 use futures_util::StreamExt;
 use serde_json::Value;
 
-/// Wait until a session has generated more than a few tokens.
-fn wait_generating(d: &Daemon) {
-    let start = Instant::now();
-    loop {
-        let st = d.get("/v1/status");
-        if st["sessions"]
-            .as_array()
-            .unwrap()
-            .first()
-            .is_some_and(|s| s["generated_tokens"].as_u64().unwrap() > 5)
-        {
-            return;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "never started: {st}\n{}", d.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Wait until no session runs and the budget is back at `baseline`; how long that took.
 fn wait_returned(d: &Daemon, baseline: u64, within: Duration) -> Duration {
     let start = Instant::now();
@@ -98,7 +80,7 @@ fn a_generate_whose_caller_dies_is_cancelled_and_its_memory_returns_within_a_sec
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_generating(&d);
+    d.wait_generating();
     caller.kill().unwrap();
     caller.wait().unwrap();
     let took = wait_returned(&d, idle, Duration::from_secs(3));
@@ -127,7 +109,7 @@ fn a_start_whose_caller_closes_its_connection_is_cancelled_and_one_caller_s_jobs
         let other = zbus::connection::Builder::address(address.as_str()).build().await.unwrap();
         let q = Pocketd1Proxy::new(&other).await.unwrap();
         let queued = tokio::spawn(async move { q.start("", "Hello", options(4)).await });
-        wait_generating(d);
+        d.wait_generating();
         drop(p);
         connection.close().await.unwrap();
         // The first job is cancelled, so the other caller's starts.

@@ -266,6 +266,24 @@ impl Daemon {
         }
     }
 
+    /// Wait until a request has generated more than a few tokens; returns the status then.
+    pub(crate) fn wait_generating(&self) -> Value {
+        let start = Instant::now();
+        loop {
+            let st = self.get("/v1/status");
+            if st["sessions"]
+                .as_array()
+                .unwrap()
+                .first()
+                .is_some_and(|s| s["generated_tokens"].as_u64().unwrap() > 5)
+            {
+                return st;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "never started: {st}\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Wait until no request is generating; returns the status then.
     pub(crate) fn idle_status(&self, within: Duration) -> Value {
         let start = Instant::now();
