@@ -145,6 +145,11 @@ impl Table {
         Some(open)
     }
 
+    /// Take connection `id` off and tell its task to close it now; whether it was on.
+    fn close(&mut self, id: u64) -> bool {
+        self.remove(id).map(|o| o.close.notify_one()).is_some()
+    }
+
     /// The connection of `peer` (any peer's, when `None`) that has waited longest without
     /// a request in progress.
     fn oldest_unbusy(&self, peer: Option<PeerKey>) -> Option<u64> {
@@ -277,10 +282,7 @@ impl Connections {
                 return Err(refusal);
             }
             Some(Ok(victim)) => {
-                if let Some(o) = table.remove(victim) {
-                    o.close.notify_one();
-                    self.evicted.fetch_add(1, Ordering::Relaxed);
-                }
+                self.evicted.fetch_add(u64::from(table.close(victim)), Ordering::Relaxed);
             }
             None => {}
         }
@@ -299,8 +301,7 @@ impl Connections {
     pub fn evict_oldest(&self) -> bool {
         let mut table = self.lock();
         let Some(victim) = table.oldest_unbusy(None) else { return false };
-        if let Some(o) = table.remove(victim) {
-            o.close.notify_one();
+        if table.close(victim) {
             self.evicted.fetch_add(1, Ordering::Relaxed);
         }
         true
@@ -323,9 +324,7 @@ impl Connections {
             .map(|(id, _)| *id)
             .collect();
         for id in &expired {
-            if let Some(o) = table.remove(*id) {
-                o.close.notify_one();
-            }
+            table.close(*id);
         }
         self.timed_out.fetch_add(expired.len() as u64, Ordering::Relaxed);
         expired.len()
@@ -341,9 +340,7 @@ impl Connections {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
-            if let Some(o) = table.remove(id) {
-                o.close.notify_one();
-            }
+            table.close(id);
         }
     }
 

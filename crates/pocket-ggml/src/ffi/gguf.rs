@@ -59,8 +59,9 @@ impl GgufFile {
         // Every count and length held against the file's size before ggml reads (and
         // allocates for) any of it, with a message that says what is wrong.
         let len = file.metadata().map_err(io)?.len();
-        let reader = std::io::BufReader::new(File::open(path).map_err(io)?);
-        crate::gguf_check::check(reader, len, &crate::gguf_check::ggml_type_layout).map_err(corrupt)?;
+        std::io::Seek::rewind(&mut file).map_err(io)?;
+        crate::gguf_check::check(std::io::BufReader::new(&file), len, &crate::gguf_check::ggml_type_layout)
+            .map_err(corrupt)?;
         let cpath = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| corrupt("the path contains a NUL byte".into()))?;
         let mut meta: *mut sys::ggml_context = std::ptr::null_mut();
