@@ -113,17 +113,40 @@ pub fn verify_pulled(manifest: &Manifest, models_dir: &Path) -> Result<()> {
     for file in &manifest.files {
         let dest = file.path(models_dir);
         let meta = fs::metadata(&dest).map_err(|e| Error::io("inspect", &dest, e))?;
-        if read_marker(&dest).as_ref() == Some(&Stamp::of(&meta, &file.sha256)) {
-            continue;
-        }
-        let task = Task::start(ProgressMode::Quiet, &file.name, "verifying the sha256", file.size);
-        let actual = hash_file(&dest, &file.name, &task)?;
-        if actual != file.sha256 {
+        if let Checked::Differs { actual } = check_on_disk(file, &dest, &meta, ProgressMode::Quiet)? {
             return Err(Error::Changed { path: dest, expected: file.sha256.clone(), actual });
         }
-        write_marker(file, &dest);
     }
     Ok(())
+}
+
+/// What a file on disk is, against its manifest entry.
+enum Checked {
+    /// Its marker says it was verified and it has not changed since.
+    Marked,
+    /// Hashed now and right; the marker is written.
+    Hashed,
+    /// Hashed now and not what the manifest says.
+    Differs { actual: String },
+}
+
+/// Checks `dest` (whose metadata is `meta`) against `file`'s sha256, reading it only when
+/// its marker does not vouch for it: one rule for `pull` finding a file there and for
+/// loading a pulled one.
+fn check_on_disk(file: &ModelFile, dest: &Path, meta: &fs::Metadata, mode: ProgressMode) -> Result<Checked> {
+    if read_marker(dest).as_ref() == Some(&Stamp::of(meta, &file.sha256)) {
+        return Ok(Checked::Marked);
+    }
+    let task = Task::start(mode, &file.name, "verifying the sha256", file.size);
+    let actual = hash_file(dest, &file.name, &task)?;
+    if actual == file.sha256 {
+        task.finish("sha256 ok".into());
+        write_marker(file, dest);
+        Ok(Checked::Hashed)
+    } else {
+        task.finish(format!("sha256 is {actual}, not {}", file.sha256));
+        Ok(Checked::Differs { actual })
+    }
 }
 
 /// One [`pull`]: its options and what it set up lazily (the pip check, the HTTP agent).
@@ -246,20 +269,16 @@ impl Puller<'_> {
             self.note(format!("{} is there but has the wrong size; fetching it again", dest.display()));
             return Ok(None);
         }
-        let stamp = Stamp::of(&meta, &file.sha256);
-        if read_marker(dest).as_ref() == Some(&stamp) {
-            self.note(format!("{}: already there and verified", file.name));
-            return Ok(Some(Outcome::AlreadyPresent));
-        }
-        let task = Task::start(self.mode, &file.name, "verifying the sha256", file.size);
-        let actual = hash_file(dest, &file.name, &task)?;
-        if actual == file.sha256 {
-            task.finish("sha256 ok".into());
-            write_marker(file, dest);
-            Ok(Some(Outcome::Verified))
-        } else {
-            task.finish(format!("sha256 is {actual}, not {}; fetching it again", file.sha256));
-            Ok(None)
+        match check_on_disk(file, dest, &meta, self.mode)? {
+            Checked::Marked => {
+                self.note(format!("{}: already there and verified", file.name));
+                Ok(Some(Outcome::AlreadyPresent))
+            }
+            Checked::Hashed => Ok(Some(Outcome::Verified)),
+            Checked::Differs { .. } => {
+                self.note(format!("{} has changed; fetching it again", dest.display()));
+                Ok(None)
+            }
         }
     }
 

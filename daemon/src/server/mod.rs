@@ -76,38 +76,20 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     let timeouts = {
         let table = table.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(250));
-            loop {
-                tick.tick().await;
-                let closed = table.sweep();
-                if closed > 0 {
-                    tracing::debug!(closed, "connections timed out");
-                }
+        every(Duration::from_millis(250), move || {
+            let closed = table.sweep();
+            if closed > 0 {
+                tracing::debug!(closed, "connections timed out");
             }
         })
     };
-
     let sweeper = {
         let s = scheduler.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tick.tick().await;
-                s.registry.expire();
-            }
-        })
+        every(Duration::from_secs(1), move || drop(s.registry.expire()))
     };
     let learner = tokio::spawn(scheduler.clone().learn_while_idle());
-    let watchdog = sd_notify::watchdog_enabled().map(|period| {
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period / 2);
-            loop {
-                tick.tick().await;
-                notify(&[sd_notify::NotifyState::Watchdog]);
-            }
-        })
-    });
+    let watchdog = sd_notify::watchdog_enabled()
+        .map(|period| every(period / 2, || notify(&[sd_notify::NotifyState::Watchdog])));
 
     let budget = pocket_core::memory::format_size(scheduler.ledger().budget());
     let status = format!(
@@ -192,4 +174,15 @@ pub fn init_logging() {
         Some(j) => registry.with(j).init(),
         None => registry.with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)).init(),
     }
+}
+
+/// Runs `task` every `period` (the first time at once) until the returned handle is aborted.
+fn every(period: Duration, mut task: impl FnMut() + Send + 'static) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        loop {
+            tick.tick().await;
+            task();
+        }
+    })
 }
