@@ -1,12 +1,12 @@
 //! Where a CUDA build finds its shared libraries at run time.
 //!
-//! With the `cuda` feature ggml is built as shared libraries (see pocket-ggml's Cargo.toml),
-//! which llama-cpp-sys-2 places beside the binaries it builds (`target/release`, and
-//! `target/release/deps` for tests). The binaries look there (`$ORIGIN`) and in the toolkit's
-//! library folder the build used (`$CUDA_PATH/lib`, `lib64`), so a `pocketd` built with
-//! `scripts/setup-cuda` runs without `LD_LIBRARY_PATH` on the machine that built it. Elsewhere
-//! (a board with JetPack, a GPU server) the CUDA runtime and cuBLAS come from the system's
-//! library path or `LD_LIBRARY_PATH`.
+//! With the `cuda` feature ggml is built as shared libraries (see pocket-ggml's Cargo.toml).
+//! The binaries look for them beside themselves (`$ORIGIN`: where an install puts them), in
+//! llama-cpp-sys-2's output folder (`DEP_POCKET_GGML_LIB_DIR`), and for the CUDA runtime and
+//! cuBLAS in the toolkit's library folder the build used (`$CUDA_PATH/lib`, `lib64`), so a
+//! `pocketd` built with `scripts/setup-cuda` runs without `LD_LIBRARY_PATH` on the machine
+//! that built it. Elsewhere (a board with JetPack, a GPU server) the CUDA runtime and cuBLAS
+//! come from the system's library path or `LD_LIBRARY_PATH`.
 //!
 //! The search path is written as DT_RPATH rather than DT_RUNPATH (`--disable-new-dtags`):
 //! only DT_RPATH also applies to the libraries' own dependencies — libggml-cuda.so needs
@@ -14,10 +14,16 @@
 
 fn main() {
     println!("cargo:rerun-if-env-changed=CUDA_PATH");
+    println!("cargo:rerun-if-env-changed=DEP_POCKET_GGML_LIB_DIR");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
     let mut dirs = vec!["$ORIGIN".to_string()];
+    // llama-cpp-sys-2's output folder, which has the versioned libraries the symlinks it puts
+    // beside the binaries point to (see pocket-ggml's build.rs).
+    if let Some(lib) = std::env::var_os("DEP_POCKET_GGML_LIB_DIR") {
+        dirs.push(std::path::PathBuf::from(lib).display().to_string());
+    }
     if let Some(cuda) = std::env::var_os("CUDA_PATH") {
         let cuda = std::path::PathBuf::from(cuda);
         for lib in ["lib", "lib64"] {
