@@ -57,6 +57,9 @@ if [ $action = uninstall ]; then
     echo "$files" | while read -r _ dest _; do
         [ -n "$dest" ] && rm -f "$root$dest" && echo "removed $dest"
     done
+    if [ -d "$root/usr/lib/pocketd" ]; then
+        rm -rf "$root/usr/lib/pocketd" && echo "removed /usr/lib/pocketd"
+    fi
     if systemd_running; then
         systemctl daemon-reload
         systemctl reload dbus 2>/dev/null || true
@@ -76,6 +79,13 @@ echo "$files" | while read -r src dest mode; do
     install -D -m "$mode" "$here/$src" "$root$dest"
     echo "installed $dest"
 done
+# A CUDA build's ggml and llama libraries: the binaries look for them in ../lib/pocketd.
+if [ -d "$here/lib/pocketd" ]; then
+    for lib in "$here"/lib/pocketd/*; do
+        install -D -m 644 "$lib" "$root/usr/lib/pocketd/${lib##*/}"
+        echo "installed /usr/lib/pocketd/${lib##*/}"
+    done
+fi
 config=$root/etc/pocketd/pocketd.toml
 if [ -e "$config" ]; then
     install -D -m 644 "$here/systemd/pocketd.toml" "$config.new"

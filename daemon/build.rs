@@ -18,7 +18,8 @@ fn main() {
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
-    let mut dirs = vec!["$ORIGIN".to_string()];
+    // Beside the binary, and where cross/install.sh puts the libraries of a board's build.
+    let mut dirs = vec!["$ORIGIN".to_string(), "$ORIGIN/../lib/pocketd".to_string()];
     // llama-cpp-sys-2's output folder, which has the versioned libraries the symlinks it puts
     // beside the binaries point to (see pocket-ggml's build.rs).
     if let Some(lib) = std::env::var_os("DEP_POCKET_GGML_LIB_DIR") {
@@ -33,5 +34,8 @@ fn main() {
             }
         }
     }
+    // Where NVIDIA's installers and JetPack put the runtime and cuBLAS, for a binary that runs
+    // on another machine than the one that built it.
+    dirs.push("/usr/local/cuda/lib64".to_string());
     println!("cargo:rustc-link-arg=-Wl,--disable-new-dtags,-rpath,{}", dirs.join(":"));
 }
