@@ -1,12 +1,13 @@
 //! Where a CUDA build finds its shared libraries at run time.
 //!
 //! With the `cuda` feature ggml is built as shared libraries (see pocket-ggml's Cargo.toml).
-//! The binaries look for them beside themselves (`$ORIGIN`: where an install puts them), in
-//! llama-cpp-sys-2's output folder (`DEP_POCKET_GGML_LIB_DIR`), and for the CUDA runtime and
-//! cuBLAS in the toolkit's library folder the build used (`$CUDA_PATH/lib`, `lib64`), so a
-//! `pocketd` built with `scripts/setup-cuda` runs without `LD_LIBRARY_PATH` on the machine
-//! that built it. Elsewhere (a board with JetPack, a GPU server) the CUDA runtime and cuBLAS
-//! come from the system's library path or `LD_LIBRARY_PATH`.
+//! The binaries look for them beside themselves (`$ORIGIN`), in `$ORIGIN/../lib/pocketd` (where
+//! cross/install.sh puts a board's), in llama-cpp-sys-2's output folder
+//! (`DEP_POCKET_GGML_LIB_DIR`), and for the CUDA runtime and cuBLAS in the toolkit's library
+//! folder the build used (`$CUDA_PATH/lib`, `lib64`), so a `pocketd` built with
+//! `scripts/setup-cuda` runs without `LD_LIBRARY_PATH` on the machine that built it. Elsewhere
+//! (a board with JetPack, a GPU server) the CUDA runtime and cuBLAS come from
+//! `/usr/local/cuda/lib64`, the last entry, or the system's library path or `LD_LIBRARY_PATH`.
 //!
 //! The search path is written as DT_RPATH rather than DT_RUNPATH (`--disable-new-dtags`):
 //! only DT_RPATH also applies to the libraries' own dependencies — libggml-cuda.so needs
@@ -18,7 +19,6 @@ fn main() {
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
-    // Beside the binary, and where cross/install.sh puts the libraries of a board's build.
     let mut dirs = vec!["$ORIGIN".to_string(), "$ORIGIN/../lib/pocketd".to_string()];
     // llama-cpp-sys-2's output folder, which has the versioned libraries the symlinks it puts
     // beside the binaries point to (see pocket-ggml's build.rs).
