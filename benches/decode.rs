@@ -34,8 +34,7 @@ fn run() -> anyhow::Result<()> {
     config.workload = "benches/workload.jsonl".into();
     config.modes = vec![Mode::LlamaCpp.into(), Mode::Vanilla.into()];
     if let Some(t) = std::env::var("POCKET_BENCH_THREADS").ok().filter(|t| !t.is_empty()) {
-        config.threads =
-            t.parse().map_err(|_| anyhow::anyhow!("POCKET_BENCH_THREADS={t:?} is not a number"))?;
+        config.threads = t.parse().map_err(|e| anyhow::anyhow!("POCKET_BENCH_THREADS={t:?}: {e}"))?;
     }
     eprintln!("bench: {} prompts on {} ({} threads)", prompts.len(), model.path.display(), config.threads);
     let results = bench::suite::run(&config, &prompts, &mut |p| {

@@ -38,7 +38,11 @@ fn generate(
     r.spec = spec;
     r.stop.max_tokens = 400;
     r.prompt_cache = false;
-    r.session = SessionConfig { threads, n_ctx: 2048, ..SessionConfig::default() };
+    r.session = SessionConfig {
+        threads: pocket_core::Threads::Fixed(threads),
+        n_ctx: 2048,
+        ..SessionConfig::default()
+    };
     let ledger = Ledger::unlimited();
     let prepared = pipeline::prepare(model, None, &r, &ledger)?;
     let outcome =

@@ -35,8 +35,7 @@ fn run() -> anyhow::Result<()> {
     config.modes = RunMode::parse_list("vanilla,inputcopy,suffix,auto")?;
     config.kv = KvType::F32;
     if let Some(t) = std::env::var("POCKET_BENCH_THREADS").ok().filter(|t| !t.is_empty()) {
-        config.threads =
-            t.parse().map_err(|_| anyhow::anyhow!("POCKET_BENCH_THREADS={t:?} is not a number"))?;
+        config.threads = t.parse().map_err(|e| anyhow::anyhow!("POCKET_BENCH_THREADS={t:?}: {e}"))?;
     }
     eprintln!("bench: {} prompts on {} ({} threads)", prompts.len(), found.path.display(), config.threads);
     let results = bench::suite::run(&config, &prompts, &mut |p| {
@@ -69,7 +68,12 @@ fn kv_report(root: &Path) -> anyhow::Result<()> {
     );
     let mut reference: Vec<(Vec<u32>, Vec<Vec<f32>>)> = Vec::new();
     for kv in [KvType::F32, KvType::Q8_0, KvType::Q4_0] {
-        let config = SessionConfig { kv, n_ctx: TOKENS + 1, threads: 1, ..SessionConfig::default() };
+        let config = SessionConfig {
+            kv,
+            n_ctx: TOKENS + 1,
+            threads: pocket_core::Threads::Fixed(1),
+            ..SessionConfig::default()
+        };
         let (mut agree, mut total, mut worst, mut held) = (0, 0, 0f32, 0);
         for (c, text) in sources.iter().enumerate() {
             let source = tiny.tokenizer().encode(text, true)?;

@@ -39,7 +39,8 @@ fn in_process(model: &LoadedModel, threads: usize) -> anyhow::Result<f64> {
     let start = Instant::now();
     let mut request = Request::new(Input::Chat(vec![ChatMessage::new(pocket_core::Role::User, PROMPT)]));
     request.stop.max_tokens = 8;
-    request.session = SessionConfig { threads, ..SessionConfig::default() };
+    request.session =
+        SessionConfig { threads: pocket_core::Threads::Fixed(threads), ..SessionConfig::default() };
     let ledger = Ledger::unlimited();
     let prepared = pipeline::prepare(model, None, &request, &ledger)?;
     let mut first = None;

@@ -42,7 +42,8 @@ fn generate(model: &LoadedModel, text: &str, mode: SpecMode, kv: KvType, max_tok
     let mut request = Request::new(Input::Text(text.to_owned()));
     request.spec = mode;
     request.stop.max_tokens = max_tokens;
-    request.session = SessionConfig { kv, n_ctx: 256, threads: 2, ..SessionConfig::default() };
+    request.session =
+        SessionConfig { kv, n_ctx: 256, threads: pocket_core::Threads::Fixed(2), ..SessionConfig::default() };
     let ledger = Ledger::unlimited();
     let prepared = pipeline::prepare(model, None, &request, &ledger).unwrap();
     let outcome =

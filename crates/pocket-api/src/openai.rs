@@ -285,6 +285,10 @@ pub struct Timings {
     /// Of those, how many the model's own choice confirmed.
     #[serde(default)]
     pub forced_accepted: u64,
+    /// CPU threads per forward pass of this request, on average (with `threads = "auto"` the
+    /// count follows the cores other programs leave free, pass by pass).
+    #[serde(default)]
+    pub threads: f64,
 }
 
 /// One answer of a chat completion.

@@ -20,9 +20,12 @@ pub struct Status {
     pub queued: usize,
     /// Most requests that may wait.
     pub queue_capacity: usize,
-    /// CPU threads each generation runs on.
+    /// CPU threads a forward pass runs on now (`cpu` says what the count follows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
+    /// The CPU threads of passes: the setting, the count now and what it follows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuStatus>,
     /// What the daemon is learning about a model while it is idle (`smollm2 (f16 KV): cost
     /// curve`), if anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -33,6 +36,21 @@ pub struct Status {
     /// The HTTP connections (absent when the status did not come over HTTP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connections: Option<ConnectionStatus>,
+}
+
+/// The CPU threads of forward passes (`GET /v1/status`'s `cpu`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuStatus {
+    /// `threads` as configured: `auto` or a count.
+    pub threads_setting: String,
+    /// Threads a pass runs on now.
+    pub threads: usize,
+    /// The most a pass may run on (each model's thread pool has this many).
+    pub max_threads: usize,
+    /// Cores this process may use: its affinity and its cgroup's CPU quota.
+    pub allowed_cores: usize,
+    /// Other processes' load on those cores, in cores (over the last fraction of a second).
+    pub others_load: f64,
 }
 
 /// pocketd's HTTP connections: open now, the caps, and what became of them since start.

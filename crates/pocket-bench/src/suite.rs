@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use pocket_core::memory::BudgetSpec;
 use pocket_core::spec::SpecMode;
-use pocket_core::{KvType, ModelKind, SessionConfig, Token, default_threads};
+use pocket_core::{KvType, ModelKind, SessionConfig, Threads, Token};
 use pocket_ggml::{DeviceChoice, WeightFormat};
 use pocket_runtime::learn::{self, SkipSearch, TuneSettings};
 use pocket_runtime::pipeline::{self, Input};
@@ -74,8 +74,9 @@ pub struct BenchConfig {
     pub workload: String,
     /// Modes, in the order they run for each prompt.
     pub modes: Vec<RunMode>,
-    /// CPU threads for every engine.
-    pub threads: usize,
+    /// CPU threads: a count for every engine, or [`Threads::Auto`], where our engine follows
+    /// the free cores and llama.cpp takes every core allowed, as each does by default.
+    pub threads: Threads,
     /// KV cache type for every engine.
     pub kv: KvType,
     /// The device our engine runs on (llama.cpp runs on the GPU when ours does).
@@ -118,7 +119,7 @@ impl BenchConfig {
             file_sha256: None,
             workload: String::new(),
             modes: vec![Mode::LlamaCpp.into(), Mode::Vanilla.into()],
-            threads: default_threads(),
+            threads: Threads::Auto,
             kv: KvType::F16,
             device: DeviceChoice::default(),
             n_batch: SessionConfig::default().n_batch,
@@ -238,7 +239,7 @@ pub fn run_workload(
     if !conversations.is_empty() {
         let replayed = conversation::replay(config, conversations, progress)?;
         if workload.prompts.is_empty() {
-            results.machine.threads = replayed.daemon_threads.unwrap_or(config.threads);
+            results.machine.threads = replayed.daemon_threads.unwrap_or(config.threads.max());
         }
         results.settings.socket = config.socket.as_ref().map(|s| s.display().to_string());
         results.conversations = Some(replayed);
@@ -258,7 +259,7 @@ fn daemon_only(config: &BenchConfig) -> Result<BenchResults, Error> {
         machine: Machine {
             cpu: cpu_name(),
             arch: Some(std::env::consts::ARCH.to_owned()),
-            threads: config.threads,
+            threads: config.threads.max(),
             // The device is pocketd's own choice, which it does not report.
             backend: "pocketd".to_owned(),
             kernels: None,
@@ -311,9 +312,6 @@ pub fn run(
     if config.rounds == 0 {
         return Err(Error::Invalid("rounds must be at least 1".into()));
     }
-    if config.threads == 0 {
-        return Err(Error::Invalid("threads must be at least 1".into()));
-    }
     let through_daemon = config.modes.iter().any(|m| m.socket);
     if through_daemon && config.socket.is_none() {
         return Err(Error::Invalid(
@@ -356,10 +354,10 @@ pub fn run(
             if !config.wait_quiet.is_zero() {
                 wait_for_quiet(config.wait_quiet);
             }
-            t.curve = learn::measure_curve(&t.model, session.threads, session.kv, &ledger, &|| false)?;
+            t.curve = learn::measure_curve(&t.model, session.threads.max(), session.kv, &ledger, &|| false)?;
             let knowledge = t.model.knowledge();
-            if knowledge.cost_curve(session.threads, session.kv).is_none() {
-                knowledge.remember_cost_curve(session.threads, session.kv, t.curve.clone());
+            if knowledge.cost_curve(session.threads.max(), session.kv).is_none() {
+                knowledge.remember_cost_curve(session.threads.max(), session.kv, t.curve.clone());
             }
         }
         // What the speculative modes need, learned as `pocket tune` learns it: a `layerskip`
@@ -369,7 +367,7 @@ pub fn run(
         if !modes.iter().any(|m| m.mode.spec().is_some_and(|s| s != SpecMode::Off)) {
             continue;
         }
-        let mut settings = TuneSettings::new(session.threads, session.kv);
+        let mut settings = TuneSettings::new(session.threads.max(), session.kv);
         if modes.iter().any(|m| m.mode == Mode::LayerSkip) {
             settings.skip_search = SkipSearch::Always;
         }
@@ -493,7 +491,7 @@ pub fn run(
         machine: Machine {
             cpu: cpu_name(),
             arch: Some(std::env::consts::ARCH.to_owned()),
-            threads: config.threads,
+            threads: config.threads.max(),
             backend: main.device().to_owned(),
             kernels: Some(main.kernels().to_owned()),
         },

@@ -13,7 +13,7 @@ use crate::constraint::{Constraint, Masker};
 use crate::sampling::{Distribution, Sampler, SamplingConfig, TokenLogprob, token_logprob};
 use crate::spec::{Batch, Draft, Drafter, MAX_DRAFT, SpecStats, verify_greedy, verify_sampled};
 use crate::stop::{StopConfig, StopReason, TextStream};
-use crate::{Error, LayerPlan, Logits, ModelInfo, Result, Rows, Session, Token, Tokenizer};
+use crate::{Error, LayerPlan, Logits, ModelInfo, PassThreads, Result, Rows, Session, Token, Tokenizer};
 
 /// What to generate from.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -63,6 +63,9 @@ pub struct Generation {
     /// What speculation did (all zero for plain decoding).
     #[serde(default)]
     pub spec: SpecStats,
+    /// The CPU threads of this generation's forward passes (see [`Session::pass_threads`]).
+    #[serde(default)]
+    pub threads: PassThreads,
     /// Each generated token's log-probability and the most likely alternatives, when the
     /// guide asked for them ([`Guide::logprobs`]); one per entry of `tokens`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -206,6 +209,7 @@ pub fn generate_guided(
     let (mut p, mut residual) = (Distribution::new(), Distribution::new());
 
     let start = Instant::now();
+    let threads_before = session.pass_threads();
     let logits = session.decode(&request.prompt, &plan, Rows::Last)?;
     let mut next = sampler.sample(masker.row(last_row(&logits, info)?)?, &out.history);
     if let Some(n) = logprobs {
@@ -348,6 +352,7 @@ pub fn generate_guided(
         prefill_seconds,
         decode_seconds: last_at.duration_since(first_at).as_secs_f64(),
         spec: stats,
+        threads: session.pass_threads().since(threads_before),
         logprobs: out.logprobs,
     })
 }
@@ -876,6 +881,7 @@ mod tests {
             prefill_seconds: 0.5,
             decode_seconds: 0.0,
             spec: SpecStats::default(),
+            threads: PassThreads::default(),
             logprobs: Vec::new(),
         };
         assert_eq!(g.prefill_tok_per_s(), 20.0);

@@ -19,6 +19,7 @@
 pub mod conformance;
 pub mod constraint;
 pub mod cost;
+pub mod cpu;
 mod error;
 mod fingerprint;
 pub mod generate;
@@ -33,14 +34,16 @@ mod testing;
 mod tokenizer;
 
 pub use constraint::Constraint;
+pub use cpu::Threads;
 pub use error::{Error, Result};
 pub use fingerprint::fingerprint;
 pub use generate::{
     Event, GenerateRequest, Generation, Guide, generate, generate_guided, generate_speculative,
 };
 pub use model::{
-    CacheKey, DEFAULT_MAX_ROWS, Footprint, KvElement, KvType, Logits, Model, ModelInfo, ModelKind, Rows,
-    SavedState, Session, SessionConfig, check_decode, check_restore, default_threads, passes,
+    CacheKey, DEFAULT_MAX_ROWS, Footprint, KvElement, KvType, Logits, Model, ModelInfo, ModelKind,
+    PassThreads, Rows, SavedState, Session, SessionConfig, check_decode, check_restore, default_threads,
+    passes,
 };
 pub use plan::{LayerPlan, MAX_LAYERS};
 pub use sampling::{Distribution, Sampler, SamplingConfig, argmax};

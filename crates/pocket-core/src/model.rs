@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::cost::CostCurveConfig;
 use crate::memory::Ledger;
 use crate::spec::SpecMode;
-use crate::{Error, LayerPlan, Result, Token, Tokenizer};
+use crate::{Error, LayerPlan, Result, Threads, Token, Tokenizer};
 
 /// Decoder-only or encoder-decoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -232,8 +232,10 @@ pub struct SessionConfig {
     /// Most tokens one forward pass processes; longer inputs are split. Also the compute
     /// buffer's size: 1 + the longest draft for speculation, larger for fast prefill.
     pub n_batch: usize,
-    /// CPU threads for the forward pass.
-    pub threads: usize,
+    /// CPU threads for the forward pass: a count, or as many as other programs leave free
+    /// (see [`crate::cpu`]).
+    #[serde(default)]
+    pub threads: Threads,
     /// Most rows of logits one pass returns: 1 + the longest draft verified (a request for
     /// more rows is split into passes). The compute buffer holds this many rows of logits,
     /// which for a large vocabulary is most of it.
@@ -252,7 +254,7 @@ impl Default for SessionConfig {
             kv: KvType::F16,
             n_ctx: 4096,
             n_batch: 256,
-            threads: default_threads(),
+            threads: Threads::Auto,
             max_rows: DEFAULT_MAX_ROWS,
             preallocate: false,
         }
@@ -267,9 +269,10 @@ fn default_max_rows() -> usize {
     DEFAULT_MAX_ROWS
 }
 
-/// The CPU threads to use by default: every core the process may run on.
+/// Every core the process may run on: the most threads [`Threads::Auto`] uses, and the
+/// count cost curves are measured with.
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    Threads::Auto.max()
 }
 
 /// The memory a session would take, predicted before anything is allocated.
@@ -541,6 +544,43 @@ pub trait Session: Send {
     /// the KV it takes in the ledger like any decode; on an error the session stays empty.
     fn restore(&mut self, _saved: &SavedState, _len: usize) -> Result<()> {
         Err(Error::Unsupported("this engine cannot restore a saved session".into()))
+    }
+
+    /// The CPU threads of this session's passes so far: how many passes, and their thread
+    /// counts summed (with [`Threads::Auto`] the count can change from pass to pass). Zero for
+    /// an engine that does not count.
+    fn pass_threads(&self) -> PassThreads {
+        PassThreads::default()
+    }
+}
+
+/// What [`Session::pass_threads`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PassThreads {
+    /// Forward passes run.
+    pub passes: u64,
+    /// Their thread counts, summed.
+    pub threads: u64,
+}
+
+impl PassThreads {
+    /// Count one pass on `threads` threads.
+    pub fn add(&mut self, threads: usize) {
+        self.passes += 1;
+        self.threads += threads as u64;
+    }
+
+    /// The passes counted since `earlier`.
+    pub fn since(self, earlier: PassThreads) -> PassThreads {
+        PassThreads {
+            passes: self.passes.saturating_sub(earlier.passes),
+            threads: self.threads.saturating_sub(earlier.threads),
+        }
+    }
+
+    /// Threads per pass on average (0 when none was counted).
+    pub fn mean(self) -> f64 {
+        if self.passes == 0 { 0.0 } else { self.threads as f64 / self.passes as f64 }
     }
 }
 

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::spec::SpecMode;
 use pocket_core::{
-    CacheKey, Error as CoreError, Footprint, KvType, LayerPlan, Logits, Model, ModelInfo, ModelKind, Rows,
-    SavedState, Session, SessionConfig, Token, Tokenizer,
+    CacheKey, Error as CoreError, Footprint, KvType, LayerPlan, Logits, Model, ModelInfo, ModelKind,
+    PassThreads, Rows, SavedState, Session, SessionConfig, Token, Tokenizer,
 };
 
 use crate::ffi::device::Device;
@@ -192,13 +192,12 @@ impl LlamaCppModel {
 }
 
 /// `config` as a session on `inner` runs it: context within the training context, batch and
-/// rows within the context, at least one thread.
+/// rows within the context.
 fn effective(inner: &Inner, config: &SessionConfig) -> SessionConfig {
     let mut config = config.clone();
     config.n_ctx = config.n_ctx.clamp(1, inner.info.n_ctx_train.max(1));
     config.n_batch = config.n_batch.clamp(1, config.n_ctx);
     config.max_rows = config.max_rows.clamp(1, config.n_batch.min(crate::MAX_LOGIT_ROWS));
-    config.threads = config.threads.max(1);
     config
 }
 
@@ -264,6 +263,8 @@ pub struct LlamaCppSession {
     _buffers: Reservation,
     /// Our copy of the logits in the ledger.
     logits_reservation: Reservation,
+    /// The threads of the passes run so far.
+    pass_threads: PassThreads,
 }
 
 impl LlamaCppSession {
@@ -315,6 +316,7 @@ impl LlamaCppSession {
             compute_bytes,
             _buffers: buffers,
             logits_reservation,
+            pass_threads: PassThreads::default(),
         })
     }
 
@@ -364,11 +366,12 @@ impl Session for LlamaCppSession {
         self.logits.reserve_exact(logits_len);
         for (pass, n_out) in pocket_core::passes(batch, n_rows, self.config.n_batch, self.config.max_rows) {
             let chunk = &tokens[pass.clone()];
-            if let Err(e) =
-                self.ctx.decode(chunk, old_len + pass.start, chunk.len() - n_out, &mut self.logits)
-            {
-                self.roll_back(old_len);
-                return Err(e.into());
+            match self.ctx.decode(chunk, old_len + pass.start, chunk.len() - n_out, &mut self.logits) {
+                Ok(threads) => self.pass_threads.add(threads),
+                Err(e) => {
+                    self.roll_back(old_len);
+                    return Err(e.into());
+                }
             }
             self.tokens.extend_from_slice(chunk);
         }
@@ -403,6 +406,10 @@ impl Session for LlamaCppSession {
 
     fn kv_bytes(&self) -> u64 {
         self.kv_bytes
+    }
+
+    fn pass_threads(&self) -> PassThreads {
+        self.pass_threads
     }
 
     fn save(&self) -> pocket_core::Result<Option<SavedState>> {

@@ -149,7 +149,7 @@ fn teacher_forced(
         kv,
         n_ctx: prompt.len() + forced.len() + 8,
         n_batch: 512,
-        threads,
+        threads: pocket_core::Threads::Fixed(threads),
         ..SessionConfig::default()
     };
     let mut session = model.session(&config)?;

@@ -32,6 +32,8 @@ impl LlamaCpp {
     ) -> Result<Self> {
         let weights = LlamaWeights::load(path, Load::Full { gpu, repack })
             .ok_or_else(|| Error::Ggml(format!("llama.cpp could not load {}", path.display())))?;
+        // llama.cpp runs on the count it is given, as its programs do.
+        let threads = pocket_core::Threads::Fixed(threads.max(1));
         let params = ContextParams { n_ctx, n_batch, max_rows: n_batch, threads, kv, flash_attn: true };
         let ctx = LlamaContext::new(Arc::new(weights), &params)?;
         Ok(LlamaCpp { ctx, n_past: 0, logits: Vec::new() })

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use pocket_core::memory::{Ledger, Reservation};
-use pocket_core::{Error as CoreError, LayerPlan, Logits, Rows, SavedState, Session, SessionConfig, Token};
+use pocket_core::{
+    Error as CoreError, LayerPlan, Logits, PassThreads, Rows, SavedState, Session, SessionConfig, Token,
+};
 
 use crate::ffi::graph::Ctx;
 use crate::ffi::sched::Scheduler;
@@ -158,6 +160,8 @@ pub struct GgmlSession {
     scratch_i64: Vec<i64>,
     /// Hadamard matrices for a quantized cache (K, V), fed to every pass.
     rotations: (Vec<f32>, Vec<f32>),
+    /// The threads of the passes run so far.
+    pass_threads: PassThreads,
 }
 
 impl GgmlSession {
@@ -195,6 +199,7 @@ impl GgmlSession {
             scratch_i32: Vec::new(),
             scratch_i64: Vec::new(),
             rotations,
+            pass_threads: PassThreads::default(),
         })
     }
 
@@ -209,12 +214,11 @@ impl GgmlSession {
     }
 
     /// `config` as a session on `model` uses it: context within the training context, batch
-    /// within the context, at least one thread.
+    /// within the context.
     fn effective(model: &Inner, config: &SessionConfig) -> SessionConfig {
         let mut config = config.clone();
         config.n_ctx = config.n_ctx.clamp(1, model.hp.n_ctx_train);
         config.n_batch = config.n_batch.clamp(1, config.n_ctx);
-        config.threads = config.threads.max(1);
         config.max_rows = config.max_rows.clamp(1, MAX_LOGIT_ROWS);
         config
     }
@@ -277,7 +281,8 @@ impl GgmlSession {
         if let Some(r) = inp.v_rot {
             r.set_data(&self.rotations.1)?;
         }
-        sched.compute(&g.ctx)?;
+        let threads = sched.compute(&g.ctx)?;
+        self.pass_threads.add(threads);
         if let Some(out) = g.logits {
             out.get_data(&mut self.logits[row_off * n_vocab..(row_off + n_out) * n_vocab])?;
         }
@@ -361,6 +366,10 @@ impl Session for GgmlSession {
 
     fn kv_bytes(&self) -> u64 {
         self.kv.bytes() as u64
+    }
+
+    fn pass_threads(&self) -> PassThreads {
+        self.pass_threads
     }
 
     /// The positions with KV in every layer (those a partial plan left are not kept).

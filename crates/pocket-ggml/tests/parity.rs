@@ -173,7 +173,11 @@ fn long_context_matches_llama_cpp() {
     // one chunk per thread, so a different padding sums in a different order; over an f16
     // cache, accumulated in f16, that moves logits by up to ~0.7 on SmolLM2).
     let n_ctx = 1280;
-    let config = pocket_core::SessionConfig { n_batch: 512, threads, ..config(n_ctx) };
+    let config = pocket_core::SessionConfig {
+        n_batch: 512,
+        threads: pocket_core::Threads::Fixed(threads),
+        ..config(n_ctx)
+    };
 
     let mut ours = Vec::new();
     {

@@ -147,7 +147,8 @@ fn verification_rows_equal_single_steps(model: &GgmlModel, threads: usize) {
 /// Each row of a pass of `n` tokens (for each of `passes`) after `prefix_lens` tokens is
 /// bitwise the logits of decoding that token alone.
 fn rows_equal_single_steps(model: &GgmlModel, threads: usize, prefix_lens: &[usize], passes: &[usize]) {
-    let config = |n| pocket_core::SessionConfig { threads, ..config(n) };
+    let config =
+        |n| pocket_core::SessionConfig { threads: pocket_core::Threads::Fixed(threads), ..config(n) };
     let n_vocab = model.info().n_vocab;
     for &prefix_len in prefix_lens {
         let prefix = prose(model, prefix_len);

@@ -15,7 +15,7 @@ use pocket_core::memory::Ledger;
 use pocket_core::spec::{AutoConfig, LayerSkipConfig, LayerSkipDrafter, MAX_DRAFT, SkipSet, SpecMode};
 use pocket_core::{
     ChatMessage, GenerateRequest, KvType, LayerPlan, Model, ModelKind, Rows, SamplingConfig, Session,
-    SessionConfig, StopConfig, Token, argmax, generate_speculative,
+    SessionConfig, StopConfig, Threads, Token, argmax, generate_speculative,
 };
 
 use crate::text::{PROSE, SEARCH_QUESTIONS};
@@ -276,6 +276,8 @@ pub fn measure_curve(
     // An encoder-decoder model's decoder attends to a source: a sentence or two of it.
     let source = &tokens[..tokens.len().min(48)];
     let n_ctx = (cc.context + largest).max(source.len()).min(info.n_ctx_train.max(cc.context + largest));
+    // A curve holds for one thread count: measured on exactly that many.
+    let threads = Threads::Fixed(threads);
     let config = SessionConfig { kv, threads, n_ctx, max_rows: largest, ..SessionConfig::default() };
     let mut session = target.session_in(&config, ledger)?;
     if info.kind == ModelKind::EncoderDecoder {
@@ -307,7 +309,7 @@ pub fn measure_kv_agreement(
     let top1 = |kv: KvType| -> Result<Vec<Token>> {
         let config = SessionConfig {
             kv,
-            threads,
+            threads: Threads::Fixed(threads),
             n_ctx: tokens.len(),
             n_batch: PREFILL_CHUNK,
             max_rows: PREFILL_CHUNK,
@@ -361,7 +363,7 @@ fn search_skip_set(
         let prompt = search_prompt(target, question)?;
         let config = SessionConfig {
             kv: settings.kv,
-            threads: settings.threads,
+            threads: Threads::Fixed(settings.threads),
             n_ctx: (prompt.len() + SEARCH_TOKENS + MAX_DRAFT + 2).min(info.n_ctx_train.max(16)),
             max_rows: MAX_DRAFT + 1,
             ..SessionConfig::default()

@@ -327,7 +327,7 @@ pub fn prepare(
     // The parked session sharing the longest prefix, in the KV type asked for.
     let cache = model.prompt_cache().filter(|_| request.prompt_cache && !config.preallocate);
     let mut adopted = cache.and_then(|c| {
-        let key = model.prefix_key(config.threads, config.kv)?;
+        let key = model.prefix_key(config.threads.max(), config.kv)?;
         c.adopt(&key, &tokens, request.cache_hint.as_deref())
     });
     let (plan, spec, max_draft, draft_model) = if request.planned {
@@ -362,7 +362,10 @@ pub fn prepare(
         (None, spec, request.max_draft, with_draft)
     };
     let park = cache.and_then(|_| {
-        Some(Park { key: model.prefix_key(config.threads, config.kv)?, hint: request.cache_hint.clone() })
+        Some(Park {
+            key: model.prefix_key(config.threads.max(), config.kv)?,
+            hint: request.cache_hint.clone(),
+        })
     });
     Ok(Prepared {
         adopted,
@@ -419,7 +422,7 @@ pub fn run(
     let p = prepared;
     let target = model.model();
     let info = target.info();
-    let known = model.knowledge().known(p.config.threads, p.config.kv);
+    let known = model.knowledge().known(p.config.threads.max(), p.config.kv);
     let seq2seq = info.kind == ModelKind::EncoderDecoder;
     let setup = Setup {
         model: target,

@@ -19,7 +19,8 @@ fn request(text: &str, grammar: Grammar, spec: SpecMode) -> Request {
     r.grammar = Some(grammar);
     r.stop.max_tokens = 200;
     r.prompt_cache = false;
-    r.session = SessionConfig { threads: 2, n_ctx: 1024, ..SessionConfig::default() };
+    r.session =
+        SessionConfig { threads: pocket_core::Threads::Fixed(2), n_ctx: 1024, ..SessionConfig::default() };
     r
 }
 
@@ -110,7 +111,8 @@ fn a_required_tool_call_comes_back_in_openais_shape_with_valid_arguments() {
     r.tools = Tools { tools: vec![weather], choice: ToolChoice::Required, parallel: false };
     r.stop.max_tokens = 120;
     r.spec = SpecMode::Auto;
-    r.session = SessionConfig { threads: 2, n_ctx: 1024, ..SessionConfig::default() };
+    r.session =
+        SessionConfig { threads: pocket_core::Threads::Fixed(2), n_ctx: 1024, ..SessionConfig::default() };
     let out = run(&model, &r);
     assert_eq!(out.tool_calls.len(), 1, "{}", out.generation.text);
     let call = &out.tool_calls[0];

@@ -16,7 +16,8 @@ fn request(text: &str, spec: SpecMode) -> Request {
     let mut r = Request::new(Input::Chat(vec![ChatMessage::new(Role::User, text)]));
     r.spec = spec;
     r.stop.max_tokens = 40;
-    r.session = SessionConfig { threads: 1, n_ctx: 512, ..SessionConfig::default() };
+    r.session =
+        SessionConfig { threads: pocket_core::Threads::Fixed(1), n_ctx: 512, ..SessionConfig::default() };
     r
 }
 

@@ -45,7 +45,7 @@ impl TractSession {
         let footprint = crate::TractModel::footprint_of(&model, config)?;
         let compute = ledger.reserve(footprint.compute_bytes, "the encoder-decoder's compute and source")?;
         Ok(TractSession {
-            executor: model.executor(config.threads),
+            executor: model.executor(config.threads.max()),
             model,
             config: config.clone(),
             source: None,

@@ -17,7 +17,12 @@ fn subject(model: TractModel, kv: KvType) -> Subject {
     Subject {
         model: Box::new(model),
         prompt,
-        config: SessionConfig { kv, n_ctx: 64, threads: 1, ..SessionConfig::default() },
+        config: SessionConfig {
+            kv,
+            n_ctx: 64,
+            threads: pocket_core::Threads::Fixed(1),
+            ..SessionConfig::default()
+        },
         tolerance: TOL,
         serial: None,
     }

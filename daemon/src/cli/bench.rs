@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use pocket_core::KvType;
 use pocket_core::memory::BudgetSpec;
+use pocket_core::{KvType, Threads};
 
 use pocket_bench::{self as bench, BenchConfig, Progress, RunMode, Start, workload};
 use pocket_runtime::Engine;
@@ -50,9 +50,11 @@ pub struct Args {
     /// loaded again first).
     #[arg(long)]
     warm: bool,
-    /// CPU threads for every mode (default: all cores this process may use).
-    #[arg(short = 't', long)]
-    threads: Option<usize>,
+    /// CPU threads for every mode: a count, or `auto` (the default), where our engine follows
+    /// the cores other programs leave free and llama.cpp takes every core this process may
+    /// use, as each does by default.
+    #[arg(short = 't', long, default_value = "auto")]
+    threads: Threads,
     /// Write the results here as JSON (and the chart beside it, as .svg).
     #[arg(long, value_name = "OUT")]
     json: Option<PathBuf>,
@@ -171,10 +173,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.wait_quiet
     );
     config.wait_quiet = std::time::Duration::from_secs_f64(args.wait_quiet);
-    if let Some(t) = args.threads {
-        anyhow::ensure!(t > 0, "--threads must be at least 1");
-        config.threads = t;
-    }
+    config.threads = args.threads;
     config.cost_curve = !args.no_cost_curve;
     config.memory_budget = args.memory_budget;
     config.n_ctx = args.ctx_size;

@@ -7,7 +7,7 @@ use std::ops::ControlFlow;
 use anyhow::Context;
 use pocket_core::memory::{BudgetSpec, Plan};
 use pocket_core::spec::{SpecMode, SpecStats};
-use pocket_core::{ChatMessage, KvType, SamplingConfig, SessionConfig, StopConfig, Token, default_threads};
+use pocket_core::{ChatMessage, KvType, SamplingConfig, SessionConfig, StopConfig, Threads, Token};
 use pocket_ggml::WeightFormat;
 use pocket_runtime::drafters::not_offered_by;
 use pocket_runtime::pipeline::{self, Input, OnEvent, Request};
@@ -43,9 +43,10 @@ pub struct Args {
     /// Context size in tokens (capped at the model's training context).
     #[arg(long, default_value_t = 4096)]
     ctx_size: usize,
-    /// CPU threads (default: all cores this process may use).
-    #[arg(short = 't', long)]
-    threads: Option<usize>,
+    /// CPU threads of each pass: `auto` (as many as other programs leave free, pass by pass)
+    /// or a count.
+    #[arg(short = 't', long, default_value = "auto")]
+    threads: Threads,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -129,7 +130,10 @@ struct Report<'a> {
     #[serde(skip_serializing_if = "<[WeightsEstimate]>::is_empty")]
     weight_estimates: &'a [WeightsEstimate],
     kv: KvType,
-    threads: usize,
+    /// The setting: `auto` or a count.
+    threads: Threads,
+    /// Threads per forward pass, on average.
+    threads_used: f64,
     text: &'a str,
     /// The generated token ids.
     tokens: &'a [Token],
@@ -191,7 +195,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let (ledger, _process) = budget_ledger(args.memory_budget)?;
     let budgeted = args.memory_budget.is_some();
-    let threads = args.threads.unwrap_or_else(default_threads);
+    let threads = args.threads;
 
     let weight_choice = match args.model.weights {
         // Trying another format would hold two copies of the weights at once.
@@ -201,7 +205,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut model = args.model.open(weight_choice.initial(), &ledger)?;
     let mut weight_estimates = Vec::new();
     if weight_choice == WeightChoice::Auto {
-        let (chosen, estimates) = auto_weights(&model, spec, threads, args.kv);
+        let (chosen, estimates) = auto_weights(&model, spec, threads.max(), args.kv);
         if spec != SpecMode::Off && estimates.is_empty() && candidates(&model).len() > 1 {
             eprintln!(
                 "--weights auto: the cost curves of the stored and Q8_0 weights are not both measured on this \
@@ -253,7 +257,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // A plan that gave the draft model up gives its weights back to the budget.
     let draft = draft.filter(|_| prepared.draft_model);
     if prepared.spec == SpecMode::Auto
-        && model.knowledge().cost_curve(prepared.config.threads, prepared.config.kv).is_none()
+        && model.knowledge().cost_curve(prepared.config.threads.max(), prepared.config.kv).is_none()
     {
         eprintln!(
             "note: auto decodes plainly until this device's verification cost curve is measured; `pocket tune -m \
@@ -294,6 +298,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             weight_estimates: &weight_estimates,
             kv: prepared.config.kv,
             threads,
+            threads_used: g.threads.mean(),
             text: &g.text,
             tokens: &g.tokens,
             stop: g.stop.as_str(),

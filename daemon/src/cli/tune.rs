@@ -23,8 +23,8 @@ const REFERENCE_ACCEPTANCE: f64 = 0.8;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// CPU threads requests will run with (default: all cores this process may use, as
-    /// pocketd's `threads = 0`); a cost curve holds for one thread count.
+    /// CPU threads requests will run with (default: all cores this process may use, the most
+    /// pocketd's `threads = "auto"` uses); a cost curve holds for one thread count.
     #[arg(short = 't', long)]
     threads: Option<usize>,
     /// KV cache type requests will use; a cost curve holds for one KV type.

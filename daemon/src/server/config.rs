@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use pocket_core::KvType;
 use pocket_core::memory::BudgetSpec;
 use pocket_core::spec::SpecMode;
+use pocket_core::{KvType, Threads};
 use serde::{Deserialize, Serialize};
 
 /// Where the configuration is read from unless `--config` says otherwise.
@@ -79,8 +79,10 @@ pub struct Config {
     /// The memory budget: a size (`"1.5GiB"`) or `"auto"` (the cgroup's `memory.max` — what
     /// systemd's `MemoryMax=` sets — or the memory available at start, less a reserve).
     pub memory_budget: BudgetSpec,
-    /// CPU threads per generation (0: every core the process may use).
-    pub threads: usize,
+    /// CPU threads of each forward pass: `"auto"` (as many as other programs leave free, pass
+    /// by pass: affinity, cgroup quota, load, stragglers) or a fixed count. `0` is read as
+    /// `"auto"`.
+    pub threads: Threads,
     /// Generations that run at once; more requests wait in the queue.
     pub parallel: usize,
     /// Requests that may wait for a turn; more are refused with 429.
@@ -140,7 +142,7 @@ impl Default for Config {
             models_dir: PathBuf::from("/var/lib/pocketd/models"),
             default_model: pocket_models::default_model().to_owned(),
             memory_budget: BudgetSpec::Auto,
-            threads: 0,
+            threads: Threads::Auto,
             parallel: 1,
             queue: 16,
             keep_alive_seconds: 300,

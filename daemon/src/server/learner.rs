@@ -190,7 +190,7 @@ impl Scheduler {
                 if failed.get(&(model.name.clone(), kv)).is_some_and(|t| t.elapsed() < LEARN_RETRY) {
                     continue;
                 }
-                let settings = TuneSettings::new(self.threads(), kv);
+                let settings = TuneSettings::new(self.threads().max(), kv);
                 if learn::needs_tuning(&model.model, &settings) {
                     return Some((model, settings));
                 }

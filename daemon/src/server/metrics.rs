@@ -162,6 +162,31 @@ impl Metrics {
         );
         metric("pocketd_sessions", "gauge", "Requests generating now.", &[("", scheduler.active() as f64)]);
         metric("pocketd_queued", "gauge", "Requests waiting for a turn.", &[("", scheduler.queued() as f64)]);
+        let cpu = scheduler.cpu();
+        metric(
+            "pocketd_threads",
+            "gauge",
+            "CPU threads a forward pass runs on now.",
+            &[("", cpu.threads as f64)],
+        );
+        metric(
+            "pocketd_threads_max",
+            "gauge",
+            "The most CPU threads a forward pass may run on.",
+            &[("", cpu.max_threads as f64)],
+        );
+        metric(
+            "pocketd_cpu_allowed_cores",
+            "gauge",
+            "Cores this process may use (affinity, cgroup CPU quota).",
+            &[("", cpu.allowed_cores as f64)],
+        );
+        metric(
+            "pocketd_cpu_others_load",
+            "gauge",
+            "Other processes' load on those cores, in cores.",
+            &[("", cpu.others_load)],
+        );
         if let Some(cache) = scheduler.prompt_cache() {
             let st = cache.stats();
             let counters: [(&str, &str, u64); 5] = [

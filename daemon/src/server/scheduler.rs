@@ -26,7 +26,7 @@ use pocket_api::{FinishReason, LogprobsOption, ResponseFormat};
 use pocket_core::memory::{Ledger, Plan, Reservation};
 use pocket_core::spec::SpecMode;
 use pocket_core::{
-    KvType, SamplingConfig, SessionConfig, StopConfig, StopReason, Tokenizer, ToolCall, default_threads,
+    KvType, SamplingConfig, SessionConfig, StopConfig, StopReason, Threads, Tokenizer, ToolCall,
 };
 use pocket_runtime::grammar::Grammar;
 use pocket_runtime::learn::{self, TuneSettings};
@@ -409,7 +409,7 @@ pub struct Scheduler {
     /// Counters for `/metrics`.
     pub metrics: Metrics,
     started: Instant,
-    threads: usize,
+    threads: Threads,
     /// Requests between their arrival and their end: while any is, nothing is learned.
     pub(super) in_flight: AtomicUsize,
     /// When the last request ended (or the daemon started).
@@ -447,7 +447,7 @@ impl Scheduler {
             Duration::from_secs(config.keep_alive_seconds),
             prompt_cache.clone(),
         );
-        let threads = if config.threads == 0 { default_threads() } else { config.threads };
+        let threads = config.threads;
         Ok(Arc::new(Scheduler {
             places: Arc::new(Semaphore::new(config.parallel + config.queue)),
             turns: Arc::new(Semaphore::new(config.parallel)),
@@ -489,9 +489,25 @@ impl Scheduler {
         &self.config
     }
 
-    /// CPU threads each generation runs on.
-    pub fn threads(&self) -> usize {
+    /// CPU threads of each pass: a count, or `auto`.
+    pub fn threads(&self) -> Threads {
         self.threads
+    }
+
+    /// The CPU threads passes run on now, and what the count follows.
+    pub fn cpu(&self) -> pocket_api::CpuStatus {
+        let now = pocket_core::cpu::governor().status();
+        let threads = match self.threads {
+            Threads::Auto => now.threads,
+            Threads::Fixed(n) => n,
+        };
+        pocket_api::CpuStatus {
+            threads_setting: self.threads.to_string(),
+            threads,
+            max_threads: self.threads.max(),
+            allowed_cores: now.allowed,
+            others_load: now.others_load,
+        }
     }
 
     /// The daemon's budget.
@@ -555,7 +571,10 @@ impl Scheduler {
                 sessions: Registry::users(&m),
                 idle_seconds: idle.as_secs_f64(),
                 keep_alive_seconds: keep_alive,
-                tuned: Some(!learn::needs_tuning(&m.model, &TuneSettings::new(self.threads, self.config.kv))),
+                tuned: Some(!learn::needs_tuning(
+                    &m.model,
+                    &TuneSettings::new(self.threads.max(), self.config.kv),
+                )),
             })
             .collect();
         let sessions = self
@@ -606,7 +625,8 @@ impl Scheduler {
             sessions,
             queued: self.queued(),
             queue_capacity: self.config.queue,
-            threads: Some(self.threads),
+            threads: Some(self.cpu().threads),
+            cpu: Some(self.cpu()),
             learning: self.learner.doing(),
             connections: None,
         }
@@ -1020,6 +1040,7 @@ fn finished(outcome: &pocket_runtime::Outcome, return_tokens: bool, tokenizer: &
             constraint_ms: generation.spec.constraint_seconds * 1e3,
             forced: generation.spec.forced as u64,
             forced_accepted: generation.spec.forced_accepted as u64,
+            threads: generation.threads.mean(),
         },
         peak_bytes: 0,
         decode_seconds: generation.decode_seconds,

@@ -39,9 +39,16 @@ impl LlamaCppRunner {
                 cx.model_name
             )));
         }
-        let llama =
-            LlamaCpp::load(cx.model.path(), s.threads, s.n_ctx, s.n_batch, s.kv, cx.model.on_gpu(), true)
-                .map_err(pocket_runtime::Error::from)?;
+        let llama = LlamaCpp::load(
+            cx.model.path(),
+            s.threads.max(),
+            s.n_ctx,
+            s.n_batch,
+            s.kv,
+            cx.model.on_gpu(),
+            true,
+        )
+        .map_err(pocket_runtime::Error::from)?;
         Ok(LlamaCppRunner {
             llama,
             kv_bytes_per_token: cx.model.kv_bytes_per_token(s)?,

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use pocket_api::client::Client;
 use pocket_api::{ChatCompletionRequest, CompletionRequest, GenerationOptions, Timings, Usage};
+use pocket_core::Threads;
 use pocket_core::spec::SpecMode;
 use serde::Deserialize;
 
@@ -62,22 +63,27 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Error> {
 }
 
 impl SocketRunner {
-    /// Check that pocketd answers at `socket`, generates on `threads` threads as this
-    /// benchmark does, when given (otherwise the two would not be compared on the same cores),
-    /// and serves `model`, loading it. For a cold start the model is unloaded and loaded
+    /// Check that pocketd answers at `socket`, generates with the `threads` setting this
+    /// benchmark uses, when given (otherwise the two would not be compared on the same cores), and serves
+    /// `model`, loading it. For a cold start the model is unloaded and loaded
     /// again, so that the first measured request is its first since it was loaded.
     pub fn check_daemon(
         socket: &Path,
         model: &str,
-        threads: Option<usize>,
+        threads: Option<Threads>,
         start: Start,
     ) -> Result<DaemonCheck, Error> {
         let client = Client::new(socket);
         runtime()?.block_on(async {
             let status: pocket_api::Status = client.get("/v1/status").await?;
-            if let Some((theirs, threads)) = status.threads.zip(threads).filter(|(t, ours)| t != ours) {
+            // A daemon from before `threads = "auto"` reports only a count.
+            let theirs = match &status.cpu {
+                Some(cpu) => Some(cpu.threads_setting.clone()),
+                None => status.threads.map(|n| n.to_string()),
+            };
+            if let Some((theirs, threads)) = theirs.zip(threads).filter(|(t, ours)| *t != ours.to_string()) {
                 return Err(Error::Invalid(format!(
-                    "pocketd at {} generates on {theirs} threads and this benchmark on {threads}: give --threads \
+                    "pocketd at {} runs with threads = {theirs} and this benchmark with {threads}: give --threads \
                      {theirs} (or start pocketd with --threads {threads}) so that both run on the same cores",
                     socket.display()
                 )));
@@ -93,7 +99,8 @@ impl SocketRunner {
             } else {
                 let _: pocket_api::ModelAction = client.post(&action("load"), &empty).await?;
             }
-            Ok(DaemonCheck { reloaded, threads: status.threads })
+            let max = status.cpu.as_ref().map(|c| c.max_threads).or(status.threads);
+            Ok(DaemonCheck { reloaded, threads: max })
         })
     }
 }
@@ -103,7 +110,7 @@ impl SocketRunner {
 pub struct DaemonCheck {
     /// Seconds the model took to load again, for a cold start.
     pub reloaded: Option<f64>,
-    /// Threads pocketd generates on, if its status says.
+    /// The most threads pocketd's passes run on, if its status says.
     pub threads: Option<usize>,
 }
 

@@ -8,9 +8,11 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use llama_cpp_sys_2 as sys;
-use pocket_core::{KvType, Token};
+use pocket_core::cpu::governor;
+use pocket_core::{KvType, Threads, Token};
 
 use crate::ffi::device::cstring;
+use crate::ffi::pools::Pools;
 use crate::kv::ggml_type;
 use crate::{Error, Result};
 
@@ -124,7 +126,8 @@ pub(crate) struct ContextParams {
     pub n_batch: usize,
     /// Most rows of logits one `llama_decode` returns (bounds the compute buffer's logits).
     pub max_rows: usize,
-    pub threads: usize,
+    /// Threads of each decode: its pool has `threads.max()`, the governor says how many run.
+    pub threads: Threads,
     pub kv: KvType,
     /// Flash attention on (as our graph computes it) rather than llama.cpp's choice.
     pub flash_attn: bool,
@@ -139,16 +142,19 @@ pub(crate) struct ContextBuffers {
     pub compute: u64,
 }
 
-/// One sequence on a `llama_model`: its KV cache, compute buffers and a thread pool.
+/// One sequence on a `llama_model`: its KV cache, compute buffers and thread pools.
 pub(crate) struct LlamaContext {
     ctx: NonNull<sys::llama_context>,
-    /// A persistent thread pool, as llama-cli attaches one: without it ggml would start and
-    /// join its threads on every decode.
-    threadpool: NonNull<sys::ggml_threadpool>,
+    /// Persistent thread pools, as llama-cli attaches one (without, ggml would start and join
+    /// its threads on every decode): one per thread count decodes have run on, and the count
+    /// of the one attached.
+    pools: Pools,
+    attached: usize,
     batch: sys::llama_batch,
     n_batch: usize,
     n_vocab: usize,
     buffers: ContextBuffers,
+    threads: Threads,
     // Dropped after the context (Drop frees the context first).
     weights: Arc<LlamaWeights>,
 }
@@ -159,12 +165,12 @@ unsafe impl Send for LlamaContext {}
 
 impl Drop for LlamaContext {
     fn drop(&mut self) {
-        // SAFETY: all were created in `new` and are freed once: the context before the
-        // thread pool it uses (the model is freed when the last Arc goes, after this).
+        // SAFETY: both were created in `new` and are freed once, the context before the
+        // thread pools it uses (a field, dropped after this; the model is freed when the last
+        // Arc goes, after that).
         unsafe {
             sys::llama_batch_free(self.batch);
             sys::llama_free(self.ctx.as_ptr());
-            sys::ggml_threadpool_free(self.threadpool.as_ptr());
         }
     }
 }
@@ -208,6 +214,8 @@ impl LlamaContext {
     pub(crate) fn new(weights: Arc<LlamaWeights>, params: &ContextParams) -> Result<Self> {
         let fail = |what: &str| Error::Ggml(format!("llama.cpp could not {what}"));
         let n_batch = params.n_batch.clamp(1, params.n_ctx.max(1));
+        let max = params.threads.max();
+        let mut pools = Pools::new(max);
         CAPTURED.with(|c| *c.borrow_mut() = Some(Vec::new()));
         // SAFETY: default parameters adjusted field by field for a loaded model.
         let ctx = unsafe {
@@ -217,8 +225,8 @@ impl LlamaContext {
             p.n_ubatch = n_batch as u32;
             p.n_seq_max = 1;
             p.n_outputs_max = params.max_rows.clamp(1, n_batch) as u32;
-            p.n_threads = params.threads.max(1) as i32;
-            p.n_threads_batch = params.threads.max(1) as i32;
+            p.n_threads = max as i32;
+            p.n_threads_batch = max as i32;
             if params.flash_attn {
                 p.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_ENABLED;
             }
@@ -232,23 +240,32 @@ impl LlamaContext {
         };
         let lines = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
         let ctx = NonNull::new(ctx).ok_or_else(|| fail("create a context (see the log for why)"))?;
-        // SAFETY: default parameters for `threads` threads; the pool outlives the context (Drop).
-        let threadpool = unsafe {
-            let mut tp = sys::ggml_threadpool_params_default(params.threads.max(1) as i32);
-            NonNull::new(sys::ggml_threadpool_new(&mut tp))
+        let pool = match pools.get(max) {
+            Ok(pool) => pool,
+            Err(e) => {
+                // SAFETY: created above, not yet owned by a LlamaContext.
+                unsafe { sys::llama_free(ctx.as_ptr()) };
+                return Err(e);
+            }
         };
-        let Some(threadpool) = threadpool else {
-            // SAFETY: created above, not yet owned by a LlamaContext.
-            unsafe { sys::llama_free(ctx.as_ptr()) };
-            return Err(fail("start a thread pool"));
-        };
-        // SAFETY: a live context and pool; the same pool serves single tokens and batches.
-        unsafe { sys::llama_attach_threadpool(ctx.as_ptr(), threadpool.as_ptr(), threadpool.as_ptr()) };
+        // SAFETY: a live context and pool, which outlives it (Drop); the same pool serves
+        // single tokens and batches.
+        unsafe { sys::llama_attach_threadpool(ctx.as_ptr(), pool.as_ptr(), pool.as_ptr()) };
         // SAFETY: a batch for n_batch tokens of one sequence, freed in Drop.
         let batch = unsafe { sys::llama_batch_init(n_batch as i32, 0, 1) };
         let n_vocab = weights.n_vocab();
         let buffers = buffer_sizes(&lines);
-        Ok(LlamaContext { ctx, threadpool, batch, n_batch, n_vocab, buffers, weights })
+        Ok(LlamaContext {
+            ctx,
+            pools,
+            attached: max,
+            batch,
+            n_batch,
+            n_vocab,
+            buffers,
+            threads: params.threads,
+            weights,
+        })
     }
 
     /// The buffers llama.cpp allocated for this context (zero where it did not say).
@@ -267,18 +284,49 @@ impl LlamaContext {
     }
 
     /// Decode `tokens` (at most [`Self::n_batch`]) at positions `pos0..` of the sequence,
-    /// appending to `out` the logits of the rows from `out_from` on.
+    /// appending to `out` the logits of the rows from `out_from` on; returns the CPU threads
+    /// it ran on (as many as the governor gave it).
     pub(crate) fn decode(
         &mut self,
         tokens: &[Token],
         pos0: usize,
         out_from: usize,
         out: &mut Vec<f32>,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         assert!(!tokens.is_empty() && tokens.len() <= self.n_batch, "a batch of 1..=n_batch tokens");
-        // SAFETY: the batch was made for n_batch tokens of one sequence and tokens.len() is at
-        // most that; logits are read only for the rows flagged for output, n_vocab each.
+        let pass = governor().begin(self.threads, self.pools.max());
+        let threads = pass.threads();
+        let result = self.attach(threads).and_then(|()| self.decode_on(tokens, pos0, out_from, out, threads));
+        governor().end(pass);
+        result.map(|()| threads)
+    }
+
+    /// Run the next decodes on the pool of `n` threads.
+    fn attach(&mut self, n: usize) -> Result<()> {
+        if n == self.attached {
+            return Ok(());
+        }
+        let pool = self.pools.get(n)?;
+        // SAFETY: a live context and a pool that outlives it; llama.cpp hands it to the CPU
+        // backend at its next decode, which pauses the one it replaces.
+        unsafe { sys::llama_attach_threadpool(self.ctx.as_ptr(), pool.as_ptr(), pool.as_ptr()) };
+        self.attached = n;
+        Ok(())
+    }
+
+    fn decode_on(
+        &mut self,
+        tokens: &[Token],
+        pos0: usize,
+        out_from: usize,
+        out: &mut Vec<f32>,
+        threads: usize,
+    ) -> Result<()> {
+        // SAFETY: the attached pool has `threads` threads; the batch was made for
+        // n_batch tokens of one sequence and tokens.len() is at most that; logits are read
+        // only for the rows flagged for output, n_vocab each.
         unsafe {
+            sys::llama_set_n_threads(self.ctx.as_ptr(), threads as i32, threads as i32);
             let b = &mut self.batch;
             b.n_tokens = tokens.len() as i32;
             for (i, &t) in tokens.iter().enumerate() {

@@ -10,6 +10,7 @@ pub(crate) mod gguf;
 pub(crate) mod graph;
 pub(crate) mod heap;
 pub(crate) mod llama;
+pub(crate) mod pools;
 pub(crate) mod sched;
 pub(crate) mod types;
 pub(crate) mod vocab;

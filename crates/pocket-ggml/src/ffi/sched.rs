@@ -1,39 +1,47 @@
 //! A session's compute machinery as a safe handle: its backends (the device's and the CPU's),
-//! the thread pool the CPU backend runs on, and ggml's scheduler, which splits a graph between
+//! the thread pools the CPU backend runs on, and ggml's scheduler, which splits a graph between
 //! the backends and allocates its compute buffers.
 
+use std::cell::{Cell, RefCell};
 use std::ptr::NonNull;
 
 use llama_cpp_sys_2 as sys;
+use pocket_core::Threads;
+use pocket_core::cpu::governor;
 
 use crate::ffi::device::Device;
 use crate::ffi::graph::Ctx;
+use crate::ffi::pools::Pools;
 use crate::{Error, Result};
 
-/// Backends, thread pool and scheduler of one session. Not shared: ggml's CPU backend keeps
+/// Backends, thread pools and scheduler of one session. Not shared: ggml's CPU backend keeps
 /// per-computation state, so two sessions computing at once need one each.
 pub(crate) struct Scheduler {
     sched: NonNull<sys::ggml_backend_sched>,
     /// The device's backend first (if it is not the CPU), the CPU's last.
     backends: Vec<NonNull<sys::ggml_backend>>,
-    threadpool: NonNull<sys::ggml_threadpool>,
+    /// The threads each pass asks the governor for.
+    threads: Threads,
+    /// A pool per thread count passes have run on (dropped after the backends: Drop frees
+    /// those first), and the count of the one the CPU backend uses now.
+    pools: RefCell<Pools>,
+    attached: Cell<usize>,
 }
 
-// SAFETY: the scheduler, backends and thread pool belong to this value alone and are used by
+// SAFETY: the scheduler, backends and thread pools belong to this value alone and are used by
 // one thread at a time (`&mut` or owned by a session that is); ggml's pool threads do not care
 // which thread submits a graph.
 unsafe impl Send for Scheduler {}
 
 impl Drop for Scheduler {
     fn drop(&mut self) {
-        // SAFETY: all created in `new`, freed once: the scheduler before the backends it uses,
-        // the backends before the thread pool they run on.
+        // SAFETY: all created in `new`, freed once: the scheduler before the backends it uses;
+        // the pools they run on go after them (a field, dropped after this).
         unsafe {
             sys::ggml_backend_sched_free(self.sched.as_ptr());
             for b in &self.backends {
                 sys::ggml_backend_free(b.as_ptr());
             }
-            sys::ggml_threadpool_free(self.threadpool.as_ptr());
         }
     }
 }
@@ -63,23 +71,19 @@ impl Drop for Backend {
 }
 
 impl Scheduler {
-    /// Backends for `device` (and the CPU, whose ops run on `threads` threads of a pool of
-    /// their own) under a scheduler for graphs of up to `nodes` nodes.
-    pub(crate) fn new(device: &Device, threads: usize, nodes: usize) -> Result<Scheduler> {
-        let threads = threads.max(1) as i32;
+    /// Backends for `device` (and the CPU, whose ops run on a pool of their own of
+    /// `threads.max()` threads, of which each pass uses as many as the governor says) under a
+    /// scheduler for graphs of up to `nodes` nodes.
+    pub(crate) fn new(device: &Device, threads: Threads, nodes: usize) -> Result<Scheduler> {
+        let max = threads.max();
+        let mut pools = Pools::new(max);
+        let pool = pools.get(max)?;
         let gpu = if device.is_cpu() { None } else { Some(Backend::init(device.dev, &device.name)?) };
         let cpu = Backend::init(device.cpu, "the CPU backend")?;
-        // SAFETY: default parameters for `threads` threads; the pool is freed in Drop (or
-        // below if the scheduler cannot be made), after the backend that uses it.
-        let threadpool = unsafe {
-            let mut params = sys::ggml_threadpool_params_default(threads);
-            NonNull::new(sys::ggml_threadpool_new(&mut params))
-        };
-        let threadpool = threadpool.ok_or_else(|| Error::Ggml("cannot start the thread pool".into()))?;
-        // SAFETY: a CPU backend and a live pool.
+        // SAFETY: a CPU backend and a live pool of `max` threads, which outlives it (Drop).
         unsafe {
-            sys::ggml_backend_cpu_set_n_threads(cpu.0.as_ptr(), threads);
-            sys::ggml_backend_cpu_set_threadpool(cpu.0.as_ptr(), threadpool.as_ptr());
+            sys::ggml_backend_cpu_set_n_threads(cpu.0.as_ptr(), max as i32);
+            sys::ggml_backend_cpu_set_threadpool(cpu.0.as_ptr(), pool.as_ptr());
         }
         let backends: Vec<Backend> = gpu.into_iter().chain([cpu]).collect();
         let mut raw: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.0.as_ptr()).collect();
@@ -95,13 +99,12 @@ impl Scheduler {
             )
         };
         let Some(sched) = NonNull::new(sched) else {
+            // The backends go before the pools (declared after them).
             drop(backends);
-            // SAFETY: created above, no longer used by any backend.
-            unsafe { sys::ggml_threadpool_free(threadpool.as_ptr()) };
             return Err(Error::Ggml("cannot create the scheduler".into()));
         };
         let backends = backends.into_iter().map(Backend::into_raw).collect();
-        Ok(Scheduler { sched, backends, threadpool })
+        Ok(Scheduler { sched, backends, threads, pools: RefCell::new(pools), attached: Cell::new(max) })
     }
 
     /// Bytes of the compute buffers `graph` needs, over all backends, without allocating them.
@@ -138,13 +141,34 @@ impl Scheduler {
         }
     }
 
-    /// Compute `graph`, allocated by [`Scheduler::alloc`].
-    pub(crate) fn compute(&self, graph: &Ctx) -> Result<()> {
+    /// Compute `graph`, allocated by [`Scheduler::alloc`], on as many CPU threads as the
+    /// governor gives the pass: returns how many.
+    pub(crate) fn compute(&self, graph: &Ctx) -> Result<usize> {
+        let pass = governor().begin(self.threads, self.pools.borrow().max());
+        let n = pass.threads();
+        let cpu = self.backends.last().expect("the CPU backend is always there");
+        if n != self.attached.get() {
+            let pool = match self.pools.borrow_mut().get(n) {
+                Ok(pool) => pool,
+                Err(e) => {
+                    governor().end(pass);
+                    return Err(e);
+                }
+            };
+            // SAFETY: the CPU backend of this scheduler and a live pool of `n` threads, which
+            // outlives it; the pool it replaces is paused by ggml (its threads sleep).
+            unsafe {
+                sys::ggml_backend_cpu_set_threadpool(cpu.as_ptr(), pool.as_ptr());
+                sys::ggml_backend_cpu_set_n_threads(cpu.as_ptr(), n as i32);
+            }
+            self.attached.set(n);
+        }
         // SAFETY: a graph allocated on this scheduler, its inputs set.
         let status = unsafe { sys::ggml_backend_sched_graph_compute(self.sched.as_ptr(), graph.graph()) };
+        governor().end(pass);
         if status != sys::GGML_STATUS_SUCCESS {
             return Err(Error::Ggml(format!("graph computation failed (status {status})")));
         }
-        Ok(())
+        Ok(n)
     }
 }

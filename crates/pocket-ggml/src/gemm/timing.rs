@@ -156,7 +156,9 @@ pub(crate) fn ggml_mul_mat_seconds(
         Some((arena, t, device))
     };
     let Some((_arena, t, device)) = setup() else { return vec![None; rows.len()] };
-    let Ok(sched) = Scheduler::new(&device, 1, 8) else { return vec![None; rows.len()] };
+    let Ok(sched) = Scheduler::new(&device, pocket_core::Threads::Fixed(1), 8) else {
+        return vec![None; rows.len()];
+    };
     let mut state = 0x5eed_u64;
     let most = rows.iter().copied().max().unwrap_or(1);
     let x: Vec<f32> = (0..most * k)

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 
-use pocket_core::{ChatMessage, LayerPlan, Logits, Model, SessionConfig, Token};
+use pocket_core::{ChatMessage, LayerPlan, Logits, Model, SessionConfig, Threads, Token};
 use pocket_ggml::{AttentionKernel, GgmlModel, GgmlSession, LoadOptions, WeightFormat};
 
 /// SmolLM2-135M-Instruct (llama, 30 layers): the model most tests run on, being the fastest.
@@ -88,7 +88,7 @@ pub fn serial() -> MutexGuard<'static, ()> {
 
 /// A session configuration for tests: `n_ctx` tokens, f16 KV, [`THREADS`] threads.
 pub fn config(n_ctx: usize) -> SessionConfig {
-    SessionConfig { n_ctx, n_batch: 256, threads: THREADS, ..SessionConfig::default() }
+    SessionConfig { n_ctx, n_batch: 256, threads: Threads::Fixed(THREADS), ..SessionConfig::default() }
 }
 
 /// A new session on `model` with `config`.

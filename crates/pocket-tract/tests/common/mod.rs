@@ -77,5 +77,5 @@ pub fn check_row(logits: &Logits<'_>, i: usize, case: &Case, k: usize, what: &st
 }
 
 pub fn config(kv: KvType) -> SessionConfig {
-    SessionConfig { kv, n_ctx: 128, threads: 1, ..SessionConfig::default() }
+    SessionConfig { kv, n_ctx: 128, threads: pocket_core::Threads::Fixed(1), ..SessionConfig::default() }
 }
