@@ -42,8 +42,8 @@ pub use generate::{
 };
 pub use model::{
     CacheKey, DEFAULT_MAX_ROWS, Footprint, KvElement, KvType, Logits, Model, ModelInfo, ModelKind,
-    PassThreads, Rows, SavedState, Session, SessionConfig, check_decode, check_restore, default_threads,
-    passes,
+    PassThreads, Rows, SavedState, Session, SessionConfig, SharedPasses, check_decode, check_restore,
+    default_threads, next_pass, passes,
 };
 pub use plan::{LayerPlan, MAX_LAYERS};
 pub use sampling::{Distribution, Sampler, SamplingConfig, argmax};

@@ -384,22 +384,34 @@ pub fn passes(
     n_batch: usize,
     max_rows: usize,
 ) -> impl Iterator<Item = (std::ops::Range<usize>, usize)> {
-    let want_from = batch - n_rows.min(batch);
-    let (n_batch, max_rows) = (n_batch.max(1), max_rows.max(1));
     let mut c0 = 0;
     std::iter::from_fn(move || {
-        if c0 >= batch {
-            return None;
-        }
-        let mut c1 = (c0 + n_batch).min(batch);
-        if c1 > want_from {
-            c1 = c1.min(c0.max(want_from) + max_rows);
-        }
-        let n_out = c1.saturating_sub(c0.max(want_from));
-        let pass = (c0..c1, n_out);
-        c0 = c1;
+        let pass = next_pass(c0, batch, n_rows, n_batch, max_rows)?;
+        c0 = pass.0.end;
         Some(pass)
     })
+}
+
+/// The pass of [`passes`] that starts at token `c0` of the batch, for an engine that sizes
+/// each pass when it comes to it (`n_batch` may differ from one call to the next); `None` when
+/// `c0` is the batch's end.
+pub fn next_pass(
+    c0: usize,
+    batch: usize,
+    n_rows: usize,
+    n_batch: usize,
+    max_rows: usize,
+) -> Option<(std::ops::Range<usize>, usize)> {
+    if c0 >= batch {
+        return None;
+    }
+    let want_from = batch - n_rows.min(batch);
+    let (n_batch, max_rows) = (n_batch.max(1), max_rows.max(1));
+    let mut c1 = (c0 + n_batch).min(batch);
+    if c1 > want_from {
+        c1 = c1.min(c0.max(want_from) + max_rows);
+    }
+    Some((c0..c1, c1.saturating_sub(c0.max(want_from))))
 }
 
 /// Logits of the rows a [`Session::decode`] asked for, borrowed from the session.
@@ -489,6 +501,25 @@ pub trait Model: Send + Sync {
     fn session(&self, config: &SessionConfig) -> Result<Box<dyn Session>> {
         self.session_in(config, &Ledger::unlimited())
     }
+
+    /// What the passes of this model's sessions were, where sessions decoding at the same
+    /// time share them (one pass over the weights for all); `None` where each session's passes
+    /// are its own.
+    fn shared_passes(&self) -> Option<SharedPasses> {
+        None
+    }
+}
+
+/// What [`Model::shared_passes`] counts: how many passes, how many of them carried several
+/// sessions, and how many sessions' passes those carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SharedPasses {
+    /// Passes run (alone or shared).
+    pub passes: u64,
+    /// Of those, passes of two sessions or more.
+    pub shared: u64,
+    /// Sessions' passes the shared ones carried (sessions per shared pass: `jobs / shared`).
+    pub jobs: u64,
 }
 
 /// One conversation's state: the tokens held and their KV cache.

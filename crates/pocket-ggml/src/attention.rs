@@ -35,7 +35,7 @@ use std::sync::OnceLock;
 use llama_cpp_sys_2 as sys;
 
 use crate::ffi::graph::{Ctx, Tensor};
-use crate::kv::KvCache;
+use crate::kv::KvLayout;
 
 /// Lanes of the fixed-width partial sums, and positions per block of converted K and V.
 const LANES: usize = 16;
@@ -102,7 +102,7 @@ fn detect() -> Option<Kernel> {
 
 /// Whether the graph attends over `kv` with [`attend`]: an f16 cache in host memory, heads of
 /// a multiple of 16, and a [`Kernel`] for this CPU.
-pub(crate) fn applies(kv: &KvCache, head_dim: usize) -> bool {
+pub(crate) fn applies(kv: &KvLayout, head_dim: usize) -> bool {
     kv.is_f16() && kernel_for(kv.in_host_memory(), head_dim).is_some()
 }
 

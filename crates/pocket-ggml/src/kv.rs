@@ -11,6 +11,10 @@
 //! On other devices (CUDA, Vulkan) the cache is allocated for the whole context in device
 //! memory for now.
 
+use std::ops::Deref;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use llama_cpp_sys_2 as sys;
 use memmap2::MmapOptions;
 use pocket_core::memory::Reservation;
@@ -65,17 +69,34 @@ pub(crate) fn bytes_per_token(hp: &Hparams, kv: KvType) -> usize {
     hp.n_layer * (row_bytes(hp, kv.k) + row_bytes(hp, kv.v))
 }
 
-pub(crate) struct KvCache {
+/// A new [`KvLayout::id`].
+fn next_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// What a graph reads of a cache: its tensors, their types and sizes — fixed when the cache is
+/// made. Shared (an `Arc`) with a batched pass that another session's thread builds, while
+/// this cache's session waits for it (the tensors live as long as the [`KvCache`]).
+pub(crate) struct KvLayout {
+    /// Unique in the process, never reused: what a graph built on this cache is known by.
+    pub(crate) id: u64,
     pub(crate) kv: KvType,
     n_ctx: usize,
-    /// Most tokens held; blocks are accounted up to here.
-    limit: usize,
     /// Bytes of one token's K in one layer, and of its V.
     k_row_bytes: usize,
     v_row_bytes: usize,
-    n_layer: usize,
     k: Vec<Tensor>,
     v: Vec<Tensor>,
+    /// In host memory, where ggml's CPU kernels read it.
+    host: bool,
+}
+
+pub(crate) struct KvCache {
+    layout: Arc<KvLayout>,
+    /// Most tokens held; blocks are accounted up to here.
+    limit: usize,
+    n_layer: usize,
     arena: Arena,
     buffer: BufferId,
     /// In host memory: the bytes each tensor's region takes (address space reserved for the
@@ -146,15 +167,11 @@ impl KvCache {
             (buffer, None)
         };
         let committed = if region.is_none() { n_ctx } else { 0 };
+        let host = arena.is_host(buffer);
         Ok(KvCache {
-            kv,
-            n_ctx,
+            layout: Arc::new(KvLayout { id: next_id(), kv, n_ctx, k_row_bytes, v_row_bytes, k, v, host }),
             limit: limit.min(n_ctx),
-            k_row_bytes,
-            v_row_bytes,
             n_layer: hp.n_layer,
-            k,
-            v,
             arena,
             buffer,
             region,
@@ -179,6 +196,23 @@ impl KvCache {
         Ok(())
     }
 
+    /// The layout, shared: for a pass built on another thread.
+    pub(crate) fn layout(&self) -> &Arc<KvLayout> {
+        &self.layout
+    }
+
+    /// Row bytes of the `i`-th tensor in placement order (K, V of layer 0, then of layer 1...).
+    fn tensor_row_bytes(&self, i: usize) -> usize {
+        if i.is_multiple_of(2) { self.k_row_bytes } else { self.v_row_bytes }
+    }
+
+    /// Bytes of one token's K and V over all layers.
+    fn token_bytes(&self) -> usize {
+        self.n_layer * (self.k_row_bytes + self.v_row_bytes)
+    }
+}
+
+impl KvLayout {
     pub(crate) fn k(&self, layer: usize) -> Tensor {
         self.k[layer]
     }
@@ -189,7 +223,7 @@ impl KvCache {
 
     /// Whether the cache is in host memory (a CPU cache), where ggml's CPU kernels read it.
     pub(crate) fn in_host_memory(&self) -> bool {
-        self.arena.is_host(self.buffer)
+        self.host
     }
 
     /// Whether K is stored quantized.
@@ -217,20 +251,20 @@ impl KvCache {
         self.v_row_bytes
     }
 
-    /// Row bytes of the `i`-th tensor in placement order (K, V of layer 0, then of layer 1...).
-    fn tensor_row_bytes(&self, i: usize) -> usize {
-        if i.is_multiple_of(2) { self.k_row_bytes } else { self.v_row_bytes }
-    }
-
-    /// Bytes of one token's K and V over all layers.
-    fn token_bytes(&self) -> usize {
-        self.n_layer * (self.k_row_bytes + self.v_row_bytes)
-    }
-
     pub(crate) fn n_ctx(&self) -> usize {
         self.n_ctx
     }
+}
 
+impl Deref for KvCache {
+    type Target = KvLayout;
+
+    fn deref(&self) -> &KvLayout {
+        &self.layout
+    }
+}
+
+impl KvCache {
     /// Make room for `tokens` tokens (whole blocks), reserving them in the ledger first; on
     /// [`pocket_core::Error::OverBudget`] nothing changes. Pages are touched by the writes
     /// that follow.

@@ -26,6 +26,8 @@
 
 mod arch;
 mod attention;
+mod batch;
+mod compute;
 mod convert;
 mod error;
 mod ffi;

@@ -11,6 +11,7 @@ use pocket_core::{
 
 use crate::Result;
 use crate::arch::Hparams;
+use crate::batch::Batcher;
 use crate::convert::WeightFormat;
 use crate::ffi::device::{Device, DeviceChoice};
 use crate::ffi::gguf::GgufFile;
@@ -98,7 +99,11 @@ pub fn graph_support(path: &Path) -> Result<GraphSupport> {
 
 /// The parts of a model that sessions share.
 pub(crate) struct Inner {
-    // Field order is drop order: the weights' buffers wrap the file mapping, so they go first.
+    // Field order is drop order: shared passes' graphs read the weights, so they go first;
+    // the weights' buffers wrap the file mapping, so they go before it.
+    /// The passes its sessions share; `None` where a row of a shared pass would not be
+    /// exactly what that row's pass alone computes (see [`shares_passes`]).
+    pub(crate) batch: Option<Batcher>,
     pub(crate) weights: Weights,
     pub(crate) vocab: Vocab,
     pub(crate) hp: Hparams,
@@ -111,8 +116,21 @@ pub(crate) struct Inner {
     /// What measurements of this model are remembered under (none if the file could not be
     /// fingerprinted).
     pub(crate) cache_key: Option<CacheKey>,
+    /// The ledger the model is paid for in (unlimited without a budget): shared passes'
+    /// compute buffers are too.
+    pub(crate) ledger: Ledger,
     /// The weights' bytes in the memory ledger (dropped last).
     pub(crate) _reservation: Option<Reservation>,
+}
+
+/// Whether sessions of a model may share passes: only where every row of a shared pass is
+/// bitwise what that row's own pass computes — every matrix multiplied by a multi-row kernel
+/// of ours (which rounds each row as ggml's one-row kernel does), on the CPU, with no layout
+/// that ggml multiplies one way for one row and another for several (`Repack::All`).
+/// `POCKET_SHARED_PASSES=0` turns sharing off, for measuring what it brings.
+fn shares_passes(device: &Device, weights: &Weights, repack: Repack) -> bool {
+    let off = std::env::var_os("POCKET_SHARED_PASSES").is_some_and(|v| v == "0");
+    !off && device.is_cpu() && repack != Repack::All && weights.matrices().all(crate::gemm::rows_exact)
 }
 
 /// A decoder model loaded from a GGUF file: weights placed on a device, tokenizer ready.
@@ -192,7 +210,9 @@ impl GgmlModel {
                 None
             }
         };
+        let batch = shares_passes(&device, &weights, options.repack).then(Batcher::default);
         let inner = Inner {
+            batch,
             weights,
             vocab,
             hp,
@@ -203,6 +223,7 @@ impl GgmlModel {
             format,
             attention,
             cache_key,
+            ledger: options.ledger.clone().unwrap_or_else(Ledger::unlimited),
             _reservation: reservation,
         };
         Ok(GgmlModel { inner: Arc::new(inner) })
@@ -313,5 +334,9 @@ impl Model for GgmlModel {
 
     fn session_in(&self, config: &SessionConfig, ledger: &Ledger) -> pocket_core::Result<Box<dyn Session>> {
         Ok(Box::new(self.new_session_in(config, ledger)?))
+    }
+
+    fn shared_passes(&self) -> Option<pocket_core::SharedPasses> {
+        self.inner.batch.as_ref().map(Batcher::stats)
     }
 }

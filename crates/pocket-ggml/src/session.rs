@@ -8,135 +8,18 @@ use pocket_core::{
     Error as CoreError, LayerPlan, Logits, PassThreads, Rows, SavedState, Session, SessionConfig, Token,
 };
 
-use crate::ffi::graph::Ctx;
-use crate::ffi::sched::Scheduler;
-use crate::graph::{self, PassShape};
+use crate::Result;
+use crate::batch::{Job, SHARED_CHUNK, Turn};
+use crate::compute::Compute;
+use crate::graph::inputs::{self, SegmentData};
+use crate::graph::{self, PassShape, Segment};
 use crate::kv::KvCache;
 use crate::model::Inner;
-use crate::{Error, Result};
 
 /// Most rows of logits one pass computes (a session's [`SessionConfig::max_rows`] may ask
 /// for fewer); a verification asking for more is split into several passes. Bounds the
 /// logits part of the compute buffer (rows × vocabulary × 4 bytes).
 pub const MAX_LOGIT_ROWS: usize = pocket_core::DEFAULT_MAX_ROWS;
-
-/// The compute machinery of one session: its scheduler, the memory graphs are built in, and
-/// the last graph built.
-struct Compute {
-    sched: Scheduler,
-    /// Memory for the next graph's context, handed back by the last one dropped.
-    graph_mem: Vec<u8>,
-    compute_bytes: usize,
-    /// The compute buffers' bytes in the memory ledger.
-    _reservation: Option<Reservation>,
-    /// The last graph, built and allocated: consecutive passes of one shape and plan (decode
-    /// steps) reuse it, skipping graph construction and scheduling.
-    cached: Option<CachedGraph>,
-}
-
-struct CachedGraph {
-    shape: PassShape,
-    plan: LayerPlan,
-    graph: graph::Graph,
-}
-
-impl Drop for Compute {
-    fn drop(&mut self) {
-        // The cached graph's tensors live in the scheduler's buffers: it goes first.
-        self.drop_cached();
-    }
-}
-
-impl Compute {
-    /// The compute machinery of a session on `kv`, its buffers reserved in `ledger` and then
-    /// allocated for the largest pass; with no ledger, only measured (`compute_bytes`), for
-    /// predicting a footprint without allocating it.
-    fn new(model: &Inner, kv: &KvCache, config: &SessionConfig, ledger: Option<&Ledger>) -> Result<Compute> {
-        let hp = &model.hp;
-        let nodes = graph::graph_nodes(hp);
-        let sched = Scheduler::new(&model.device, config.threads, nodes)?;
-        let graph_mem_size = Ctx::memory_for(nodes);
-        let mut compute = Compute {
-            sched,
-            graph_mem: vec![0; graph_mem_size],
-            compute_bytes: 0,
-            _reservation: None,
-            cached: None,
-        };
-
-        // Reserve the compute buffers for the largest pass this session will run, so that no
-        // later pass allocates: a full batch at the end of the context, with the most rows.
-        let n_batch = config.n_batch.min(kv.n_ctx());
-        let worst = PassShape::new(
-            kv.n_ctx() - n_batch,
-            n_batch,
-            n_batch.min(config.max_rows),
-            kv,
-            hp,
-            model.attention,
-        );
-        let plan = LayerPlan::full(hp.n_layer).map_err(|e| Error::Ggml(e.to_string()))?;
-        let g = compute.build(model, kv, &plan, worst)?;
-        // Measure the buffers first and pay for them in the ledger, then allocate them.
-        let measured = compute.sched.measure(&g.ctx);
-        let Some(ledger) = ledger else {
-            compute.graph_mem = g.ctx.into_memory();
-            compute.compute_bytes = measured;
-            return Ok(compute);
-        };
-        let what = format!("the compute buffer of {}", model.info.name);
-        let reservation = ledger.reserve(measured as u64, &what);
-        let reserved = reservation.is_ok() && compute.sched.reserve(&g.ctx);
-        compute.graph_mem = g.ctx.into_memory();
-        compute._reservation = Some(reservation?);
-        if !reserved {
-            return Err(Error::Ggml("cannot reserve the compute buffer".into()));
-        }
-        compute.compute_bytes = compute.sched.buffer_bytes();
-        Ok(compute)
-    }
-
-    /// Build the graph of `shape` in the graph memory (which must not hold a live graph).
-    fn build(
-        &mut self,
-        model: &Inner,
-        kv: &KvCache,
-        plan: &LayerPlan,
-        shape: PassShape,
-    ) -> Result<graph::Graph> {
-        debug_assert!(self.cached.is_none());
-        let ctx = Ctx::new(std::mem::take(&mut self.graph_mem), graph::graph_nodes(&model.hp))?;
-        Ok(graph::build(ctx, &model.hp, &model.weights, kv, plan, shape))
-    }
-
-    /// The graph for `shape` and `plan`, allocated and ready for its inputs (the cached one if
-    /// it matches, else a new one), and the scheduler that computes it.
-    fn graph(
-        &mut self,
-        model: &Inner,
-        kv: &KvCache,
-        plan: &LayerPlan,
-        shape: PassShape,
-    ) -> Result<(&graph::Graph, &Scheduler)> {
-        let hit = self.cached.as_ref().is_some_and(|c| c.shape == shape && c.plan == *plan);
-        if !hit {
-            self.drop_cached();
-            let graph = self.build(model, kv, plan, shape)?;
-            if !self.sched.alloc(&graph.ctx) {
-                self.graph_mem = graph.ctx.into_memory();
-                return Err(Error::Ggml("cannot allocate the graph".into()));
-            }
-            self.cached = Some(CachedGraph { shape, plan: *plan, graph });
-        }
-        Ok((&self.cached.as_ref().expect("cached just above").graph, &self.sched))
-    }
-
-    fn drop_cached(&mut self) {
-        if let Some(c) = self.cached.take() {
-            self.graph_mem = c.graph.ctx.into_memory();
-        }
-    }
-}
 
 /// One conversation on a [`crate::GgmlModel`].
 pub struct GgmlSession {
@@ -154,12 +37,10 @@ pub struct GgmlSession {
     logits: Vec<f32>,
     /// The logits buffer's bytes in the memory ledger.
     logits_reservation: Reservation,
-    mask: Vec<u16>,
-    mask_swa: Vec<u16>,
-    scratch_i32: Vec<i32>,
-    scratch_i64: Vec<i64>,
-    /// Hadamard matrices for a quantized cache (K, V), fed to every pass.
-    rotations: (Vec<f32>, Vec<f32>),
+    /// Where a pass's inputs are made.
+    scratch: inputs::Scratch,
+    /// A pass's tokens, handed to a shared pass (kept for the next).
+    job_tokens: Vec<Token>,
     /// The threads of the passes run so far.
     pass_threads: PassThreads,
 }
@@ -179,11 +60,10 @@ impl GgmlSession {
         if config.preallocate {
             kv.hold_whole()?;
         }
-        let compute = Compute::new(&model, &kv, &config, Some(ledger))?;
+        let what = format!("the compute buffer of {name}");
+        let compute =
+            Compute::new(&model, config.threads, &[worst_pass(&model, &kv, &config)], Some(ledger), &what)?;
         let logits_reservation = ledger.reserve(0, &format!("the logits of {name}"))?;
-        let (k_rot, v_rot) = graph::rotation_sizes(&model.hp, kv.k_quantized(), kv.v_quantized());
-        let rotations =
-            (k_rot.map(graph::hadamard).unwrap_or_default(), v_rot.map(graph::hadamard).unwrap_or_default());
         Ok(GgmlSession {
             model,
             config,
@@ -194,11 +74,8 @@ impl GgmlSession {
             partial: None,
             logits: Vec::new(),
             logits_reservation,
-            mask: Vec::new(),
-            mask_swa: Vec::new(),
-            scratch_i32: Vec::new(),
-            scratch_i64: Vec::new(),
-            rotations,
+            scratch: inputs::Scratch::default(),
+            job_tokens: Vec::new(),
             pass_threads: PassThreads::default(),
         })
     }
@@ -210,7 +87,8 @@ impl GgmlSession {
         let capacity = config.n_ctx.next_multiple_of(graph::KV_PAD);
         let none = Ledger::unlimited().reserve(0, "measuring")?;
         let kv = KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx, capacity, none)?;
-        Ok(Compute::new(model, &kv, &config, None)?.compute_bytes)
+        let worst = worst_pass(model, &kv, &config);
+        Ok(Compute::new(model, config.threads, &[worst], None, "measuring")?.bytes())
     }
 
     /// `config` as a session on `model` uses it: context within the training context, batch
@@ -225,7 +103,7 @@ impl GgmlSession {
 
     /// Bytes of the compute buffers reserved for this session.
     pub fn compute_bytes(&self) -> usize {
-        self.compute.compute_bytes
+        self.compute.bytes()
     }
 
     /// Bytes of KV cache committed now.
@@ -233,8 +111,18 @@ impl GgmlSession {
         self.kv.bytes()
     }
 
+    /// Most tokens of the next pass: the configured batch, or while other sessions of the
+    /// model decode, a chunk they can share a pass with.
+    fn chunk(&self) -> usize {
+        match &self.model.batch {
+            Some(b) if b.others_active(self.kv.id) => self.config.n_batch.min(SHARED_CHUNK),
+            _ => self.config.n_batch,
+        }
+    }
+
     /// Run one pass over `self.tokens[pos0..pos0 + n_tokens]`, writing the last `n_out` rows of
-    /// logits into `self.logits[row_off * n_vocab..]`.
+    /// logits into `self.logits[row_off * n_vocab..]`: with the passes of other sessions of
+    /// the model where it shares them, else alone.
     fn pass(
         &mut self,
         plan: &LayerPlan,
@@ -243,50 +131,73 @@ impl GgmlSession {
         n_out: usize,
         row_off: usize,
     ) -> Result<()> {
-        let n_vocab = self.model.hp.n_vocab;
         let shape = PassShape::new(pos0, n_tokens, n_out, &self.kv, &self.model.hp, self.model.attention);
-        graph::fill_mask(&mut self.mask, pos0, n_tokens, shape.q_rows, shape.n_kv, None);
-        if let Some(swa) = &self.model.hp.swa {
-            graph::fill_mask(&mut self.mask_swa, pos0, n_tokens, shape.q_rows, shape.n_kv, Some(swa.window));
+        let model = Arc::clone(&self.model);
+        let Some(batch) = &model.batch else {
+            return self.own_pass(plan, pos0, shape, row_off);
+        };
+        let mut tokens = std::mem::take(&mut self.job_tokens);
+        tokens.clear();
+        tokens.extend_from_slice(&self.tokens[pos0..pos0 + n_tokens]);
+        let job = Job {
+            kv: Arc::clone(self.kv.layout()),
+            plan: *plan,
+            threads: self.config.threads,
+            tokens,
+            pos0,
+            shape,
+            logits: std::mem::take(&mut self.logits),
+            row_off,
+        };
+        match batch.enter(&model, job) {
+            Turn::Alone(job, _lead) => {
+                (self.job_tokens, self.logits) = (job.tokens, job.logits);
+                self.own_pass(plan, pos0, shape, row_off)
+            }
+            Turn::Shared(job, threads) => {
+                (self.job_tokens, self.logits) = (job.tokens, job.logits);
+                self.pass_threads.add(threads);
+                Ok(())
+            }
         }
-        let (g, sched) = self.compute.graph(&self.model, &self.kv, plan, shape)?;
-        let inp = &g.inputs;
-        let scratch = &mut self.scratch_i32;
-        scratch.clear();
-        scratch.extend(self.tokens[pos0..pos0 + n_tokens].iter().map(|&t| t as i32));
-        inp.tokens.set_data(scratch)?;
-        scratch.clear();
-        scratch.extend((pos0..pos0 + n_tokens).map(|p| p as i32));
-        inp.pos.set_data(scratch)?;
-        self.scratch_i64.clear();
-        self.scratch_i64.extend((pos0..pos0 + n_tokens).map(|p| p as i64));
-        inp.kv_idxs.set_data(&self.scratch_i64)?;
-        // A pass that only fills the cache (n_out 0) with a plan that runs one layer stops
-        // before that layer's attention: the mask is then not in the graph, and not allocated
-        // (nor is the sliding-window mask where no such layer runs).
-        if inp.mask.is_allocated() {
-            inp.mask.set_data(&self.mask)?;
-        }
-        if let Some(mask) = inp.mask_swa.filter(|m| m.is_allocated()) {
-            mask.set_data(&self.mask_swa)?;
-        }
-        if let Some(ids) = inp.out_ids {
-            scratch.clear();
-            scratch.extend((n_tokens - n_out..n_tokens).map(|i| i as i32));
-            ids.set_data(scratch)?;
-        }
-        if let Some(r) = inp.k_rot {
-            r.set_data(&self.rotations.0)?;
-        }
-        if let Some(r) = inp.v_rot {
-            r.set_data(&self.rotations.1)?;
-        }
+    }
+
+    /// [`GgmlSession::pass`] on this session's own machinery.
+    fn own_pass(&mut self, plan: &LayerPlan, pos0: usize, shape: PassShape, row_off: usize) -> Result<()> {
+        let (n_vocab, n_tokens, n_out) = (self.model.hp.n_vocab, shape.n_tokens, shape.n_out);
+        let segment = Segment { kv: &self.kv, shape };
+        let (g, sched) = self.compute.graph(&self.model, plan, &[segment])?;
+        let data = SegmentData { tokens: &self.tokens[pos0..pos0 + n_tokens], pos0, shape };
+        inputs::set(g, &self.model.hp, &[data], &mut self.scratch)?;
         let threads = sched.compute(&g.ctx)?;
         self.pass_threads.add(threads);
         if let Some(out) = g.logits {
             out.get_data(&mut self.logits[row_off * n_vocab..(row_off + n_out) * n_vocab])?;
         }
         Ok(())
+    }
+}
+
+/// The largest pass a session of `config` on `kv` runs, which its compute buffers are
+/// reserved for: a full batch at the end of the context, with the most rows.
+fn worst_pass<'a>(model: &Inner, kv: &'a KvCache, config: &SessionConfig) -> Segment<'a> {
+    let n_batch = config.n_batch.min(kv.n_ctx());
+    let shape = PassShape::new(
+        kv.n_ctx() - n_batch,
+        n_batch,
+        n_batch.min(config.max_rows),
+        kv,
+        &model.hp,
+        model.attention,
+    );
+    Segment { kv, shape }
+}
+
+impl Drop for GgmlSession {
+    fn drop(&mut self) {
+        if let Some(b) = &self.model.batch {
+            b.leave(self.kv.id);
+        }
     }
 }
 
@@ -327,13 +238,18 @@ impl Session for GgmlSession {
         self.logits.reserve_exact(logits_len);
         self.logits.resize(logits_len, 0.0);
 
-        let mut row_off = 0;
-        for (pass, n_out) in pocket_core::passes(batch, n_rows, self.config.n_batch, self.config.max_rows) {
+        let (mut row_off, mut done) = (0, 0);
+        // Each pass is sized when it comes: a long prompt is read in smaller chunks while other
+        // sessions decode (and its rows are computed as they would be in any chunking).
+        while let Some((pass, n_out)) =
+            pocket_core::next_pass(done, batch, n_rows, self.chunk(), self.config.max_rows)
+        {
             if let Err(e) = self.pass(plan, start + pass.start, pass.len(), n_out, row_off) {
                 self.tokens.truncate(old_len);
                 return Err(e.into());
             }
             row_off += n_out;
+            done = pass.end;
         }
         if plan.is_full() {
             self.complete_len = new_len;
@@ -361,7 +277,7 @@ impl Session for GgmlSession {
     }
 
     fn memory(&self) -> u64 {
-        (self.kv.bytes() + self.compute.compute_bytes + self.logits.capacity() * 4) as u64
+        (self.kv.bytes() + self.compute.bytes() + self.logits.capacity() * 4) as u64
     }
 
     fn kv_bytes(&self) -> u64 {

@@ -65,6 +65,14 @@ struct Wanted {
 }
 
 impl Weights {
+    /// Every matrix a pass multiplies activations by: each layer's projections, and the
+    /// output.
+    pub(crate) fn matrices(&self) -> impl Iterator<Item = Tensor> + '_ {
+        const MATRICES: [Slot; 8] =
+            [Slot::Wqkv, Slot::Wq, Slot::Wk, Slot::Wv, Slot::Wo, Slot::FfnGate, Slot::FfnUp, Slot::FfnDown];
+        self.layers.iter().flat_map(|l| MATRICES.iter().filter_map(|&s| l.get(s))).chain([self.output])
+    }
+
     /// Place the weights of `f` on `device`, matrices converted to `format`.
     /// `progress(done, total)` is called in bytes as tensors are placed.
     pub(crate) fn load(

@@ -133,18 +133,23 @@ impl Tensor {
         Ok(())
     }
 
-    /// Copy the tensor's data into `out`, which must be exactly its size.
+    /// Copy the start of the tensor's data into `out` (at most its size).
     pub(crate) fn get_data<T: Copy>(self, out: &mut [T]) -> Result<()> {
-        let bytes = std::mem::size_of_val(out);
-        if !self.is_allocated() || bytes > self.nbytes() {
+        self.get_data_from(0, out)
+    }
+
+    /// Copy the tensor's data from element `first` on (elements of `T`) into `out`.
+    pub(crate) fn get_data_from<T: Copy>(self, first: usize, out: &mut [T]) -> Result<()> {
+        let (offset, bytes) = (first * size_of::<T>(), std::mem::size_of_val(out));
+        if !self.is_allocated() || offset.checked_add(bytes).is_none_or(|end| end > self.nbytes()) {
             return Err(Error::Ggml(format!(
-                "output {} holds {} bytes, {bytes} asked",
+                "output {} holds {} bytes, {bytes} at {offset} asked",
                 self.name(),
                 self.nbytes()
             )));
         }
-        // SAFETY: allocated, and at least `bytes` long (checked above).
-        unsafe { sys::ggml_backend_tensor_get(self.ptr(), out.as_mut_ptr().cast(), 0, bytes) };
+        // SAFETY: allocated, and the range lies inside its data (checked above).
+        unsafe { sys::ggml_backend_tensor_get(self.ptr(), out.as_mut_ptr().cast(), offset, bytes) };
         Ok(())
     }
 

@@ -205,11 +205,24 @@ impl Quant {
 /// Whether [`mul_mat`] computes `w · x`: weights of a format with a kernel, in plain host
 /// memory (not repacked), times several f32 rows, on a CPU with our kernels.
 pub(crate) fn applies(w: Tensor, x: Tensor) -> bool {
+    let (xn, xb) = (x.ne(), x.nb());
+    has_kernel(w)
+        && x.ty() == sys::GGML_TYPE_F32
+        && xn[0] == w.ne()[0]
+        && xn[1] >= 2
+        && xn[2] == 1
+        && xn[3] == 1
+        && xb[0] == size_of::<f32>()
+}
+
+/// Whether [`mul_mat`] takes the matrix `w` (with activation rows that fit it): a format with
+/// a kernel that agreed with ggml, whole blocks, one plain matrix in host memory.
+fn has_kernel(w: Tensor) -> bool {
     let Some(quant) = Quant::of(w.ty()) else { return false };
     if !verified(quant) {
         return false;
     }
-    let (wn, xn, wb, xb) = (w.ne(), x.ne(), w.nb(), x.nb());
+    let (wn, wb) = (w.ne(), w.nb());
     let k = wn[0];
     // SAFETY: live tensors (graph handles); reading where a weight's data lies.
     let plain_host = unsafe {
@@ -218,17 +231,14 @@ pub(crate) fn applies(w: Tensor, x: Tensor) -> bool {
     };
     // SAFETY: a pure function of a type and a length.
     let row_bytes = unsafe { sys::ggml_row_size(w.ty(), k) };
-    x.ty() == sys::GGML_TYPE_F32
-        && k % quant.block_len() as i64 == 0
-        && xn[0] == k
-        && xn[1] >= 2
-        && wn[2] == 1
-        && wn[3] == 1
-        && xn[2] == 1
-        && xn[3] == 1
-        && wb[1] == row_bytes
-        && xb[0] == size_of::<f32>()
-        && plain_host
+    k % quant.block_len() as i64 == 0 && wn[2] == 1 && wn[3] == 1 && wb[1] == row_bytes && plain_host
+}
+
+/// Whether a pass of several rows multiplies `w` with a kernel of ours, which computes each
+/// row as the one-token pass does (ggml's one-row kernel, or for a repacked Q4_K matrix its
+/// one-token kernel): what makes every row of a shared pass what that row's pass alone gives.
+pub(crate) fn rows_exact(w: Tensor) -> bool {
+    has_kernel(w) || repacked::is_repacked(w)
 }
 
 /// `w · x`: our kernel where it [`applies`] (or, for a matrix ggml repacked, where

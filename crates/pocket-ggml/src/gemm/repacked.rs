@@ -28,6 +28,11 @@ pub(crate) fn applies(_: crate::ffi::graph::Tensor, _: crate::ffi::graph::Tensor
 }
 
 #[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn is_repacked(_: crate::ffi::graph::Tensor) -> bool {
+    false
+}
+
+#[cfg(not(target_arch = "x86_64"))]
 pub(crate) fn mul_mat(
     _: &crate::ffi::graph::Ctx,
     _: crate::ffi::graph::Tensor,
@@ -111,6 +116,18 @@ mod x86_64 {
     /// Whether [`mul_mat`] computes `w · x`: `w` a Q4_K matrix repacked by ggml (in
     /// [`buffer_type`]), `x` two or more f32 rows.
     pub(crate) fn applies(w: Tensor, x: Tensor) -> bool {
+        let (xn, xb) = (x.ne(), x.nb());
+        is_repacked(w)
+            && x.ty() == sys::GGML_TYPE_F32
+            && xn[0] == w.ne()[0]
+            && xn[1] >= 2
+            && xn[2] == 1
+            && xn[3] == 1
+            && xb[0] == size_of::<f32>()
+    }
+
+    /// Whether `w` is a Q4_K matrix ggml repacked, of a shape [`mul_mat`] takes.
+    pub(crate) fn is_repacked(w: Tensor) -> bool {
         let Some(buft) = buffer_type() else { return false };
         // SAFETY: live tensors (graph handles); reading where a weight's data lies.
         let repacked = unsafe {
@@ -119,19 +136,13 @@ mod x86_64 {
                 && !raw.buffer.is_null()
                 && sys::ggml_backend_buffer_get_type(raw.buffer) == buft
         };
-        let (wn, xn, xb) = (w.ne(), x.ne(), x.nb());
+        let wn = w.ne();
         repacked
             && w.ty() == sys::GGML_TYPE_Q4_K
-            && x.ty() == sys::GGML_TYPE_F32
             && wn[0] % 256 == 0
             && wn[1] % 8 == 0
-            && xn[0] == wn[0]
-            && xn[1] >= 2
             && wn[2] == 1
             && wn[3] == 1
-            && xn[2] == 1
-            && xn[3] == 1
-            && xb[0] == size_of::<f32>()
     }
 
     /// `w · x` as a ggml custom op, `x` quantized to Q8_K: `[w.ne1, x.ne1]` f32. The matrix

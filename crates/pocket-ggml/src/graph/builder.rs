@@ -2,12 +2,11 @@
 //! each naming what it makes as llama.cpp's graph does (`cb(cur, "attn_norm", il)`), so that
 //! an intermediate can be compared with llama.cpp's by name.
 
-use super::{Inputs, LoneQuery, PassShape};
+use super::{Inputs, LoneQuery, PassShape, Segment, SegmentInputs};
 use crate::arch::{Hparams, Slot};
 use crate::attention;
 use crate::ffi::graph::{Ctx, Tensor};
 use crate::gemm;
-use crate::kv::KvCache;
 use crate::weights::{LayerWeights, Weights};
 
 /// What a layer is built with: the graph's context and inputs, the model and the pass.
@@ -15,8 +14,11 @@ pub(crate) struct Builder<'a> {
     pub(crate) ctx: &'a Ctx,
     pub(crate) hp: &'a Hparams,
     pub(crate) w: &'a Weights,
-    pub(crate) kv: &'a KvCache,
-    pub(crate) shape: PassShape,
+    /// The sessions whose rows the pass carries, in row order.
+    pub(crate) segments: &'a [Segment<'a>],
+    /// Rows of the pass, and rows of logits wanted, over all segments.
+    pub(crate) n_tokens: usize,
+    pub(crate) n_out: usize,
     pub(crate) inp: &'a Inputs,
     /// The last layer the pass runs (its output rows are cut to the wanted ones).
     pub(crate) last_layer: usize,
@@ -60,7 +62,7 @@ impl Builder<'_> {
     /// `build_qkv`).
     pub(crate) fn qkv(&self, lw: &LayerWeights, x: Tensor, il: usize) -> (Tensor, Tensor, Tensor) {
         let hp = self.hp;
-        let n_tokens = self.shape.n_tokens as i64;
+        let n_tokens = self.n_tokens as i64;
         let (hd, nh, nkv) = (hp.head_dim as i64, hp.n_head as i64, hp.n_head_kv as i64);
         let (q, k, v) = if let Some(wqkv) = lw.get(Slot::Wqkv) {
             let mut qkv = self.cb(self.linear(wqkv, None, x), "wqkv", il);
@@ -108,10 +110,10 @@ impl Builder<'_> {
         )
     }
 
-    /// Self-attention of layer `il`: append K and V to the cache, attend over it with scores
-    /// scaled by `kq_scale`, and return `[head_dim · n_head, n_tokens]` (before the output
-    /// projection). `None` when nothing reads this layer's output: the pass only fills the
-    /// cache, and stops here.
+    /// Self-attention of layer `il`: append K and V to each segment's cache, attend over it
+    /// with scores scaled by `kq_scale`, and return `[head_dim · n_head, n_tokens]` (before
+    /// the output projection). `None` when nothing reads this layer's output: the pass only
+    /// fills the caches, and stops here.
     pub(crate) fn attention(
         &self,
         il: usize,
@@ -120,34 +122,105 @@ impl Builder<'_> {
         v: Tensor,
         kq_scale: f32,
     ) -> Option<Tensor> {
-        let (ctx, hp, kv, shape) = (self.ctx, self.hp, self.kv, self.shape);
+        let ctx = self.ctx;
         // Q and K come here roped (a new, contiguous tensor) unless the layer has no RoPE;
         // then from a fused projection they are views with gaps, which the reshapes below
         // (and ggml's) cannot take.
         let dense = |t: Tensor| if t.is_contiguous() { t } else { ctx.cont(t) };
-        let (mut q, mut k, mut v) = (dense(q), dense(k), v);
-        if let Some(r) = self.inp.k_rot {
+        let (q, k) = (dense(q), dense(k));
+        let [segment] = self.segments else {
+            return self.attention_of_segments(il, q, k, v, kq_scale);
+        };
+        let q = self.write_kv(il, segment, &self.inp.segments[0], (q, k, v));
+        if il == self.last_layer && self.n_out == 0 {
+            return None;
+        }
+        let attn = self.attend(il, segment, &self.inp.segments[0], q, kq_scale);
+        Some(self.cb(attn, "kqv_out", il))
+    }
+
+    /// [`Builder::attention`] of a pass of several segments: each segment's rows of Q, K and
+    /// V (views: the rows of one segment are contiguous) write its cache and attend over it,
+    /// and the results are joined again in row order.
+    fn attention_of_segments(
+        &self,
+        il: usize,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        kq_scale: f32,
+    ) -> Option<Tensor> {
+        let ctx = self.ctx;
+        // Rows r0.. of Q or K (`[head_dim, heads, tokens]`) and of V (`[width, tokens]`).
+        let heads_rows = |t: Tensor, r0: usize, n: usize| {
+            let (ne, nb) = (t.ne(), t.nb());
+            ctx.view(t, &[ne[0], ne[1], n as i64], &[nb[1], nb[2]], r0 * nb[2])
+        };
+        let rows = |t: Tensor, r0: usize, n: usize| {
+            ctx.view(t, &[t.ne()[0], n as i64], &[t.nb()[1]], r0 * t.nb()[1])
+        };
+        let mut parts = Vec::with_capacity(self.segments.len());
+        let mut r0 = 0;
+        for (segment, inp) in self.segments.iter().zip(&self.inp.segments) {
+            let n = segment.shape.n_tokens;
+            let qkv = (heads_rows(q, r0, n), heads_rows(k, r0, n), rows(v, r0, n));
+            parts.push((segment, inp, self.write_kv(il, segment, inp, qkv)));
+            r0 += n;
+        }
+        if il == self.last_layer && self.n_out == 0 {
+            return None;
+        }
+        let attn = parts
+            .into_iter()
+            .map(|(segment, inp, q)| self.attend(il, segment, inp, q, kq_scale))
+            .reduce(|joined, next| ctx.concat(joined, next, 1))
+            .expect("a pass has a segment");
+        Some(self.cb(attn, "kqv_out", il))
+    }
+
+    /// Rotate a segment's Q and K (and V) where its cache is quantized, and append its K and V
+    /// to the cache: returns Q as rotated.
+    fn write_kv(
+        &self,
+        il: usize,
+        segment: &Segment<'_>,
+        inp: &SegmentInputs,
+        (mut q, mut k, mut v): (Tensor, Tensor, Tensor),
+    ) -> Tensor {
+        let (ctx, kv) = (self.ctx, segment.kv);
+        if let Some(r) = self.inp.k_rot.filter(|_| kv.k_quantized()) {
             q = rotate(ctx, q, r);
             k = rotate(ctx, k, r);
         }
-        if let Some(r) = self.inp.v_rot {
+        if let Some(r) = self.inp.v_rot.filter(|_| kv.v_quantized()) {
             v = rotate(ctx, v, r);
         }
-        let (k_cache, v_cache) = (kv.k(il), kv.v(il));
-        let n_tokens = shape.n_tokens as i64;
-        let n_embd_kv = hp.n_embd_kv() as i64;
+        let n_tokens = segment.shape.n_tokens as i64;
+        let n_embd_kv = self.hp.n_embd_kv() as i64;
         let k_rows = ctx.reshape(k, &[n_embd_kv, n_tokens]);
         let v_rows = ctx.reshape(v, &[n_embd_kv, n_tokens]);
         // Added to the graph before the attention that reads the cache, so they run first.
-        ctx.expand(ctx.set_rows(k_cache, k_rows, self.inp.kv_idxs));
-        ctx.expand(ctx.set_rows(v_cache, v_rows, self.inp.kv_idxs));
-        if il == self.last_layer && shape.n_out == 0 {
-            return None;
-        }
-        let mask = match self.inp.mask_swa {
+        ctx.expand(ctx.set_rows(kv.k(il), k_rows, inp.kv_idxs));
+        ctx.expand(ctx.set_rows(kv.v(il), v_rows, inp.kv_idxs));
+        q
+    }
+
+    /// A segment's attention over its cache (its K and V written): `[head_dim · n_head,
+    /// n_tokens]`, rotated back where its V is quantized.
+    fn attend(
+        &self,
+        il: usize,
+        segment: &Segment<'_>,
+        inp: &SegmentInputs,
+        q: Tensor,
+        kq_scale: f32,
+    ) -> Tensor {
+        let (ctx, hp, kv, shape) = (self.ctx, self.hp, segment.kv, segment.shape);
+        let mask = match inp.mask_swa {
             Some(swa) if hp.is_swa(il) => swa,
-            _ => self.inp.mask,
+            _ => inp.mask,
         };
+        let (k_cache, v_cache) = (kv.k(il), kv.v(il));
         // One cached row holds all KV heads of a token; heads are row / n_head_kv bytes apart.
         // K's and V's rows differ in size where their types do.
         let rows = (kv.k_row_bytes(), kv.v_row_bytes());
@@ -158,10 +231,10 @@ impl Builder<'_> {
         } else {
             flash_attention(ctx, q, (k_cache, v_cache), mask, hp, rows, shape, kq_scale)
         };
-        if let Some(r) = self.inp.v_rot {
+        if let Some(r) = self.inp.v_rot.filter(|_| kv.v_quantized()) {
             attn = rotate(ctx, attn, r);
         }
-        Some(self.cb(attn, "kqv_out", il))
+        attn
     }
 
     /// In the last layer, keep only the rows whose logits are wanted, of both the branch and

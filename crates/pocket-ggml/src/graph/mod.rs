@@ -6,8 +6,14 @@
 //! not built (the residual stream passes through), the KV cache is ours, and on the CPU two
 //! kernels are ours (multi-row Q4_1 products and attention over an f16 cache), each computing
 //! a row of a pass independently of the others.
+//!
+//! A pass can carry several sessions' tokens ([`Segment`]s): the rows go through every matrix
+//! product together — one read of the weights for all of them — and each session's rows
+//! attend over its own cache. Every op but attention works row by row, and attention works
+//! per segment as it would alone, so each row is what that session's pass alone computes.
 
 mod builder;
+pub(crate) mod inputs;
 
 pub(crate) use builder::{Act, Builder};
 
@@ -17,7 +23,7 @@ use pocket_core::LayerPlan;
 use crate::arch::Hparams;
 use crate::attention;
 use crate::ffi::graph::{Ctx, Tensor};
-use crate::kv::KvCache;
+use crate::kv::KvLayout;
 use crate::model::AttentionKernel;
 use crate::weights::Weights;
 
@@ -31,8 +37,9 @@ pub(crate) fn graph_nodes(hp: &Hparams) -> usize {
 /// is reused instead of rebuilt.
 pub(crate) const KV_PAD: usize = 256;
 
-/// The shape of one forward pass: everything the graph's structure depends on. Positions are
-/// inputs, not part of the shape, so consecutive decode steps share a graph.
+/// The shape of one session's part of a forward pass: everything the graph's structure
+/// depends on. Positions are inputs, not part of the shape, so consecutive decode steps share
+/// a graph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PassShape {
     /// Tokens in the pass.
@@ -56,7 +63,7 @@ impl PassShape {
         pos0: usize,
         n_tokens: usize,
         n_out: usize,
-        kv: &KvCache,
+        kv: &KvLayout,
         hp: &Hparams,
         attention: AttentionKernel,
     ) -> Self {
@@ -69,21 +76,36 @@ impl PassShape {
     }
 }
 
+/// One session's part of a pass: the cache its rows attend over and write to, and its shape.
+/// A pass's rows are its segments' tokens, one segment after another.
+#[derive(Clone, Copy)]
+pub(crate) struct Segment<'a> {
+    pub(crate) kv: &'a KvLayout,
+    pub(crate) shape: PassShape,
+}
+
 /// The inputs of a graph, set before each computation.
 pub(crate) struct Inputs {
+    /// Every row's token and position, segment after segment.
     pub(crate) tokens: Tensor,
     pub(crate) pos: Tensor,
-    /// The causal mask, `[n_kv, q_rows]`.
-    pub(crate) mask: Tensor,
-    /// The causal mask of sliding-window layers, where the model has them.
-    pub(crate) mask_swa: Option<Tensor>,
-    /// Cache rows the pass writes K and V to (its positions).
-    pub(crate) kv_idxs: Tensor,
     /// Rows of the last layer whose logits are wanted (none: all of them).
     pub(crate) out_ids: Option<Tensor>,
     /// Hadamard rotations applied around a quantized K (and Q) and V cache.
     pub(crate) k_rot: Option<Tensor>,
     pub(crate) v_rot: Option<Tensor>,
+    /// Each segment's own.
+    pub(crate) segments: Vec<SegmentInputs>,
+}
+
+/// The inputs of one segment.
+pub(crate) struct SegmentInputs {
+    /// The causal mask, `[n_kv, q_rows]`.
+    pub(crate) mask: Tensor,
+    /// The causal mask of sliding-window layers, where the model has them.
+    pub(crate) mask_swa: Option<Tensor>,
+    /// Cache rows the segment writes K and V to (its positions).
+    pub(crate) kv_idxs: Tensor,
 }
 
 /// A built graph: its context, inputs and logits.
@@ -133,34 +155,61 @@ pub(crate) fn hadamard(n: usize) -> Vec<f32> {
     h
 }
 
-/// Build the forward graph of `shape` for the layers of `plan` in `ctx`.
+/// Build the forward graph of a pass over `segments` (at least one) for the layers of `plan`
+/// in `ctx`.
 pub(crate) fn build(
     ctx: Ctx,
     hp: &Hparams,
     w: &Weights,
-    kv: &KvCache,
     plan: &LayerPlan,
-    shape: PassShape,
+    segments: &[Segment<'_>],
 ) -> Graph {
     use sys::{GGML_TYPE_F16 as F16, GGML_TYPE_F32 as F32, GGML_TYPE_I32 as I32, GGML_TYPE_I64 as I64};
-    let n_tokens = shape.n_tokens as i64;
-    let (n_kv, q_rows) = (shape.n_kv as i64, shape.q_rows as i64);
-    let (k_rot, v_rot) = rotation_sizes(hp, kv.k_quantized(), kv.v_quantized());
+    assert!(!segments.is_empty(), "a pass of no segments");
+    let n_tokens: usize = segments.iter().map(|s| s.shape.n_tokens).sum();
+    let n_out: usize = segments.iter().map(|s| s.shape.n_out).sum();
+    // Every segment of a quantized cache is rotated with the same matrices (their sizes
+    // depend on the model only).
+    let k_quantized = segments.iter().any(|s| s.kv.k_quantized());
+    let v_quantized = segments.iter().any(|s| s.kv.v_quantized());
+    let (k_rot, v_rot) = rotation_sizes(hp, k_quantized, v_quantized);
+    // One segment's inputs keep llama.cpp's names; more are numbered.
+    let named = |name: &str, i: usize| if i == 0 { name.to_owned() } else { format!("{name}.{i}") };
     let inputs = Inputs {
-        tokens: ctx.input(I32, &[n_tokens], "inp_tokens"),
-        pos: ctx.input(I32, &[n_tokens], "inp_pos"),
-        mask: ctx.input(F16, &[n_kv, q_rows], "kq_mask"),
-        mask_swa: hp.swa.is_some().then(|| ctx.input(F16, &[n_kv, q_rows], "kq_mask_swa")),
-        kv_idxs: ctx.input(I64, &[n_tokens], "kv_idxs"),
-        out_ids: (shape.n_out > 0 && shape.n_out < shape.n_tokens)
-            .then(|| ctx.input(I32, &[shape.n_out as i64], "inp_out_ids")),
+        tokens: ctx.input(I32, &[n_tokens as i64], "inp_tokens"),
+        pos: ctx.input(I32, &[n_tokens as i64], "inp_pos"),
+        out_ids: (n_out > 0 && n_out < n_tokens).then(|| ctx.input(I32, &[n_out as i64], "inp_out_ids")),
         k_rot: k_rot.map(|n| ctx.input(F32, &[n as i64, n as i64], "k_rot")),
         v_rot: v_rot.map(|n| ctx.input(F32, &[n as i64, n as i64], "v_rot")),
+        segments: segments
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let (n_kv, q_rows) = (s.shape.n_kv as i64, s.shape.q_rows as i64);
+                SegmentInputs {
+                    mask: ctx.input(F16, &[n_kv, q_rows], &named("kq_mask", i)),
+                    mask_swa: hp
+                        .swa
+                        .is_some()
+                        .then(|| ctx.input(F16, &[n_kv, q_rows], &named("kq_mask_swa", i))),
+                    kv_idxs: ctx.input(I64, &[s.shape.n_tokens as i64], &named("kv_idxs", i)),
+                }
+            })
+            .collect(),
     };
     let last_layer = plan.layers().last().unwrap_or(0);
     let logits = {
-        let b =
-            Builder { ctx: &ctx, hp, w, kv, shape, inp: &inputs, last_layer, quantized: Default::default() };
+        let b = Builder {
+            ctx: &ctx,
+            hp,
+            w,
+            segments,
+            n_tokens,
+            n_out,
+            inp: &inputs,
+            last_layer,
+            quantized: Default::default(),
+        };
         let mut x = ctx.get_rows(w.tok_embd, inputs.tokens);
         if let Some(s) = hp.embd_scale {
             x = ctx.scale(x, s);
@@ -235,7 +284,7 @@ pub(crate) enum LoneQuery {
 
 /// Heads are spread apart only where ggml's CPU kernels attend (a cache in host memory):
 /// that is where the layout was measured.
-fn lone_query(n_tokens: usize, n_kv: usize, kv: &KvCache, n_head_kv: usize) -> LoneQuery {
+fn lone_query(n_tokens: usize, n_kv: usize, kv: &KvLayout, n_head_kv: usize) -> LoneQuery {
     if n_tokens != 1 || n_kv < SPLIT_KV_MIN || kv.k_quantized() || kv.v_quantized() {
         LoneQuery::No
     } else if n_head_kv >= 2 && kv.in_host_memory() {

@@ -1,0 +1,323 @@
+//! Passes that the sessions of one model share (continuous batching).
+//!
+//! Each session decodes on its own thread, through the same generation loop as ever; what it
+//! hands the engine for one forward pass is a [`Job`]: its tokens (the next one, its drafts, a
+//! chunk of its prompt), its cache and what rows of logits it wants. Sessions that decode at
+//! the same time have their jobs computed as one pass: the rows of all of them go through
+//! every matrix product together — the weights are read once — and each session's rows attend
+//! over its own cache (see `graph`). A pass of four rows costs about 1.4 steps of one here,
+//! against four passes that would otherwise fight for the same cores.
+//!
+//! No thread of its own: the session whose job has waited longest leads the next pass. It
+//! waits a moment for the sessions of the last pass to hand in their next job (they sample
+//! between passes), takes what fits, computes, and hands each its logits. A job alone runs on
+//! its session's own machinery, exactly as without sharing; a shared pass runs on the model's
+//! ([`Compute`], made when first needed and paid for in the model's memory ledger). Sessions
+//! join and leave between passes. Every kernel computes a row as it would alone, so each
+//! session's logits are what its pass alone gives, bit for bit.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use pocket_core::{LayerPlan, SharedPasses, Threads, Token};
+
+use crate::Result;
+use crate::compute::Compute;
+use crate::graph::inputs::{self, SegmentData};
+use crate::graph::{PassShape, Segment};
+use crate::kv::KvLayout;
+use crate::model::Inner;
+
+/// Most tokens of a prompt one pass takes from a session while others decode: a long prompt
+/// is read in chunks this size, each shared with the others' next tokens, so that they keep
+/// going while it is read.
+pub(crate) const SHARED_CHUNK: usize = 64;
+
+/// Most rows of a shared pass (its compute buffer is sized for this many).
+const SHARED_TOKENS: usize = 128;
+
+/// Most rows of logits of a shared pass: a session's own limit (the logits are most of a
+/// compute buffer for a large vocabulary).
+const SHARED_LOGITS: usize = pocket_core::DEFAULT_MAX_ROWS;
+
+/// How long the leader of a pass waits for the sessions of the last one, at least and at
+/// most; in between, a quarter of the last pass. Sampling and drafting between passes take
+/// well under a millisecond; a session that does not come back in time (its request ended,
+/// its constraint is slow) is left to the next pass.
+const GATHER_MIN: Duration = Duration::from_micros(200);
+const GATHER_MAX: Duration = Duration::from_millis(4);
+
+/// After a shared pass's machinery could not be had (the memory budget), passes stay each on
+/// their own for this long before it is tried again.
+const NO_SHARING_FOR: Duration = Duration::from_secs(5);
+
+/// One session's forward pass, handed to [`Batcher::enter`].
+pub(crate) struct Job {
+    /// The session's cache: its id names the session.
+    pub(crate) kv: Arc<KvLayout>,
+    pub(crate) plan: LayerPlan,
+    pub(crate) threads: Threads,
+    /// The pass's tokens, at positions `pos0..`.
+    pub(crate) tokens: Vec<Token>,
+    pub(crate) pos0: usize,
+    pub(crate) shape: PassShape,
+    /// The session's logits buffer: the pass's rows go from row `row_off` on.
+    pub(crate) logits: Vec<f32>,
+    pub(crate) row_off: usize,
+}
+
+/// What [`Batcher::enter`] gives back.
+pub(crate) enum Turn<'a> {
+    /// The job is alone in the next pass: compute it on the session's own machinery, then
+    /// drop the guard (which lets the next pass start).
+    Alone(Job, Lead<'a>),
+    /// The job was computed in a shared pass on this many threads (its logits written).
+    Shared(Job, usize),
+}
+
+/// The model's shared passes.
+#[derive(Default)]
+pub(crate) struct Batcher {
+    state: Mutex<State>,
+    /// Woken when a job is handed in and when a pass ends.
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    /// Jobs not yet taken into a pass, by ticket, in arrival order.
+    queue: VecDeque<(u64, Job)>,
+    /// Jobs computed in a shared pass (on this many threads), until their sessions take them
+    /// back.
+    done: Vec<(u64, Job, usize)>,
+    next_ticket: u64,
+    /// A pass is being gathered or computed.
+    busy: bool,
+    /// The sessions (cache ids) of the last pass: the next leader waits a moment for them.
+    expected: Vec<u64>,
+    /// How long the last pass took.
+    last_pass: Duration,
+    /// The machinery of shared passes (taken out while one computes), and where their inputs
+    /// are made.
+    compute: Option<Compute>,
+    scratch: inputs::Scratch,
+    /// Shared passes are off until then (their machinery could not be had).
+    no_sharing_until: Option<Instant>,
+    /// Sessions gone while the machinery was out: it forgets their graphs when it is back.
+    gone: Vec<u64>,
+    stats: SharedPasses,
+}
+
+/// The right to compute the next pass alone; dropping it lets the next one start.
+pub(crate) struct Lead<'a> {
+    batcher: &'a Batcher,
+    started: Instant,
+}
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        let mut s = self.batcher.lock();
+        s.busy = false;
+        s.last_pass = self.started.elapsed();
+        self.batcher.changed.notify_all();
+    }
+}
+
+impl Batcher {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is consistent between statements; a panic elsewhere leaves it usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The passes so far.
+    pub(crate) fn stats(&self) -> SharedPasses {
+        self.lock().stats
+    }
+
+    /// Whether a session other than `id` has handed in a job recently: then a long prompt is
+    /// read in [`SHARED_CHUNK`]s.
+    pub(crate) fn others_active(&self, id: u64) -> bool {
+        let s = self.lock();
+        s.expected.iter().any(|&e| e != id) || s.queue.iter().any(|(_, j)| j.kv.id != id)
+    }
+
+    /// The session of cache `id` is gone: nobody waits for it, and no graph keeps its cache.
+    pub(crate) fn leave(&self, id: u64) {
+        let mut s = self.lock();
+        s.expected.retain(|&e| e != id);
+        match &mut s.compute {
+            Some(c) => c.forget(id),
+            None => s.gone.push(id),
+        }
+        self.changed.notify_all();
+    }
+
+    /// Hand in `job` and wait for its turn: alone (the caller computes it) or computed in a
+    /// shared pass, by this thread or another.
+    pub(crate) fn enter(&self, model: &Inner, job: Job) -> Turn<'_> {
+        let id = job.kv.id;
+        let mut s = self.lock();
+        let ticket = s.next_ticket;
+        s.next_ticket += 1;
+        s.queue.push_back((ticket, job));
+        self.changed.notify_all();
+        loop {
+            if let Some(i) = s.done.iter().position(|d| d.0 == ticket) {
+                let (_, job, threads) = s.done.swap_remove(i);
+                return Turn::Shared(job, threads);
+            }
+            if !s.busy && s.queue.front().is_some_and(|(t, _)| *t == ticket) {
+                s.busy = true;
+                s = self.gather(s, id);
+                let started = Instant::now();
+                let picked = pick(&s.queue, s.no_sharing_until.is_none_or(|t| started >= t));
+                s.stats.passes += 1;
+                if picked.len() == 1 {
+                    let (_, job) = s.queue.pop_front().expect("the leader's job is first");
+                    s.expected = vec![id];
+                    return Turn::Alone(job, Lead { batcher: self, started });
+                }
+                // Taken out back to front, so that the indices stay right; then put in order.
+                let mut jobs: Vec<(u64, Job)> =
+                    picked.iter().rev().map(|&i| s.queue.remove(i).expect("picked from the queue")).collect();
+                jobs.reverse();
+                s.expected = jobs.iter().map(|(_, j)| j.kv.id).collect();
+                let mut compute = s.compute.take();
+                let mut scratch = std::mem::take(&mut s.scratch);
+                drop(s);
+                let result = shared_pass(model, &mut compute, &mut scratch, &mut jobs);
+                s = self.lock();
+                if let Some(c) = &mut compute {
+                    for id in std::mem::take(&mut s.gone) {
+                        c.forget(id);
+                    }
+                }
+                (s.compute, s.scratch) = (compute, scratch);
+                s.busy = false;
+                s.last_pass = started.elapsed();
+                let threads = match result {
+                    Ok(threads) => threads,
+                    Err(e) => {
+                        // No shared pass (its machinery or its graph did not fit the budget,
+                        // or ggml failed): each job goes back where it was, to run alone in
+                        // turn, on memory its session has already paid for.
+                        tracing::warn!("passes are not shared for {NO_SHARING_FOR:?}: {e}");
+                        s.no_sharing_until = Some(Instant::now() + NO_SHARING_FOR);
+                        s.stats.passes -= 1;
+                        for job in jobs.into_iter().rev() {
+                            s.queue.push_front(job);
+                        }
+                        self.changed.notify_all();
+                        continue;
+                    }
+                };
+                s.stats.shared += 1;
+                s.stats.jobs += jobs.len() as u64;
+                let mut mine = None;
+                for (t, job) in jobs {
+                    if t == ticket {
+                        mine = Some(job);
+                    } else {
+                        s.done.push((t, job, threads));
+                    }
+                }
+                self.changed.notify_all();
+                let job = mine.expect("the leader's job was in its pass");
+                return Turn::Shared(job, threads);
+            }
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Wait, up to the gathering window, until every session of the last pass but `id` has a
+    /// job in the queue.
+    fn gather<'a>(&'a self, mut s: MutexGuard<'a, State>, id: u64) -> MutexGuard<'a, State> {
+        let window = (s.last_pass / 4).clamp(GATHER_MIN, GATHER_MAX);
+        let deadline = Instant::now() + window;
+        loop {
+            let missing = s.expected.iter().any(|&e| e != id && !s.queue.iter().any(|(_, j)| j.kv.id == e));
+            let now = Instant::now();
+            if !missing || now >= deadline {
+                return s;
+            }
+            s = self.changed.wait_timeout(s, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
+
+/// The jobs of the next pass, as indices into `queue`: the first, and — where `share` — those
+/// after it with the same plan, in arrival order, while the pass stays within
+/// [`SHARED_TOKENS`] rows and [`SHARED_LOGITS`] rows of logits.
+fn pick(queue: &VecDeque<(u64, Job)>, share: bool) -> Vec<usize> {
+    let head = &queue[0].1;
+    let mut picked = vec![0];
+    let (mut tokens, mut outs) = (head.shape.n_tokens, head.shape.n_out);
+    if !share || tokens > SHARED_TOKENS {
+        return picked;
+    }
+    for (i, (_, job)) in queue.iter().enumerate().skip(1) {
+        let fits = tokens + job.shape.n_tokens <= SHARED_TOKENS && outs + job.shape.n_out <= SHARED_LOGITS;
+        if job.plan == head.plan && fits && !picked.iter().any(|&p| queue[p].1.kv.id == job.kv.id) {
+            picked.push(i);
+            tokens += job.shape.n_tokens;
+            outs += job.shape.n_out;
+        }
+    }
+    picked
+}
+
+/// Compute `jobs` as one pass on the model's shared machinery (made now if there is none),
+/// writing each job's logits: returns the threads it ran on.
+fn shared_pass(
+    model: &Inner,
+    compute: &mut Option<Compute>,
+    scratch: &mut inputs::Scratch,
+    jobs: &mut [(u64, Job)],
+) -> Result<usize> {
+    let compute = match compute {
+        Some(c) => c,
+        None => compute.insert(shared_compute(model, &jobs[0].1)?),
+    };
+    let plan = jobs[0].1.plan;
+    let (threads, logits) = {
+        let segments: Vec<Segment<'_>> =
+            jobs.iter().map(|(_, j)| Segment { kv: &j.kv, shape: j.shape }).collect();
+        let (g, sched) = compute.graph(model, &plan, &segments)?;
+        let data: Vec<SegmentData<'_>> = jobs
+            .iter()
+            .map(|(_, j)| SegmentData { tokens: &j.tokens, pos0: j.pos0, shape: j.shape })
+            .collect();
+        inputs::set(g, &model.hp, &data, scratch)?;
+        (sched.compute(&g.ctx)?, g.logits)
+    };
+    if let Some(out) = logits {
+        let n_vocab = model.hp.n_vocab;
+        let mut row = 0;
+        for (_, j) in jobs.iter_mut() {
+            let (n, off) = (j.shape.n_out, j.row_off);
+            if n > 0 {
+                out.get_data_from(row * n_vocab, &mut j.logits[off * n_vocab..(off + n) * n_vocab])?;
+            }
+            row += n;
+        }
+    }
+    Ok(threads)
+}
+
+/// The machinery of shared passes of `model`, reserved for a pass of [`SHARED_TOKENS`] rows
+/// and [`SHARED_LOGITS`] of logits at the end of `job`'s context, in the model's ledger.
+fn shared_compute(model: &Inner, job: &Job) -> Result<Compute> {
+    let kv = &job.kv;
+    let n_tokens = SHARED_TOKENS.min(kv.n_ctx());
+    let shape = PassShape::new(
+        kv.n_ctx() - n_tokens,
+        n_tokens,
+        SHARED_LOGITS.min(n_tokens),
+        kv,
+        &model.hp,
+        model.attention,
+    );
+    let what = format!("the compute buffer of {}'s shared passes", model.info.name);
+    Compute::new(model, job.threads, &[Segment { kv, shape }], Some(&model.ledger), &what)
+}

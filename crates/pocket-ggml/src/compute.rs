@@ -1,0 +1,152 @@
+//! Compute machinery: a scheduler (backends, thread pools, compute buffers), the memory graphs
+//! are built in, and the last graph built, reused while passes keep its shape. A session has
+//! one for its own passes; a model has one for the passes its sessions share (`batch`).
+
+use pocket_core::memory::{Ledger, Reservation};
+use pocket_core::{LayerPlan, Threads};
+
+use crate::ffi::graph::Ctx;
+use crate::ffi::sched::Scheduler;
+use crate::graph::{self, PassShape, Segment};
+use crate::model::Inner;
+use crate::{Error, Result};
+
+pub(crate) struct Compute {
+    sched: Scheduler,
+    /// Memory for the next graph's context, handed back by the last one dropped.
+    graph_mem: Vec<u8>,
+    /// Bytes of the compute buffers, as reserved.
+    compute_bytes: usize,
+    /// The compute buffers' bytes in the memory ledger (none: only measured).
+    reservation: Option<Reservation>,
+    /// The last graph, built and allocated: consecutive passes of one shape and plan (decode
+    /// steps) reuse it, skipping graph construction and scheduling.
+    cached: Option<CachedGraph>,
+}
+
+/// A graph and what its structure depends on: the plan, and each segment's cache (by id) and
+/// shape.
+struct CachedGraph {
+    plan: LayerPlan,
+    segments: Vec<(u64, PassShape)>,
+    graph: graph::Graph,
+}
+
+impl CachedGraph {
+    fn matches(&self, plan: &LayerPlan, segments: &[Segment<'_>]) -> bool {
+        self.plan == *plan
+            && self.segments.len() == segments.len()
+            && self.segments.iter().zip(segments).all(|(&(id, shape), s)| id == s.kv.id && shape == s.shape)
+    }
+}
+
+impl Drop for Compute {
+    fn drop(&mut self) {
+        // The cached graph's tensors live in the scheduler's buffers: it goes first.
+        self.drop_cached();
+    }
+}
+
+impl Compute {
+    /// Compute machinery for `model` on `threads`, its buffers reserved in `ledger` (as
+    /// `what`) and then allocated for the largest pass, `worst`, so that no later pass
+    /// allocates; with no ledger, only measured ([`Compute::bytes`]), for predicting a
+    /// footprint without allocating it.
+    pub(crate) fn new(
+        model: &Inner,
+        threads: Threads,
+        worst: &[Segment<'_>],
+        ledger: Option<&Ledger>,
+        what: &str,
+    ) -> Result<Compute> {
+        let nodes = graph::graph_nodes(&model.hp);
+        let sched = Scheduler::new(&model.device, threads, nodes)?;
+        let mut compute = Compute {
+            sched,
+            graph_mem: vec![0; Ctx::memory_for(nodes)],
+            compute_bytes: 0,
+            reservation: None,
+            cached: None,
+        };
+        let plan = LayerPlan::full(model.hp.n_layer).map_err(|e| Error::Ggml(e.to_string()))?;
+        let g = compute.build(model, &plan, worst)?;
+        // Measure the buffers first and pay for them in the ledger, then allocate them.
+        let measured = compute.sched.measure(&g.ctx);
+        let Some(ledger) = ledger else {
+            compute.graph_mem = g.ctx.into_memory();
+            compute.compute_bytes = measured;
+            return Ok(compute);
+        };
+        let reservation = ledger.reserve(measured as u64, what);
+        let reserved = reservation.is_ok() && compute.sched.reserve(&g.ctx);
+        compute.graph_mem = g.ctx.into_memory();
+        compute.reservation = Some(reservation?);
+        if !reserved {
+            return Err(Error::Ggml("cannot reserve the compute buffer".into()));
+        }
+        compute.compute_bytes = compute.sched.buffer_bytes();
+        Ok(compute)
+    }
+
+    /// Bytes of the compute buffers.
+    pub(crate) fn bytes(&self) -> usize {
+        self.compute_bytes
+    }
+
+    /// Build the graph of a pass over `segments` in the graph memory (which must not hold a
+    /// live graph).
+    fn build(&mut self, model: &Inner, plan: &LayerPlan, segments: &[Segment<'_>]) -> Result<graph::Graph> {
+        debug_assert!(self.cached.is_none());
+        let ctx = Ctx::new(std::mem::take(&mut self.graph_mem), graph::graph_nodes(&model.hp))?;
+        Ok(graph::build(ctx, &model.hp, &model.weights, plan, segments))
+    }
+
+    /// The graph of a pass over `segments` with `plan`, allocated and ready for its inputs
+    /// (the cached one if it matches, else a new one), and the scheduler that computes it.
+    ///
+    /// A graph of another structure than the one the buffers were reserved for (several
+    /// segments) may need more: the buffers grow, and their reservation with them, or the
+    /// pass fails with [`pocket_core::Error::OverBudget`].
+    pub(crate) fn graph(
+        &mut self,
+        model: &Inner,
+        plan: &LayerPlan,
+        segments: &[Segment<'_>],
+    ) -> Result<(&graph::Graph, &Scheduler)> {
+        let hit = self.cached.as_ref().is_some_and(|c| c.matches(plan, segments));
+        if !hit {
+            self.drop_cached();
+            let graph = self.build(model, plan, segments)?;
+            // One segment's graph fits what was reserved for the largest; several may not.
+            let grown = if segments.len() > 1 { self.sched.measure(&graph.ctx) } else { 0 };
+            if grown > self.compute_bytes
+                && let Some(r) = &mut self.reservation
+                && let Err(e) = r.resize(grown as u64)
+            {
+                self.graph_mem = graph.ctx.into_memory();
+                return Err(e.into());
+            }
+            if !self.sched.alloc(&graph.ctx) {
+                self.graph_mem = graph.ctx.into_memory();
+                return Err(Error::Ggml("cannot allocate the graph".into()));
+            }
+            self.compute_bytes = self.sched.buffer_bytes().max(self.compute_bytes);
+            let segments = segments.iter().map(|s| (s.kv.id, s.shape)).collect();
+            self.cached = Some(CachedGraph { plan: *plan, segments, graph });
+        }
+        Ok((&self.cached.as_ref().expect("cached just above").graph, &self.sched))
+    }
+
+    /// Forget the cached graph if it reads the cache `id` (whose session is going away).
+    pub(crate) fn forget(&mut self, id: u64) {
+        if self.cached.as_ref().is_some_and(|c| c.segments.iter().any(|&(s, _)| s == id)) {
+            self.drop_cached();
+        }
+    }
+
+    fn drop_cached(&mut self) {
+        if let Some(c) = self.cached.take() {
+            self.graph_mem = c.graph.ctx.into_memory();
+        }
+    }
+}
