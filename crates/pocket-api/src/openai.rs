@@ -69,6 +69,10 @@ pub struct GenerationOptions {
     /// pocketd: KV cache type (`f16`, `q8_0`, `q4_0`); the planner may lower it to fit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv: Option<String>,
+    /// pocketd (vLLM's name): this request's priority, from -100 to 100; lower is served
+    /// sooner — first out of the queue, first into a full shared pass. 0 by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
     /// pocketd: also return the generated token ids (`tokens`, in the answer or the stream's
     /// last chunk), as llama.cpp's server does; for comparing outputs exactly.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

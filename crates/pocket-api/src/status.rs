@@ -20,6 +20,10 @@ pub struct Status {
     pub queued: usize,
     /// Most requests that may wait.
     pub queue_capacity: usize,
+    /// Requests that generate at once now (`parallel`, which `auto` sets from the default
+    /// model's cost curve); more wait in the queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<usize>,
     /// CPU threads a forward pass runs on now (`cpu` says what the count follows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
@@ -126,6 +130,10 @@ pub struct LoadedModel {
     /// plainly and the daemon learns it while idle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tuned: Option<bool>,
+    /// Its passes so far, where its sessions share them (requests decoding at the same time
+    /// in one pass); absent where each session's passes are its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_passes: Option<pocket_core::SharedPasses>,
 }
 
 /// A request generating now.

@@ -34,6 +34,7 @@ use std::path::PathBuf;
 
 pub mod chart;
 pub mod compare;
+pub mod concurrency;
 pub mod conversation;
 mod machine;
 pub mod modes;

@@ -75,6 +75,9 @@ pub fn table(r: &BenchResults) -> String {
     if !r.runs.is_empty() {
         modes_table(&mut out, r);
     }
+    if let Some(c) = &r.concurrency {
+        concurrency_table(&mut out, c);
+    }
     if let Some(c) = &r.conversations {
         conversations_table(&mut out, c, r.settings.socket.as_deref());
     }
@@ -319,8 +322,60 @@ fn percent(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{:.1}%", v * 100.0))
 }
 
+/// The requests run at once: a row per mode.
+fn concurrency_table(out: &mut String, c: &crate::concurrency::ConcurrencyResults) {
+    let _ = writeln!(
+        out,
+        "\n{} requests at once (each group of the workload's prompts alone, one after another, then together):",
+        c.requests
+    );
+    let mut rows = vec![
+        [
+            "mode",
+            "groups",
+            "aggregate tok/s",
+            "vs alone",
+            "vs llama.cpp",
+            "per request tok/s",
+            "first token ms",
+            "fastest/slowest",
+            "identical to alone",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    let mut modes: Vec<&str> = c.groups.iter().map(|g| g.mode.as_str()).collect();
+    modes.dedup();
+    for mode in modes {
+        let Some(s) = c.summary.get(mode) else { continue };
+        rows.push(vec![
+            mode.to_owned(),
+            s.groups.to_string(),
+            num(s.aggregate_decode_tok_per_s_median, 1),
+            ratio(s.gain_median),
+            ratio(s.aggregate_vs_llama_cpp),
+            num(s.per_request_decode_tok_per_s_median, 1),
+            num(s.first_token_ms_median, 0),
+            ratio(s.fairness_median),
+            if s.all_identical_to_alone { "yes".into() } else { "NO".into() },
+        ]);
+    }
+    write_rows(out, &rows);
+    let _ = writeln!(
+        out,
+        "aggregate: the requests' decode tok/s summed; vs alone: over one request alone (the same requests \
+         alone, on average); medians over groups"
+    );
+}
+
 /// A warning when other processes competed for the CPU during the runs.
 fn contention_warning(r: &BenchResults) -> Option<String> {
+    if r.settings.load > 0 {
+        return Some(format!(
+            "{} busy processes ran beside the measured runs (--load): the runs shared the cores on purpose",
+            r.settings.load
+        ));
+    }
     let loads: Vec<f64> = r.runs.iter().filter_map(|run| run.other_cpu_cores).collect();
     let contended = loads.iter().filter(|&&l| l > super::machine::QUIET_CORES).count();
     if contended == 0 {

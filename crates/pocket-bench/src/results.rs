@@ -29,6 +29,9 @@ pub struct BenchResults {
     pub runs: Vec<RunRecord>,
     /// Per mode (by name).
     pub summary: BTreeMap<String, ModeSummary>,
+    /// The requests run at once, with `--concurrent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<crate::concurrency::ConcurrencyResults>,
     /// The workload's conversations, replayed turn by turn through pocketd with and without
     /// its prompt cache; absent when the workload had none (and in results written before
     /// there were any).
@@ -115,6 +118,17 @@ pub struct Settings {
     /// pocketd's socket, when `socket:` modes ran through it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket: Option<String>,
+    /// Busy processes that ran beside the measured runs (`--load`); 0 before there was the
+    /// field.
+    #[serde(default)]
+    pub load: usize,
+    /// Requests run at once (`--concurrent`); 1: each alone.
+    #[serde(default = "one")]
+    pub concurrent: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// One point of the cost curve.
@@ -429,6 +443,8 @@ pub(crate) mod tests {
                 rounds: 1,
                 start: Some(crate::Start::Cold),
                 socket: None,
+                load: 0,
+                concurrent: 1,
             },
             cost_curve: [(1, 0.0071, 1.0), (2, 0.0093, 1.31), (4, 0.0140, 1.97)]
                 .map(|(n, seconds, relative)| CostPoint { n, seconds, relative })
@@ -436,6 +452,7 @@ pub(crate) mod tests {
             cost_curves_by_weights: BTreeMap::new(),
             runs,
             summary,
+            concurrency: None,
             conversations: None,
         }
     }

@@ -16,6 +16,7 @@ use pocket_runtime::process::{CpuTimes, MemStats, budget_ledger, reset_peak};
 use pocket_runtime::{LoadedModel, OpenOptions};
 use serde::{Deserialize, Serialize};
 
+use super::concurrency::{self, ConcurrencyResults, ConcurrentRun};
 use super::machine::{cpu_name, model_bytes, settle, sha256_model, sha256_tokens, wait_for_quiet};
 use super::modes::{self, Mode, PromptRun, RunMode, RunOutput, Runner, RunnerContext};
 use super::results::{BenchModel, BenchResults, Machine, RunRecord, Settings, TurnRecord};
@@ -106,6 +107,13 @@ pub struct BenchConfig {
     /// The speculation conversations are replayed with (`vanilla`: none, `spec: off`); one of
     /// our engine's modes.
     pub conversation_mode: Mode,
+    /// Requests at once (`--concurrent N`): the prompts in groups of this many, each group run
+    /// alone request by request and then all at once in every mode ([`crate::concurrency`]);
+    /// 1: every prompt alone.
+    pub concurrent: usize,
+    /// Busy processes started beside the measured runs and stopped after them (`--load N`):
+    /// the runs then share the cores, as on a board that runs other programs.
+    pub load: usize,
 }
 
 impl BenchConfig {
@@ -132,6 +140,8 @@ impl BenchConfig {
             n_ctx: None,
             socket: None,
             conversation_mode: Mode::Vanilla,
+            concurrent: 1,
+            load: 0,
         }
     }
 }
@@ -174,6 +184,11 @@ pub enum Progress<'a> {
         of: usize,
         /// Its record.
         record: &'a RunRecord,
+    },
+    /// A group of requests run at once finished (`--concurrent`).
+    Together {
+        /// Its record.
+        record: &'a concurrency::GroupRecord,
     },
     /// A turn of a replayed conversation finished.
     Turn {
@@ -285,11 +300,14 @@ fn daemon_only(config: &BenchConfig) -> Result<BenchResults, Error> {
             rounds: config.rounds,
             start: Some(config.start),
             socket: None,
+            load: config.load,
+            concurrent: config.concurrent,
         },
         cost_curve: Vec::new(),
         cost_curves_by_weights: BTreeMap::new(),
         runs: Vec::new(),
         summary: BTreeMap::new(),
+        concurrency: None,
         conversations: None,
     })
 }
@@ -439,49 +457,43 @@ pub fn run(
 
     let total = config.rounds * prepared.len() * runners.len();
     progress(Progress::WarmedUp { runs: total });
+    // With other processes beside on purpose, waiting for a quiet machine would wait for ever:
+    // the wait is once, before they start.
+    if config.load > 0 && !config.wait_quiet.is_zero() {
+        wait_for_quiet(config.wait_quiet);
+    }
+    let load = Load::start(config.load)?;
+    let quiet = if config.load > 0 { Duration::ZERO } else { config.wait_quiet };
     let mut runs = Vec::with_capacity(total);
     let mut outputs = Vec::with_capacity(total);
-    for round in 0..config.rounds {
-        for p in &prepared {
-            for r in &mut runners {
-                let settled = settle(SETTLE_MAX);
-                let quiet = if config.wait_quiet.is_zero() {
-                    Duration::ZERO
-                } else {
-                    wait_for_quiet(config.wait_quiet)
-                };
-                tracing::debug!(?settled, ?quiet, "waited for idle threads and a quiet machine");
-                reset_peak();
-                let before = MemStats::read().rss_bytes;
-                let cpu_before = CpuTimes::read();
-                let out = run_one(r.as_mut(), p, p.max_tokens)?;
-                let cpu_after = CpuTimes::read();
-                let mem = MemStats::read();
-                let peak = mem.peak_rss_bytes.max(mem.rss_bytes);
-                let mut rec = record(r.as_ref(), p, &out, peak);
-                if r.remote() {
-                    // pocketd's memory and CPU are its own: this process's say nothing of it,
-                    // and its threads are the "others" here. Let them go idle before the next.
-                    rec.peak_rss_bytes = 0;
-                    wait_for_quiet(DAEMON_SETTLE_MAX);
-                } else {
-                    if !r.accounts_memory() {
-                        rec.generation_memory_bytes += peak.saturating_sub(before);
-                    }
-                    rec.other_cpu_cores =
-                        cpu_after.zip(cpu_before).and_then(|(a, b)| a.other_cores_since(&b));
+    let mut concurrency = None;
+    if config.concurrent > 1 {
+        let measured = Measured { runs: &mut runs, outputs: &mut outputs, total, quiet };
+        concurrency = Some(run_concurrently(
+            config.concurrent,
+            config.rounds,
+            &prepared,
+            &mut runners,
+            measured,
+            progress,
+        )?);
+    } else {
+        for round in 0..config.rounds {
+            for p in &prepared {
+                for r in &mut runners {
+                    let (rec, tokens) = measure_alone(r.as_mut(), p, round, quiet)?;
+                    runs.push(rec);
+                    outputs.push(tokens);
+                    progress(Progress::Run {
+                        index: runs.len(),
+                        of: total,
+                        record: runs.last().expect("just pushed"),
+                    });
                 }
-                rec.round = round;
-                runs.push(rec);
-                outputs.push(out.tokens);
-                progress(Progress::Run {
-                    index: runs.len(),
-                    of: total,
-                    record: runs.last().expect("just pushed"),
-                });
             }
         }
     }
+    drop(load);
     compare_outputs(&mut runs, &outputs);
 
     let mode_names: Vec<String> = runners.iter().map(|r| r.name().to_owned()).collect();
@@ -515,11 +527,14 @@ pub fn run(
             rounds: config.rounds,
             start: Some(config.start),
             socket: config.socket.as_ref().filter(|_| through_daemon).map(|s| s.display().to_string()),
+            load: config.load,
+            concurrent: config.concurrent,
         },
         cost_curve,
         cost_curves_by_weights,
         runs,
         summary,
+        concurrency,
         conversations: None,
     })
 }
@@ -623,6 +638,149 @@ fn session_config(
         threads: config.threads,
         ..SessionConfig::default()
     })
+}
+
+/// Where measured runs go, and how long to wait for a quiet machine before each.
+struct Measured<'a> {
+    runs: &'a mut Vec<RunRecord>,
+    outputs: &'a mut Vec<Vec<Token>>,
+    total: usize,
+    quiet: Duration,
+}
+
+/// One measured run of `p` in `r`: the machine settled (and quiet, up to `quiet`), the
+/// process's peak memory and other processes' CPU time around it.
+fn measure_alone(
+    r: &mut dyn Runner,
+    p: &Prepared<'_>,
+    round: usize,
+    quiet: Duration,
+) -> Result<(RunRecord, Vec<Token>), Error> {
+    let settled = settle(SETTLE_MAX);
+    let quiet = if quiet.is_zero() { Duration::ZERO } else { wait_for_quiet(quiet) };
+    tracing::debug!(?settled, ?quiet, "waited for idle threads and a quiet machine");
+    reset_peak();
+    let before = MemStats::read().rss_bytes;
+    let cpu_before = CpuTimes::read();
+    let out = run_one(r, p, p.max_tokens)?;
+    let cpu_after = CpuTimes::read();
+    let mem = MemStats::read();
+    let peak = mem.peak_rss_bytes.max(mem.rss_bytes);
+    let mut rec = record(r, p, &out, peak);
+    if r.remote() {
+        // pocketd's memory and CPU are its own: this process's say nothing of it, and its
+        // threads are the "others" here. Let them go idle before the next.
+        rec.peak_rss_bytes = 0;
+        settle_daemon();
+    } else {
+        if !r.accounts_memory() {
+            rec.generation_memory_bytes += peak.saturating_sub(before);
+        }
+        rec.other_cpu_cores = cpu_after.zip(cpu_before).and_then(|(a, b)| a.other_cores_since(&b));
+    }
+    rec.round = round;
+    Ok((rec, out.tokens))
+}
+
+/// Let pocketd's threads go idle after a run through it.
+fn settle_daemon() {
+    wait_for_quiet(DAEMON_SETTLE_MAX);
+}
+
+/// `--concurrent n`: the prompts in groups of `n`, each group in every runner alone, request
+/// by request (the ordinary runs, into `measured`), then all at once.
+fn run_concurrently(
+    n: usize,
+    rounds: usize,
+    prepared: &[Prepared<'_>],
+    runners: &mut [Box<dyn Runner>],
+    measured: Measured<'_>,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<ConcurrencyResults, Error> {
+    let Measured { runs, outputs, total, quiet } = measured;
+    let (mut together, mut groups) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        for (g, group) in prepared.chunks(n).enumerate() {
+            for r in runners.iter_mut() {
+                let mut alone = Vec::with_capacity(group.len());
+                for p in group {
+                    let (rec, tokens) = measure_alone(r.as_mut(), p, round, quiet)?;
+                    alone.push((rec.decode_tok_per_s, tokens.clone()));
+                    runs.push(rec);
+                    outputs.push(tokens);
+                    progress(Progress::Run {
+                        index: runs.len(),
+                        of: total,
+                        record: runs.last().expect("just pushed"),
+                    });
+                }
+                if group.len() < 2 {
+                    continue;
+                }
+                settle(SETTLE_MAX);
+                if !quiet.is_zero() {
+                    wait_for_quiet(quiet);
+                }
+                let prompts: Vec<PromptRun<'_>> = group.iter().map(|p| p.run(p.max_tokens)).collect();
+                let start = std::time::Instant::now();
+                let outs = r.run_concurrent(&prompts)?;
+                let wall = start.elapsed().as_secs_f64();
+                if r.remote() {
+                    settle_daemon();
+                }
+                let mut speeds = Vec::with_capacity(group.len());
+                for ((p, out), (alone_speed, alone_tokens)) in group.iter().zip(&outs).zip(&alone) {
+                    let rec = record(r.as_ref(), p, out, 0);
+                    speeds.push((rec.decode_tok_per_s, *alone_speed));
+                    together.push(ConcurrentRun {
+                        mode: r.name().to_owned(),
+                        group: g,
+                        round,
+                        prompt_id: p.prompt.id.clone(),
+                        generated_tokens: out.tokens.len(),
+                        first_token_seconds: out.prefill_seconds,
+                        decode_tok_per_s: rec.decode_tok_per_s,
+                        alone_decode_tok_per_s: *alone_speed,
+                        identical_to_alone: out.tokens == *alone_tokens,
+                    });
+                }
+                let generated = outs.iter().map(|o| o.tokens.len()).sum();
+                let record = concurrency::group_record(r.name(), (g, round), &speeds, wall, generated);
+                progress(Progress::Together { record: &record });
+                groups.push(record);
+            }
+        }
+    }
+    let summary = concurrency::summarize(&together, &groups);
+    Ok(ConcurrencyResults { requests: n, runs: together, groups, summary })
+}
+
+/// Busy processes beside the runs (`--load N`): each a shell loop that keeps a core busy,
+/// started before the measured runs and killed after them (also when the benchmark fails).
+struct Load(Vec<std::process::Child>);
+
+impl Load {
+    fn start(n: usize) -> Result<Load, Error> {
+        let mut children = Vec::with_capacity(n);
+        for _ in 0..n {
+            let child = std::process::Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| Error::Invalid(format!("cannot start a busy process for --load: {e}")))?;
+            children.push(child);
+        }
+        Ok(Load(children))
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 fn run_one(runner: &mut dyn Runner, p: &Prepared<'_>, max_tokens: usize) -> Result<RunOutput, Error> {

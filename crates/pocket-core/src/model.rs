@@ -241,6 +241,10 @@ pub struct SessionConfig {
     /// which for a large vocabulary is most of it.
     #[serde(default = "default_max_rows")]
     pub max_rows: usize,
+    /// Which session's rows go first into a shared pass that cannot take them all: lower is
+    /// sooner (vLLM's `priority`), then the order they came.
+    #[serde(default)]
+    pub priority: i32,
     /// Hold the KV cache for the whole context from the start and keep it, as engines without
     /// a memory budget do (llama.cpp allocates and clears its cache when a context is made).
     /// Only for comparing with them: it defeats the point of growing the cache.
@@ -256,6 +260,7 @@ impl Default for SessionConfig {
             n_batch: 256,
             threads: Threads::Auto,
             max_rows: DEFAULT_MAX_ROWS,
+            priority: 0,
             preallocate: false,
         }
     }

@@ -37,6 +37,9 @@ pub(crate) const SHARED_CHUNK: usize = 64;
 /// Most rows of a shared pass (its compute buffer is sized for this many).
 const SHARED_TOKENS: usize = 128;
 
+/// Most sessions in a shared pass (its graph is sized for this many).
+const SHARED_JOBS: usize = 8;
+
 /// Most rows of logits of a shared pass: a session's own limit (the logits are most of a
 /// compute buffer for a large vocabulary).
 const SHARED_LOGITS: usize = pocket_core::DEFAULT_MAX_ROWS;
@@ -58,6 +61,8 @@ pub(crate) struct Job {
     pub(crate) kv: Arc<KvLayout>,
     pub(crate) plan: LayerPlan,
     pub(crate) threads: Threads,
+    /// Lower goes first into a pass that cannot take every job.
+    pub(crate) priority: i32,
     /// The pass's tokens, at positions `pos0..`.
     pub(crate) tokens: Vec<Token>,
     pub(crate) pos0: usize,
@@ -173,6 +178,7 @@ impl Batcher {
                 let started = Instant::now();
                 let picked = pick(&s.queue, s.no_sharing_until.is_none_or(|t| started >= t));
                 s.stats.passes += 1;
+                tracing::trace!(jobs = picked.len(), queued = s.queue.len(), "pass");
                 if picked.len() == 1 {
                     let (_, job) = s.queue.pop_front().expect("the leader's job is first");
                     s.expected = vec![id];
@@ -246,9 +252,10 @@ impl Batcher {
     }
 }
 
-/// The jobs of the next pass, as indices into `queue`: the first, and — where `share` — those
-/// after it with the same plan, in arrival order, while the pass stays within
-/// [`SHARED_TOKENS`] rows and [`SHARED_LOGITS`] rows of logits.
+/// The jobs of the next pass, as indices into `queue`: the first (the one that waited
+/// longest), and — where `share` — others with the same plan, by priority then arrival, while
+/// the pass stays within [`SHARED_TOKENS`] rows, [`SHARED_LOGITS`] rows of logits and
+/// [`SHARED_JOBS`] sessions.
 fn pick(queue: &VecDeque<(u64, Job)>, share: bool) -> Vec<usize> {
     let head = &queue[0].1;
     let mut picked = vec![0];
@@ -256,8 +263,14 @@ fn pick(queue: &VecDeque<(u64, Job)>, share: bool) -> Vec<usize> {
     if !share || tokens > SHARED_TOKENS {
         return picked;
     }
-    for (i, (_, job)) in queue.iter().enumerate().skip(1) {
+    let mut others: Vec<usize> = (1..queue.len()).collect();
+    others.sort_by_key(|&i| (queue[i].1.priority, queue[i].0));
+    for i in others {
+        let job = &queue[i].1;
         let fits = tokens + job.shape.n_tokens <= SHARED_TOKENS && outs + job.shape.n_out <= SHARED_LOGITS;
+        if picked.len() == SHARED_JOBS {
+            break;
+        }
         if job.plan == head.plan && fits && !picked.iter().any(|&p| queue[p].1.kv.id == job.kv.id) {
             picked.push(i);
             tokens += job.shape.n_tokens;
@@ -319,5 +332,5 @@ fn shared_compute(model: &Inner, job: &Job) -> Result<Compute> {
         model.attention,
     );
     let what = format!("the compute buffer of {}'s shared passes", model.info.name);
-    Compute::new(model, job.threads, &[Segment { kv, shape }], Some(&model.ledger), &what)
+    Compute::new(model, job.threads, SHARED_JOBS, &[Segment { kv, shape }], Some(&model.ledger), &what)
 }

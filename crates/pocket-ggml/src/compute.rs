@@ -13,6 +13,8 @@ use crate::{Error, Result};
 
 pub(crate) struct Compute {
     sched: Scheduler,
+    /// Nodes a graph here may hold (it carries at most `segments` segments).
+    nodes: usize,
     /// Memory for the next graph's context, handed back by the last one dropped.
     graph_mem: Vec<u8>,
     /// Bytes of the compute buffers, as reserved.
@@ -48,21 +50,23 @@ impl Drop for Compute {
 }
 
 impl Compute {
-    /// Compute machinery for `model` on `threads`, its buffers reserved in `ledger` (as
-    /// `what`) and then allocated for the largest pass, `worst`, so that no later pass
-    /// allocates; with no ledger, only measured ([`Compute::bytes`]), for predicting a
-    /// footprint without allocating it.
+    /// Compute machinery for `model` on `threads`, for passes of up to `segments` segments,
+    /// its buffers reserved in `ledger` (as `what`) and then allocated for the largest pass,
+    /// `worst`, so that no later pass allocates; with no ledger, only measured
+    /// ([`Compute::bytes`]), for predicting a footprint without allocating it.
     pub(crate) fn new(
         model: &Inner,
         threads: Threads,
+        segments: usize,
         worst: &[Segment<'_>],
         ledger: Option<&Ledger>,
         what: &str,
     ) -> Result<Compute> {
-        let nodes = graph::graph_nodes(&model.hp);
+        let nodes = graph::graph_nodes(&model.hp, segments);
         let sched = Scheduler::new(&model.device, threads, nodes)?;
         let mut compute = Compute {
             sched,
+            nodes,
             graph_mem: vec![0; Ctx::memory_for(nodes)],
             compute_bytes: 0,
             reservation: None,
@@ -97,7 +101,7 @@ impl Compute {
     /// live graph).
     fn build(&mut self, model: &Inner, plan: &LayerPlan, segments: &[Segment<'_>]) -> Result<graph::Graph> {
         debug_assert!(self.cached.is_none());
-        let ctx = Ctx::new(std::mem::take(&mut self.graph_mem), graph::graph_nodes(&model.hp))?;
+        let ctx = Ctx::new(std::mem::take(&mut self.graph_mem), self.nodes)?;
         Ok(graph::build(ctx, &model.hp, &model.weights, plan, segments))
     }
 

@@ -52,5 +52,5 @@ pub use gemm::timing::{KernelTiming, kernel_formats, kernel_isa, time_kernel};
 pub use kv::KV_BLOCK_TOKENS;
 pub use llama_cpp::{LlamaCppModel, LlamaCppSession};
 pub use model::{AttentionKernel, GgmlModel, GraphSupport, LoadOptions, Repack, graph_support};
-pub use reference::LlamaCpp;
+pub use reference::{LlamaCpp, Together};
 pub use session::{GgmlSession, MAX_LOGIT_ROWS};

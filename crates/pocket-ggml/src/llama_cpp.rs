@@ -285,6 +285,7 @@ impl LlamaCppSession {
             threads: config.threads,
             kv: config.kv,
             flash_attn: false,
+            n_seq: 1,
         };
         let ctx = LlamaContext::new(Arc::clone(&model.weights), &params)?;
         // What llama.cpp says it allocated replaces the prediction.

@@ -189,10 +189,11 @@ impl GgmlModel {
             n_ctx_train: hp.n_ctx_train,
             weights_bytes,
         };
+        let batch = shares_passes(&device, &weights, options.repack).then(Batcher::default);
         tracing::info!(
             model = %info.name, arch = %info.architecture, device = %device.name,
             mapped = weights.mapped_bytes, copied = weights.copied_bytes, format = %options.weights,
-            "loaded model"
+            shared_passes = batch.is_some(), "loaded model"
         );
         let (repack, format, attention) = (options.repack, options.weights, options.attention);
         let cache_key = match pocket_core::fingerprint(&[path]) {
@@ -210,7 +211,6 @@ impl GgmlModel {
                 None
             }
         };
-        let batch = shares_passes(&device, &weights, options.repack).then(Batcher::default);
         let inner = Inner {
             batch,
             weights,

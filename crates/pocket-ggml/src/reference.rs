@@ -9,6 +9,19 @@ use pocket_core::{KvType, Token};
 use crate::ffi::llama::{ContextParams, LlamaContext, LlamaWeights, Load};
 use crate::{Error, Result};
 
+/// One sequence of [`LlamaCpp::generate_together`]: its tokens, and when (from the start) its
+/// first token was chosen and its last one.
+#[derive(Debug, Clone, Default)]
+pub struct Together {
+    /// Generated tokens, the end token not included.
+    pub tokens: Vec<Token>,
+    /// When its first token was chosen.
+    pub first_at: std::time::Duration,
+    /// When its last kept token was chosen.
+    pub last_at: std::time::Duration,
+    sampled_at: std::time::Duration,
+}
+
 /// A llama.cpp model and context for one sequence, set up like our engine: same threads,
 /// flash attention, same KV type, weights memory-mapped with the same repacking.
 pub struct LlamaCpp {
@@ -34,9 +47,93 @@ impl LlamaCpp {
             .ok_or_else(|| Error::Ggml(format!("llama.cpp could not load {}", path.display())))?;
         // llama.cpp runs on the count it is given, as its programs do.
         let threads = pocket_core::Threads::Fixed(threads.max(1));
-        let params = ContextParams { n_ctx, n_batch, max_rows: n_batch, threads, kv, flash_attn: true };
+        let params =
+            ContextParams { n_ctx, n_batch, max_rows: n_batch, threads, kv, flash_attn: true, n_seq: 1 };
         let ctx = LlamaContext::new(Arc::new(weights), &params)?;
         Ok(LlamaCpp { ctx, n_past: 0, logits: Vec::new() })
+    }
+
+    /// As [`LlamaCpp::load`], for `n_seq` sequences of `n_ctx` tokens each that decode
+    /// together ([`LlamaCpp::generate_together`]), as llama.cpp's server batches its slots
+    /// (`-np`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn load_parallel(
+        path: &Path,
+        threads: usize,
+        n_ctx: usize,
+        n_batch: usize,
+        kv: KvType,
+        gpu: bool,
+        repack: bool,
+        n_seq: usize,
+    ) -> Result<Self> {
+        let weights = LlamaWeights::load(path, Load::Full { gpu, repack })
+            .ok_or_else(|| Error::Ggml(format!("llama.cpp could not load {}", path.display())))?;
+        let threads = pocket_core::Threads::Fixed(threads.max(1));
+        let n_seq = n_seq.max(1);
+        let n_batch = n_batch.max(n_seq);
+        let params = ContextParams {
+            n_ctx: n_ctx * n_seq,
+            n_batch,
+            max_rows: n_batch,
+            threads,
+            kv,
+            flash_attn: true,
+            n_seq,
+        };
+        let ctx = LlamaContext::new(Arc::new(weights), &params)?;
+        Ok(LlamaCpp { ctx, n_past: 0, logits: Vec::new() })
+    }
+
+    /// Greedy generation for every prompt at once, one sequence each (at most the context's
+    /// sequences): each prompt is read, then every step decodes the next token of every
+    /// sequence still going in one batch. A sequence stops at `is_end`, at its `max_tokens`,
+    /// or when its share of the context is full. The clock readings are from the start.
+    pub fn generate_together(
+        &mut self,
+        prompts: &[&[Token]],
+        max_tokens: &[usize],
+        n_ctx: usize,
+        is_end: &dyn Fn(Token) -> bool,
+    ) -> Result<Vec<Together>> {
+        self.clear();
+        let start = std::time::Instant::now();
+        let n_vocab = self.n_vocab();
+        let mut out: Vec<Together> = Vec::with_capacity(prompts.len());
+        let mut next = Vec::with_capacity(prompts.len());
+        for (seq, prompt) in prompts.iter().enumerate() {
+            self.logits.clear();
+            self.ctx.prefill_seq(prompt, seq, &mut self.logits)?;
+            next.push(pocket_core::argmax(&self.logits) as Token);
+            let at = start.elapsed();
+            out.push(Together { first_at: at, sampled_at: at, ..Together::default() });
+        }
+        let mut going: Vec<usize> = (0..prompts.len()).filter(|&s| max_tokens[s] > 0).collect();
+        loop {
+            // Take each going sequence's pending token; those that end stop here.
+            going.retain(|&s| {
+                let t = next[s];
+                if is_end(t) {
+                    return false;
+                }
+                out[s].tokens.push(t);
+                out[s].last_at = out[s].sampled_at;
+                out[s].tokens.len() < max_tokens[s] && prompts[s].len() + out[s].tokens.len() < n_ctx
+            });
+            if going.is_empty() {
+                break;
+            }
+            let items: Vec<(Token, usize, usize)> =
+                going.iter().map(|&s| (next[s], prompts[s].len() + out[s].tokens.len() - 1, s)).collect();
+            self.logits.clear();
+            self.ctx.decode_seqs(&items, &mut self.logits)?;
+            let now = start.elapsed();
+            for (row, &s) in going.iter().enumerate() {
+                next[s] = pocket_core::argmax(&self.logits[row * n_vocab..(row + 1) * n_vocab]) as Token;
+                out[s].sampled_at = now;
+            }
+        }
+        Ok(out)
     }
 
     /// Vocabulary size.

@@ -61,8 +61,14 @@ impl GgmlSession {
             kv.hold_whole()?;
         }
         let what = format!("the compute buffer of {name}");
-        let compute =
-            Compute::new(&model, config.threads, &[worst_pass(&model, &kv, &config)], Some(ledger), &what)?;
+        let compute = Compute::new(
+            &model,
+            config.threads,
+            1,
+            &[worst_pass(&model, &kv, &config)],
+            Some(ledger),
+            &what,
+        )?;
         let logits_reservation = ledger.reserve(0, &format!("the logits of {name}"))?;
         Ok(GgmlSession {
             model,
@@ -88,7 +94,7 @@ impl GgmlSession {
         let none = Ledger::unlimited().reserve(0, "measuring")?;
         let kv = KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx, capacity, none)?;
         let worst = worst_pass(model, &kv, &config);
-        Ok(Compute::new(model, config.threads, &[worst], None, "measuring")?.bytes())
+        Ok(Compute::new(model, config.threads, 1, &[worst], None, "measuring")?.bytes())
     }
 
     /// `config` as a session on `model` uses it: context within the training context, batch
@@ -143,6 +149,7 @@ impl GgmlSession {
             kv: Arc::clone(self.kv.layout()),
             plan: *plan,
             threads: self.config.threads,
+            priority: self.config.priority,
             tokens,
             pos0,
             shape,

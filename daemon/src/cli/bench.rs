@@ -91,6 +91,18 @@ pub struct Args {
     /// server started with `-c N` does.
     #[arg(short = 'c', long, value_name = "N")]
     ctx_size: Option<usize>,
+    /// Requests at once: the prompts in groups of N, each group run in every mode alone, one
+    /// request after another, and then all N at once (llama.cpp decoding them as N sequences
+    /// of one context, as its server's `-np N`; our modes as N sessions; `socket:` modes as N
+    /// clients): aggregate and per-request decode speed, time to first token, fastest over
+    /// slowest, and whether each request's tokens are its tokens alone.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    concurrent: u64,
+    /// N busy processes (shell loops, one core each) beside the measured runs, started after
+    /// the cost curve and warm-up and stopped at the end: how the modes do on a board whose
+    /// other programs want the cores.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=256))]
+    load: u64,
 }
 
 /// Run `pocket bench`.
@@ -180,6 +192,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.start = if args.warm { Start::Warm } else { Start::Cold };
     config.socket = args.socket.clone();
     config.conversation_mode = conversation_mode;
+    config.concurrent = args.concurrent as usize;
+    config.load = args.load as usize;
 
     let names: Vec<String> = config.modes.iter().map(RunMode::name).collect();
     if !workload.prompts.is_empty() {
@@ -272,6 +286,15 @@ fn show_progress(p: Progress<'_>) {
             t.ttft_ms,
             t.generated_tokens,
             t.decode_tok_per_s.map_or_else(|| "-".into(), |d| format!("{d:.1}")),
+        ),
+        Progress::Together { record: g } => eprintln!(
+            "together: {:<10} group {:>2}, {} requests: {:>6.1} tok/s in all ({:.2}x one alone), fastest/slowest {}",
+            g.mode,
+            g.group,
+            g.requests,
+            g.aggregate_decode_tok_per_s,
+            g.gain,
+            g.fairness.map_or_else(|| "-".into(), |f| format!("{f:.2}")),
         ),
         Progress::Run { index, of, record: r } => eprintln!(
             "[{index}/{of}] {:<10} {:<28} {:>4} prompt tok {:>7.1} tok/s prefill, {:>4} generated {:>6} tok/s decode{}",

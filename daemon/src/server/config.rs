@@ -43,6 +43,82 @@ impl<'de> Deserialize<'de> for SocketMode {
     }
 }
 
+/// How many requests generate at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Parallel {
+    /// As many as share a pass well on this device: from the default model's measured cost
+    /// curve (the most sessions whose shared pass still costs at most twice one session's),
+    /// [`Parallel::UNMEASURED`] until it is measured, 2 for a model whose sessions cannot
+    /// share passes.
+    #[default]
+    Auto,
+    /// Exactly this many (at least 1).
+    Fixed(usize),
+}
+
+impl Parallel {
+    /// `auto`'s count until the default model's cost curve is known.
+    pub const UNMEASURED: usize = 4;
+    /// The most `auto` picks: the most sessions one shared pass carries.
+    pub const MAX_AUTO: usize = 8;
+
+    /// The most requests that may ever generate at once with this setting.
+    pub fn most(self) -> usize {
+        match self {
+            Parallel::Auto => Parallel::MAX_AUTO,
+            Parallel::Fixed(n) => n,
+        }
+    }
+}
+
+impl std::fmt::Display for Parallel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Parallel::Auto => f.write_str("auto"),
+            Parallel::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Parallel {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "auto" => Ok(Parallel::Auto),
+            n => match n.parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(Parallel::Fixed(n)),
+                _ => Err(format!("parallel = {s:?}: use \"auto\" or a count of at least 1")),
+            },
+        }
+    }
+}
+
+impl Serialize for Parallel {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Parallel::Auto => s.serialize_str("auto"),
+            Parallel::Fixed(n) => s.serialize_u64(*n as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Parallel {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Count(i64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Count(n) => n.to_string().parse(),
+            Raw::Text(s) => s.parse(),
+        }
+        .map_err(serde::de::Error::custom)
+    }
+}
+
 /// Which D-Bus bus to serve on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -83,8 +159,10 @@ pub struct Config {
     /// by pass: affinity, cgroup quota, load, stragglers) or a fixed count. `0` is read as
     /// `"auto"`.
     pub threads: Threads,
-    /// Generations that run at once; more requests wait in the queue.
-    pub parallel: usize,
+    /// Requests that generate at once — sharing each forward pass where the model allows —
+    /// `"auto"` (from the default model's measured cost curve) or a count; more wait in the
+    /// queue, the highest `priority` first.
+    pub parallel: Parallel,
     /// Requests that may wait for a turn; more are refused with 429.
     pub queue: usize,
     /// Seconds a model stays loaded after its last request (0: unload at once; models are
@@ -143,7 +221,7 @@ impl Default for Config {
             default_model: pocket_models::default_model().to_owned(),
             memory_budget: BudgetSpec::Auto,
             threads: Threads::Auto,
-            parallel: 1,
+            parallel: Parallel::Auto,
             queue: 16,
             keep_alive_seconds: 300,
             max_tokens: 1024,
@@ -183,7 +261,6 @@ impl Config {
 
     /// Check what types alone do not: ranges, a TCP listener on loopback only.
     pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(self.parallel >= 1, "parallel must be at least 1");
         anyhow::ensure!(self.max_tokens >= 1, "max_tokens must be at least 1");
         anyhow::ensure!(self.ctx_size >= 16, "ctx_size must be at least 16 tokens, not {}", self.ctx_size);
         self.prompt_cache_disk_bytes()?;
@@ -250,6 +327,12 @@ pub struct Flags {
     /// Where kept conversations are written across unloads and restarts.
     #[arg(long, value_name = "DIR")]
     pub prompt_cache_dir: Option<PathBuf>,
+    /// CPU threads of each forward pass: `auto` or a count.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<Threads>,
+    /// Requests that generate at once: `auto` or a count.
+    #[arg(long, value_name = "N")]
+    pub parallel: Option<Parallel>,
 }
 
 impl Flags {
@@ -279,6 +362,12 @@ impl Flags {
         }
         if let Some(v) = &self.prompt_cache_dir {
             c.prompt_cache_dir = Some(v.clone());
+        }
+        if let Some(v) = self.threads {
+            c.threads = v;
+        }
+        if let Some(v) = self.parallel {
+            c.parallel = v;
         }
         c.validate()?;
         Ok(c)

@@ -167,6 +167,13 @@ pub(super) fn job(model: &str, prompt: &str, options: &Options, client: String) 
                     .ok_or_else(|| wrong(key, "a positive integer"))?;
                 o.max_tokens = Some(n as u32);
             }
+            "priority" => {
+                let p = integer(v)
+                    .filter(|n| (i32::MIN as i128..=i32::MAX as i128).contains(n))
+                    .ok_or_else(|| wrong(key, "an integer"))? as i32;
+                super::scheduler::check_priority(p)?;
+                o.priority = p;
+            }
             "top_k" => {
                 o.sampling.top_k =
                     integer(v).filter(|n| *n >= 0).ok_or_else(|| wrong(key, "an integer ≥ 0"))? as usize
@@ -263,7 +270,7 @@ pub(super) fn job(model: &str, prompt: &str, options: &Options, client: String) 
                     format!(
                         "unknown option {other:?}; known: max_tokens, temperature, top_p, top_k, seed, stop, \
                          presence_penalty, frequency_penalty, repetition_penalty, json_schema, json_object, grammar, \
-                         tools, tool_choice, spec, draft_model, kv, chat, system, history, cache_key, cache_prompt"
+                         tools, tool_choice, spec, draft_model, kv, chat, system, history, cache_key, cache_prompt, priority"
                     ),
                 ));
             }
@@ -294,6 +301,7 @@ fn stats(f: &Finished) -> HashMap<String, OwnedVariant> {
     m.insert("prefill_ms".into(), OwnedVariant::from(f.timings.prefill_ms));
     m.insert("cached_tokens".into(), OwnedVariant::from(f.timings.cached_tokens));
     m.insert("decode_tok_per_s".into(), OwnedVariant::from(f.timings.decode_tok_per_s));
+    m.insert("threads".into(), OwnedVariant::from(f.timings.threads));
     m.insert("drafted".into(), OwnedVariant::from(f.timings.drafted));
     m.insert("accepted".into(), OwnedVariant::from(f.timings.accepted));
     m.insert("queued_ms".into(), OwnedVariant::from(f.timings.queued_ms));

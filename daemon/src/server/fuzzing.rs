@@ -63,6 +63,7 @@ const REQUEST_FIELDS: &[&str] = &[
     "prompt_cache_key",
     "user",
     "cache_prompt",
+    "priority",
     "response_format",
     "grammar",
     "tools",
@@ -212,6 +213,7 @@ const DBUS_OPTIONS: &[&str] = &[
     "history",
     "cache_key",
     "cache_prompt",
+    "priority",
     "colour",
 ];
 

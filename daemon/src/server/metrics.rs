@@ -162,6 +162,44 @@ impl Metrics {
         );
         metric("pocketd_sessions", "gauge", "Requests generating now.", &[("", scheduler.active() as f64)]);
         metric("pocketd_queued", "gauge", "Requests waiting for a turn.", &[("", scheduler.queued() as f64)]);
+        metric(
+            "pocketd_parallel",
+            "gauge",
+            "Requests that may generate at once now.",
+            &[("", scheduler.parallel() as f64)],
+        );
+        let status = scheduler.status();
+        let shared: Vec<(String, pocket_core::SharedPasses)> =
+            status.loaded.iter().filter_map(|m| Some((m.name.clone(), m.shared_passes?))).collect();
+        let samples =
+            |f: &dyn Fn(&pocket_core::SharedPasses) -> Vec<(&'static str, u64)>| -> Vec<(String, f64)> {
+                shared
+                    .iter()
+                    .flat_map(|(name, s)| {
+                        f(s).into_iter().map(move |(kind, v)| {
+                            let kind =
+                                if kind.is_empty() { String::new() } else { format!(",kind=\"{kind}\"") };
+                            (format!("{{model=\"{name}\"{kind}}}"), v as f64)
+                        })
+                    })
+                    .collect()
+            };
+        let passes = samples(&|s| vec![("alone", s.passes - s.shared), ("shared", s.shared)]);
+        let passes: Vec<(&str, f64)> = passes.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        metric(
+            "pocketd_passes_total",
+            "counter",
+            "Forward passes of loaded models whose requests share passes, alone or shared.",
+            &passes,
+        );
+        let jobs = samples(&|s| vec![("", s.jobs)]);
+        let jobs: Vec<(&str, f64)> = jobs.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        metric(
+            "pocketd_shared_pass_requests_total",
+            "counter",
+            "Requests' passes carried by shared passes (per shared pass: this over the shared passes).",
+            &jobs,
+        );
         let cpu = scheduler.cpu();
         metric(
             "pocketd_threads",

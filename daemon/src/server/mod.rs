@@ -20,6 +20,7 @@ pub mod listen;
 pub mod metrics;
 pub mod registry;
 pub mod scheduler;
+pub mod turns;
 
 pub use config::{Bus, Config, DEFAULT_CONFIG_PATH};
 

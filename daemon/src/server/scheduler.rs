@@ -1,8 +1,10 @@
 //! The scheduler: both transports hand it a [`Job`] and get a [`Running`] generation back
 //! (or an error before anything was generated, so that HTTP can still choose the status).
 //!
-//! Admission is two semaphores: `parallel + queue` places (past them, 429) and `parallel`
-//! turns. A request with a turn gets its model (loaded on demand) and is prepared by the
+//! Admission is a semaphore of `parallel + queue` places (past them, 429) and `parallel`
+//! turns, handed out by priority, then arrival ([`super::turns`]). Requests with a turn
+//! generate at once, sharing each forward pass where the model allows (its engine batches
+//! them). A request with a turn gets its model (loaded on demand) and is prepared by the
 //! request pipeline ([`pocket_runtime::pipeline`]): rendered, tokenized and planned under what
 //! the budget has free; when the plan does not fit, idle models are unloaded (least recently
 //! used first) and, while other sessions run, it waits for one to end; when nothing else can
@@ -36,11 +38,12 @@ use pocket_runtime::tools::{ToolChoice, Tools};
 use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine, PromptCache};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
-use super::config::Config;
+use super::config::{Config, Parallel};
 use super::error::ServeError;
 use super::learner::Learner;
 use super::metrics::Metrics;
 use super::registry::{Registry, ServedModel};
+use super::turns::{Turn, Turns};
 
 /// What to generate from: chat messages or text (what the pipeline takes).
 pub use pocket_runtime::pipeline::Input;
@@ -74,7 +77,12 @@ pub struct JobOptions {
     pub tools: Tools,
     /// Return each token's log-probability with this many alternatives.
     pub logprobs: Option<usize>,
+    /// Lower is sooner: the queue's order, and the order rows go into a full shared pass.
+    pub priority: i32,
 }
+
+/// The priorities a request may ask for (vLLM's `priority`: lower is sooner, 0 by default).
+pub const PRIORITIES: std::ops::RangeInclusive<i32> = -100..=100;
 
 impl Default for JobOptions {
     fn default() -> Self {
@@ -91,6 +99,7 @@ impl Default for JobOptions {
             grammar: None,
             tools: Tools::default(),
             logprobs: None,
+            priority: 0,
         }
     }
 }
@@ -201,6 +210,8 @@ impl JobOptions {
         if o.top_logprobs.is_some() && logprobs.is_none() {
             return Err(ServeError::invalid("top_logprobs", "top_logprobs needs logprobs = true"));
         }
+        let priority = o.priority.unwrap_or(0);
+        check_priority(priority)?;
         Ok(JobOptions {
             max_tokens: o.max_tokens,
             sampling,
@@ -214,8 +225,36 @@ impl JobOptions {
             grammar,
             tools,
             logprobs: logprobs.map(|n| n as usize),
+            priority,
         })
     }
+}
+
+/// A priority in [`PRIORITIES`], or the 400 that says so.
+pub fn check_priority(priority: i32) -> Result<(), ServeError> {
+    if PRIORITIES.contains(&priority) {
+        return Ok(());
+    }
+    Err(ServeError::invalid(
+        "priority",
+        format!(
+            "priority = {priority}: from {} to {}, lower is served sooner (0 by default)",
+            PRIORITIES.start(),
+            PRIORITIES.end()
+        ),
+    ))
+}
+
+/// Sessions at once, for `parallel = "auto"`, from a model's cost curve (a pass of `n` rows
+/// against one): the count whose shared pass gives the most tokens per second in all while it
+/// costs at most twice a pass of one (each request keeps at least half its speed alone), from 2
+/// to [`Parallel::MAX_AUTO`].
+pub fn parallel_from_curve(curve: &[pocket_core::cost::CostPoint]) -> usize {
+    curve
+        .iter()
+        .filter(|p| (2..=Parallel::MAX_AUTO).contains(&p.n) && p.relative > 0.0 && p.relative <= 2.0)
+        .max_by(|a, b| (a.n as f64 / a.relative).total_cmp(&(b.n as f64 / b.relative)))
+        .map_or(2, |p| p.n)
 }
 
 /// The most alternatives `top_logprobs` (or a completion's `logprobs`) may ask for, as OpenAI.
@@ -399,8 +438,10 @@ pub struct Scheduler {
     ledger: Ledger,
     _process: Option<Reservation>,
     places: Arc<Semaphore>,
-    turns: Arc<Semaphore>,
+    turns: Arc<Turns>,
     queued: AtomicUsize,
+    /// Requests with a turn waiting for other requests to give memory back.
+    waiting_for_memory: AtomicUsize,
     sessions: Mutex<BTreeMap<String, SessionEntry>>,
     next_id: AtomicU64,
     session_ended: Notify,
@@ -424,6 +465,9 @@ pub struct Scheduler {
 /// How long a request whose plan does not fit waits for running sessions to give memory
 /// back before it is refused.
 const MEMORY_WAIT: Duration = Duration::from_secs(30);
+
+/// While it waits, how often it looks again.
+const MEMORY_RECHECK: Duration = Duration::from_millis(200);
 
 impl Scheduler {
     /// A scheduler for `config`: its budget's ledger is made now, with this process's own
@@ -449,13 +493,17 @@ impl Scheduler {
         );
         let threads = config.threads;
         Ok(Arc::new(Scheduler {
-            places: Arc::new(Semaphore::new(config.parallel + config.queue)),
-            turns: Arc::new(Semaphore::new(config.parallel)),
+            places: Arc::new(Semaphore::new(config.parallel.most() + config.queue)),
+            turns: Turns::new(match config.parallel {
+                Parallel::Auto => Parallel::UNMEASURED,
+                Parallel::Fixed(n) => n,
+            }),
             config,
             registry,
             ledger,
             _process: process,
             queued: AtomicUsize::new(0),
+            waiting_for_memory: AtomicUsize::new(0),
             sessions: Mutex::new(BTreeMap::new()),
             next_id: AtomicU64::new(1),
             session_ended: Notify::new(),
@@ -513,6 +561,35 @@ impl Scheduler {
     /// The daemon's budget.
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+
+    /// With `parallel = "auto"`: make the turns what the default model's measured cost curve
+    /// says ([`parallel_from_curve`]), when it is loaded; [`Parallel::UNMEASURED`] until its
+    /// curve is measured, and 2 where its sessions cannot share passes (they then split the
+    /// cores, and two at once only lets a short request start beside a long one).
+    fn follow_parallel(&self) {
+        if self.config.parallel != Parallel::Auto {
+            return;
+        }
+        let loaded = self.registry.loaded();
+        let Some((m, _)) = loaded.iter().find(|(m, _)| m.name == self.config.default_model) else { return };
+        let n = match m.model.model().shared_passes() {
+            None => 2,
+            Some(_) => m
+                .model
+                .knowledge()
+                .cost_curve(self.threads.max(), self.config.kv)
+                .map_or(Parallel::UNMEASURED, |c| parallel_from_curve(&c)),
+        };
+        if n != self.turns.capacity() {
+            tracing::info!(parallel = n, model = %m.name, "requests that generate at once");
+            self.turns.set_capacity(n);
+        }
+    }
+
+    /// Requests that may generate at once now.
+    pub fn parallel(&self) -> usize {
+        self.turns.capacity()
     }
 
     /// Requests generating now.
@@ -575,6 +652,7 @@ impl Scheduler {
                     &m.model,
                     &TuneSettings::new(self.threads.max(), self.config.kv),
                 )),
+                shared_passes: m.model.model().shared_passes(),
             })
             .collect();
         let sessions = self
@@ -625,6 +703,7 @@ impl Scheduler {
             sessions,
             queued: self.queued(),
             queue_capacity: self.config.queue,
+            parallel: Some(self.parallel()),
             threads: Some(self.cpu().threads),
             cpu: Some(self.cpu()),
             learning: self.learner.doing(),
@@ -691,13 +770,14 @@ impl Scheduler {
             .places
             .clone()
             .try_acquire_owned()
-            .map_err(|_| ServeError::QueueFull(self.config.parallel + self.config.queue))?;
+            .map_err(|_| ServeError::QueueFull(self.config.parallel.most() + self.config.queue))?;
         let queued_at = Instant::now();
+        self.follow_parallel();
         let turn = {
             let _waiting = Counted::new(&self.queued);
             let stopping = self.stopping_notify.notified();
             tokio::select! {
-                t = self.turns.clone().acquire_owned() => t.map_err(|_| ServeError::ShuttingDown)?,
+                t = self.turns.acquire(job.options.priority) => t,
                 _ = stopping => return Err(ServeError::ShuttingDown),
             }
         };
@@ -719,6 +799,7 @@ impl Scheduler {
                 kv,
                 n_ctx: self.config.ctx_size,
                 threads: self.threads,
+                priority: job.options.priority,
                 ..SessionConfig::default()
             },
             max_draft: DEFAULT_MAX_DRAFT,
@@ -750,11 +831,21 @@ impl Scheduler {
                     if self.registry.evict_parked() || self.registry.evict_idle(&keep) {
                         continue;
                     }
+                    // Memory comes back when another request with a turn ends — unless every
+                    // other one is itself waiting for memory.
                     let ended = self.session_ended.notified();
-                    if self.active() == 0 || Instant::now() >= deadline {
+                    let waiting = self.waiting_for_memory.load(Ordering::SeqCst);
+                    let others = self.turns.held().saturating_sub(1 + waiting);
+                    if others == 0 || Instant::now() >= deadline {
                         return Err(e);
                     }
-                    let _ = tokio::time::timeout_at(deadline.into(), ended).await;
+                    let _waiting = Counted::new(&self.waiting_for_memory);
+                    // Requests that end before they start do not say so: look again soon.
+                    let _ = tokio::time::timeout(
+                        MEMORY_RECHECK.min(deadline.saturating_duration_since(Instant::now())),
+                        ended,
+                    )
+                    .await;
                 }
                 Err(e) => return Err(e),
             }
@@ -1056,7 +1147,7 @@ struct GenerationContext {
     cancel: Arc<AtomicBool>,
     queued_seconds: f64,
     /// Held until the generation ends.
-    permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    permits: (OwnedSemaphorePermit, Turn),
     /// Held until the generation ends: the learner stays away meanwhile.
     _arrival: InFlight,
 }
@@ -1079,5 +1170,38 @@ impl<'a> Counted<'a> {
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pocket_core::cost::CostPoint;
+
+    use super::*;
+
+    fn curve(points: &[(usize, f64)]) -> Vec<CostPoint> {
+        points.iter().map(|&(n, relative)| CostPoint { n, seconds: relative / 100.0, relative }).collect()
+    }
+
+    #[test]
+    fn parallel_follows_the_cost_curve() {
+        // Qwen2.5-Coder-0.5B on a 2-core CPU: 6 rows cost 1.75 passes of one, 7 more than two.
+        let qwen =
+            curve(&[(1, 1.0), (2, 1.12), (3, 1.38), (4, 1.36), (5, 1.6), (6, 1.75), (7, 2.01), (8, 2.42)]);
+        assert_eq!(parallel_from_curve(&qwen), 6);
+        // A GPU's flat curve: as many as a shared pass carries.
+        let flat = curve(&[(1, 1.0), (2, 1.01), (4, 1.03), (8, 1.1), (16, 1.4)]);
+        assert_eq!(parallel_from_curve(&flat), Parallel::MAX_AUTO);
+        // Nothing to share: two, so that a short request can start beside a long one.
+        let steep = curve(&[(1, 1.0), (2, 2.0), (4, 4.0)]);
+        assert_eq!(parallel_from_curve(&steep), 2);
+        assert_eq!(parallel_from_curve(&[]), 2);
+    }
+
+    #[test]
+    fn priorities_are_checked() {
+        assert!(check_priority(0).is_ok() && check_priority(-100).is_ok() && check_priority(100).is_ok());
+        let e = check_priority(101).unwrap_err().to_string();
+        assert!(e.contains("priority = 101") && e.contains("lower is served sooner"), "{e}");
     }
 }

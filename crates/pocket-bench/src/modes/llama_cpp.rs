@@ -21,9 +21,15 @@ use crate::Error;
 /// sit behind the `Session` trait and run `generate` itself.)
 pub struct LlamaCppRunner {
     llama: LlamaCpp,
+    /// For requests at once: a context of as many sequences, made when first needed (and
+    /// again for another count).
+    parallel: Option<(usize, LlamaCpp)>,
     /// Our engine's model, for its tokenizer: end tokens and pieces as in `vanilla`.
     model: Arc<LoadedModel>,
     n_ctx: usize,
+    n_batch: usize,
+    threads: usize,
+    kv: pocket_core::KvType,
     kv_bytes_per_token: u64,
 }
 
@@ -51,9 +57,13 @@ impl LlamaCppRunner {
         .map_err(pocket_runtime::Error::from)?;
         Ok(LlamaCppRunner {
             llama,
+            parallel: None,
             kv_bytes_per_token: cx.model.kv_bytes_per_token(s)?,
             model: cx.model.clone(),
             n_ctx: s.n_ctx,
+            n_batch: s.n_batch,
+            threads: s.threads.max(),
+            kv: s.kv,
         })
     }
 }
@@ -112,5 +122,43 @@ impl Runner for LlamaCppRunner {
             generation_memory_bytes: self.n_ctx as u64 * self.kv_bytes_per_token,
             ..RunOutput::default()
         })
+    }
+
+    /// Every prompt in a sequence of its own in one llama.cpp context, their next tokens
+    /// decoded together step by step: what llama.cpp's server does with `-np N` slots.
+    fn run_concurrent(&mut self, prompts: &[PromptRun<'_>]) -> Result<Vec<RunOutput>, Error> {
+        let n = prompts.len();
+        if self.parallel.as_ref().is_none_or(|(k, _)| *k != n) {
+            self.parallel = None; // one such context at a time
+            let llama = LlamaCpp::load_parallel(
+                self.model.path(),
+                self.threads,
+                self.n_ctx,
+                self.n_batch,
+                self.kv,
+                self.model.on_gpu(),
+                true,
+                n,
+            )
+            .map_err(pocket_runtime::Error::from)?;
+            self.parallel = Some((n, llama));
+        }
+        let (_, llama) = self.parallel.as_mut().expect("made just above");
+        let tokenizer = self.model.model().tokenizer();
+        let tokens: Vec<&[pocket_core::Token]> = prompts.iter().map(|p| p.tokens).collect();
+        let max_tokens: Vec<usize> = prompts.iter().map(|p| p.max_tokens).collect();
+        let together = llama
+            .generate_together(&tokens, &max_tokens, self.n_ctx, &|t| tokenizer.is_end(t))
+            .map_err(pocket_runtime::Error::from)?;
+        Ok(together
+            .into_iter()
+            .map(|t| RunOutput {
+                prefill_seconds: t.first_at.as_secs_f64(),
+                decode_seconds: t.last_at.saturating_sub(t.first_at).as_secs_f64(),
+                tokens: t.tokens,
+                generation_memory_bytes: self.n_ctx as u64 * self.kv_bytes_per_token,
+                ..RunOutput::default()
+            })
+            .collect())
     }
 }

@@ -306,6 +306,13 @@ pub trait Runner {
     /// Generate greedily from `prompt`, at most `prompt.max_tokens` tokens, stopping early at
     /// an end token.
     fn run(&mut self, prompt: &PromptRun<'_>) -> Result<RunOutput, Error>;
+
+    /// [`Runner::run`] for every prompt at once, as that many clients asking together would:
+    /// each output's prefill is its time from the common start to its first token.
+    fn run_concurrent(&mut self, prompts: &[PromptRun<'_>]) -> Result<Vec<RunOutput>, Error> {
+        let _ = prompts;
+        Err(Error::Invalid(format!("mode {} does not run requests at once", self.name())))
+    }
 }
 
 /// What every runner is built from: our engine's model (its tokenizer decides end tokens

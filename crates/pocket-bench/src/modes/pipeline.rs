@@ -74,6 +74,37 @@ impl Runner for PipelineRunner {
 
     fn run(&mut self, prompt: &PromptRun<'_>) -> Result<RunOutput, Error> {
         self.ledger.reset_peak();
+        self.run_one(prompt)
+    }
+
+    /// Every prompt on a thread of its own, started together: sessions of a model that
+    /// shares passes share them.
+    fn run_concurrent(&mut self, prompts: &[PromptRun<'_>]) -> Result<Vec<RunOutput>, Error> {
+        self.ledger.reset_peak();
+        let start = std::time::Instant::now();
+        let this = &*self;
+        std::thread::scope(|scope| {
+            let runs: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    scope.spawn(move || {
+                        let begun = start.elapsed().as_secs_f64();
+                        this.run_one(p).map(|mut out| {
+                            // The time to the first token counts from the common start.
+                            out.prefill_seconds += begun;
+                            out
+                        })
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|r| r.join().expect("a request's thread")).collect()
+        })
+    }
+}
+
+impl PipelineRunner {
+    /// One prompt through the pipeline, as [`Runner::run`] describes.
+    fn run_one(&self, prompt: &PromptRun<'_>) -> Result<RunOutput, Error> {
         let request = Request {
             input: Input::Tokens(prompt.tokens.to_vec()),
             sampling: SamplingConfig::default(),

@@ -141,30 +141,42 @@ pub(crate) fn stream(
     path: &str,
     body: &serde_json::Value,
 ) -> Result<Streamed, Error> {
+    runtime.block_on(stream_from(client, path, body, Instant::now()))
+}
+
+/// [`stream`] as a future, its times counted from `start` (several requests sent at once
+/// share it).
+pub(crate) async fn stream_from(
+    client: &Client,
+    path: &str,
+    body: &serde_json::Value,
+    start: Instant,
+) -> Result<Streamed, Error> {
     let (mut first, mut last) = (None, None);
     let mut end: Option<Chunk> = None;
     let mut all_text = String::new();
-    let start = Instant::now();
-    runtime.block_on(client.stream(path, body, &mut |data| {
-        let chunk: Chunk = serde_json::from_str(data)?;
-        if let Some(e) = &chunk.error {
-            return Err(format!("pocketd failed mid-stream: {}", e.message).into());
-        }
-        let text = chunk
-            .choices
-            .first()
-            .and_then(|c| c.delta.as_ref().and_then(|d| d.content.as_deref()).or(c.text.as_deref()));
-        if let Some(text) = text.filter(|t| !t.is_empty()) {
-            let now = Instant::now();
-            first.get_or_insert(now);
-            last = Some(now);
-            all_text.push_str(text);
-        }
-        if chunk.timings.is_some() {
-            end = Some(chunk);
-        }
-        Ok(())
-    }))?;
+    client
+        .stream(path, body, &mut |data| {
+            let chunk: Chunk = serde_json::from_str(data)?;
+            if let Some(e) = &chunk.error {
+                return Err(format!("pocketd failed mid-stream: {}", e.message).into());
+            }
+            let text = chunk
+                .choices
+                .first()
+                .and_then(|c| c.delta.as_ref().and_then(|d| d.content.as_deref()).or(c.text.as_deref()));
+            if let Some(text) = text.filter(|t| !t.is_empty()) {
+                let now = Instant::now();
+                first.get_or_insert(now);
+                last = Some(now);
+                all_text.push_str(text);
+            }
+            if chunk.timings.is_some() {
+                end = Some(chunk);
+            }
+            Ok(())
+        })
+        .await?;
     let total_seconds = start.elapsed().as_secs_f64();
     let end = end.ok_or_else(|| Error::Invalid("pocketd's stream ended without its statistics".into()))?;
     let tokens = end.tokens.ok_or_else(|| {
@@ -229,6 +241,26 @@ impl Runner for SocketRunner {
     }
 
     fn run(&mut self, prompt: &PromptRun<'_>) -> Result<RunOutput, Error> {
+        let (path, body) = self.request(prompt)?;
+        let streamed = stream(&self.runtime, &self.client, path, &body)?;
+        Ok(self.output(streamed))
+    }
+
+    /// All `prompts` sent at once, each on a connection of its own, as several apps would.
+    fn run_concurrent(&mut self, prompts: &[PromptRun<'_>]) -> Result<Vec<RunOutput>, Error> {
+        let requests = prompts.iter().map(|p| self.request(p)).collect::<Result<Vec<_>, _>>()?;
+        let start = Instant::now();
+        let client = &self.client;
+        let streamed = self.runtime.block_on(futures_util::future::join_all(
+            requests.iter().map(|(path, body)| stream_from(client, path, body, start)),
+        ));
+        streamed.into_iter().map(|s| s.map(|s| self.output(s))).collect()
+    }
+}
+
+impl SocketRunner {
+    /// The request for `prompt`: where it goes and its body.
+    fn request(&self, prompt: &PromptRun<'_>) -> Result<(&'static str, serde_json::Value), Error> {
         let options = GenerationOptions {
             max_tokens: Some(u32::try_from(prompt.max_tokens).unwrap_or(u32::MAX)),
             temperature: Some(0.0),
@@ -256,9 +288,13 @@ impl Runner for SocketRunner {
             }
         };
         let body = body.map_err(|e| Error::Invalid(format!("cannot encode the request: {e}")))?;
-        let streamed = stream(&self.runtime, &self.client, path, &body)?;
+        Ok((path, body))
+    }
+
+    /// What a streamed answer says, as a run's output.
+    fn output(&self, streamed: Streamed) -> RunOutput {
         let Streamed { tokens, timings, first_text_seconds, decode_seconds, .. } = streamed;
-        Ok(RunOutput {
+        RunOutput {
             tokens,
             prefill_seconds: first_text_seconds.unwrap_or(0.0),
             decode_seconds,
@@ -268,6 +304,6 @@ impl Runner for SocketRunner {
             drafter: timings.drafter,
             generation_memory_bytes: timings.peak_bytes,
             plan: None,
-        })
+        }
     }
 }

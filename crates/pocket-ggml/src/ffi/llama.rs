@@ -131,6 +131,9 @@ pub(crate) struct ContextParams {
     pub kv: KvType,
     /// Flash attention on (as our graph computes it) rather than llama.cpp's choice.
     pub flash_attn: bool,
+    /// Sequences the context holds (as llama.cpp's server's `-np` slots): each its own part of
+    /// the cache, `n_ctx / n_seq` tokens.
+    pub n_seq: usize,
 }
 
 /// The buffers llama.cpp allocated for a context, as it reported them.
@@ -223,7 +226,9 @@ impl LlamaContext {
             p.n_ctx = params.n_ctx as u32;
             p.n_batch = n_batch as u32;
             p.n_ubatch = n_batch as u32;
-            p.n_seq_max = 1;
+            p.n_seq_max = params.n_seq.max(1) as u32;
+            // One cache per sequence, as the server's slots that share no prefix.
+            p.kv_unified = params.n_seq <= 1;
             p.n_outputs_max = params.max_rows.clamp(1, n_batch) as u32;
             p.n_threads = max as i32;
             p.n_threads_batch = max as i32;
@@ -347,6 +352,91 @@ impl LlamaContext {
                 }
                 out.extend_from_slice(std::slice::from_raw_parts(row, self.n_vocab));
             }
+        }
+        Ok(())
+    }
+
+    /// Decode one token for each of several sequences (`(token, position, sequence)`) in one
+    /// batch, appending every row's logits to `out`; returns the CPU threads it ran on.
+    pub(crate) fn decode_seqs(
+        &mut self,
+        items: &[(Token, usize, usize)],
+        out: &mut Vec<f32>,
+    ) -> Result<usize> {
+        assert!(!items.is_empty() && items.len() <= self.n_batch, "a batch of 1..=n_batch tokens");
+        let pass = governor().begin(self.threads, self.pools.max());
+        let threads = pass.threads();
+        let result = self.attach(threads).and_then(|()| {
+            // SAFETY: the attached pool has `threads` threads; the batch was made for n_batch
+            // tokens with one sequence id each and items.len() is at most that; every row is
+            // flagged for output and read back, n_vocab each.
+            unsafe {
+                sys::llama_set_n_threads(self.ctx.as_ptr(), threads as i32, threads as i32);
+                let b = &mut self.batch;
+                b.n_tokens = items.len() as i32;
+                for (i, &(t, pos, seq)) in items.iter().enumerate() {
+                    *b.token.add(i) = t as sys::llama_token;
+                    *b.pos.add(i) = pos as i32;
+                    *b.n_seq_id.add(i) = 1;
+                    *(*b.seq_id.add(i)) = seq as i32;
+                    *b.logits.add(i) = 1;
+                }
+                let rc = sys::llama_decode(self.ctx.as_ptr(), *b);
+                if rc != 0 {
+                    return Err(Error::Ggml(format!("llama_decode failed ({rc})")));
+                }
+                for i in 0..items.len() {
+                    let row = sys::llama_get_logits_ith(self.ctx.as_ptr(), i as i32);
+                    if row.is_null() {
+                        return Err(Error::Ggml("llama.cpp returned no logits".into()));
+                    }
+                    out.extend_from_slice(std::slice::from_raw_parts(row, self.n_vocab));
+                }
+            }
+            Ok(())
+        });
+        governor().end(pass);
+        result.map(|()| threads)
+    }
+
+    /// Decode `tokens` of sequence `seq` at positions `pos0..`, appending the last row's
+    /// logits to `out` (a prompt, in chunks of [`Self::n_batch`]).
+    pub(crate) fn prefill_seq(&mut self, tokens: &[Token], seq: usize, out: &mut Vec<f32>) -> Result<()> {
+        let n = self.n_batch;
+        for (i, chunk) in tokens.chunks(n).enumerate() {
+            let last = (i + 1) * n >= tokens.len();
+            let pass = governor().begin(self.threads, self.pools.max());
+            let threads = pass.threads();
+            let result = self.attach(threads).and_then(|()| {
+                // SAFETY: as in `decode_seqs`; only the last row of the last chunk is flagged
+                // for output, and read back.
+                unsafe {
+                    sys::llama_set_n_threads(self.ctx.as_ptr(), threads as i32, threads as i32);
+                    let b = &mut self.batch;
+                    b.n_tokens = chunk.len() as i32;
+                    for (j, &t) in chunk.iter().enumerate() {
+                        *b.token.add(j) = t as sys::llama_token;
+                        *b.pos.add(j) = (i * n + j) as i32;
+                        *b.n_seq_id.add(j) = 1;
+                        *(*b.seq_id.add(j)) = seq as i32;
+                        *b.logits.add(j) = (last && j + 1 == chunk.len()) as i8;
+                    }
+                    let rc = sys::llama_decode(self.ctx.as_ptr(), *b);
+                    if rc != 0 {
+                        return Err(Error::Ggml(format!("llama_decode failed ({rc})")));
+                    }
+                    if last {
+                        let row = sys::llama_get_logits_ith(self.ctx.as_ptr(), chunk.len() as i32 - 1);
+                        if row.is_null() {
+                            return Err(Error::Ggml("llama.cpp returned no logits".into()));
+                        }
+                        out.extend_from_slice(std::slice::from_raw_parts(row, self.n_vocab));
+                    }
+                }
+                Ok(())
+            });
+            governor().end(pass);
+            result?;
         }
         Ok(())
     }

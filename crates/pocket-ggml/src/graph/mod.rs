@@ -27,9 +27,11 @@ use crate::kv::KvLayout;
 use crate::model::AttentionKernel;
 use crate::weights::Weights;
 
-/// Nodes a graph may hold: about 30 per layer, with room to spare.
-pub(crate) fn graph_nodes(hp: &Hparams) -> usize {
-    (64 * hp.n_layer + 256).next_power_of_two()
+/// Nodes (and leaves) a graph of up to `segments` segments may hold: about 30 per layer, with
+/// room to spare, and up to 30 more per layer for each segment after the first (its views of
+/// Q, K and V, rotations, cache writes, attention, the join).
+pub(crate) fn graph_nodes(hp: &Hparams, segments: usize) -> usize {
+    ((64 + 32 * segments.saturating_sub(1)) * hp.n_layer + 256).next_power_of_two()
 }
 
 /// Attention reads the cache in lengths padded to this many positions (masked past the tokens
