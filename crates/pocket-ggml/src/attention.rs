@@ -34,6 +34,7 @@ use std::sync::OnceLock;
 
 use llama_cpp_sys_2 as sys;
 
+use crate::ffi::chunks::Chunks;
 use crate::ffi::graph::{Ctx, Tensor};
 use crate::kv::KvLayout;
 
@@ -118,10 +119,11 @@ pub(crate) fn kernel_for(host_memory: bool, head_dim: usize) -> Option<Kernel> {
 pub(crate) fn attend(ctx: &Ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: f32) -> Tensor {
     debug_assert!(q.ne()[1] % k.ne()[1] == 0 && k.ty() == sys::GGML_TYPE_F16);
     let ne = [q.ne()[0] * q.ne()[1], q.ne()[2], 1, 1];
-    // The scale travels in the op's user data, as its bits: nothing to keep alive.
-    let userdata = scale.to_bits() as usize as *mut c_void;
+    // The scale travels with the node's chunk counter, as its bits.
+    let userdata = ctx.chunks(u64::from(scale.to_bits()));
     // SAFETY: `compute` reads sources of exactly these shapes (documented above, checked by
-    // `applies` and the graph) and writes disjoint rows of the destination from each thread.
+    // `applies` and the graph) and the graph's chunks for the node; each chunk of query rows is
+    // claimed by one thread, which writes those rows of the destination.
     unsafe { ctx.custom(sys::GGML_TYPE_F32, ne, &[q, k, v, mask], Some(compute), userdata) }
 }
 
@@ -161,23 +163,29 @@ struct Query {
     limit: usize,
 }
 
-unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
-    let scale = f32::from_bits(userdata as usize as u32);
+unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
+    // SAFETY: the graph's chunk counter for this node (`attend`).
+    let chunks = unsafe { &*userdata.cast::<Chunks>() };
+    let scale = f32::from_bits(chunks.data as u32);
     if let Some(kernel) = kernel() {
         // SAFETY: ggml calls this with the tensor `attend` built, its sources and destination
         // allocated.
-        unsafe { compute_with(kernel, dst, ith, nth, scale) }
+        unsafe { compute_with(kernel, dst, chunks, nth, scale) }
     }
 }
 
-/// The op's body on thread `ith` of `nth`, with `kernel`.
+/// Chunks of query rows per thread: a late thread's rows are taken by the others.
+const CHUNKS_PER_THREAD: usize = 2;
+
+/// The op's body on one of `nth` threads, with `kernel`: chunks of query rows, claimed one
+/// after another.
 ///
 /// # Safety
-/// `dst` is the tensor [`attend`] built, its sources and destination allocated; the CPU has
-/// `kernel`'s instructions.
-unsafe fn compute_with(kernel: Kernel, dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, scale: f32) {
-    // SAFETY: by the caller; threads write disjoint rows of dst (each (token, head) belongs
-    // to one).
+/// `dst` is the tensor [`attend`] built, its sources and destination allocated, and `chunks`
+/// its counter; the CPU has `kernel`'s instructions.
+unsafe fn compute_with(kernel: Kernel, dst: *mut sys::ggml_tensor, chunks: &Chunks, nth: c_int, scale: f32) {
+    // SAFETY: by the caller; each chunk of (token, head) rows is claimed by one thread, which
+    // alone writes them.
     unsafe {
         let (q, k, v, mask) = (&*(*dst).src[0], &*(*dst).src[1], &*(*dst).src[2], &*(*dst).src[3]);
         let shape = Shape {
@@ -191,8 +199,7 @@ unsafe fn compute_with(kernel: Kernel, dst: *mut sys::ggml_tensor, ith: c_int, n
         let group = shape.n_head / shape.n_head_kv;
         // Queries in order of KV head, so that a thread's share is a few runs over one head.
         let total = shape.n_head * shape.n_tokens;
-        let (nth, ith) = (nth.max(1) as usize, ith as usize);
-        let (i0, i1) = (total * ith / nth, total * (ith + 1) / nth);
+        let chunk = total.div_ceil(nth.max(1) as usize * CHUNKS_PER_THREAD).max(1);
         let query = |i: usize| {
             let (g, r) = (i / (group * shape.n_tokens), i % (group * shape.n_tokens));
             let (t, h) = (r / group, g * group + r % group);
@@ -203,23 +210,29 @@ unsafe fn compute_with(kernel: Kernel, dst: *mut sys::ggml_tensor, ith: c_int, n
             Query { t, h, limit: row.iter().rposition(|&m| m != F16_NEG_INF).map_or(0, |p| p + 1) }
         };
         SCRATCH.with_borrow_mut(|s| {
-            let mut i = i0;
-            while i < i1 {
-                let g = i / (group * shape.n_tokens);
-                let end = i1.min((g + 1) * group * shape.n_tokens).min(i + BATCH);
-                let mut queries = [Query { t: 0, h: 0, limit: 0 }; BATCH];
-                for (slot, j) in queries.iter_mut().zip(i..end) {
-                    *slot = query(j);
+            loop {
+                let i0 = chunks.claim() * chunk;
+                if i0 >= total {
+                    return;
                 }
-                let batch = &queries[..end - i];
-                match kernel {
-                    #[cfg(target_arch = "x86_64")]
-                    Kernel::Avx512 => attend_avx512(&shape, g, batch, q, k, v, mask, dst, s),
-                    #[cfg(target_arch = "x86_64")]
-                    Kernel::Avx2 => attend_avx2(&shape, g, batch, q, k, v, mask, dst, s),
-                    _ => attend_batch::<false>(&shape, g, batch, q, k, v, mask, dst, s),
+                let (mut i, i1) = (i0, (i0 + chunk).min(total));
+                while i < i1 {
+                    let g = i / (group * shape.n_tokens);
+                    let end = i1.min((g + 1) * group * shape.n_tokens).min(i + BATCH);
+                    let mut queries = [Query { t: 0, h: 0, limit: 0 }; BATCH];
+                    for (slot, j) in queries.iter_mut().zip(i..end) {
+                        *slot = query(j);
+                    }
+                    let batch = &queries[..end - i];
+                    match kernel {
+                        #[cfg(target_arch = "x86_64")]
+                        Kernel::Avx512 => attend_avx512(&shape, g, batch, q, k, v, mask, dst, s),
+                        #[cfg(target_arch = "x86_64")]
+                        Kernel::Avx2 => attend_avx2(&shape, g, batch, q, k, v, mask, dst, s),
+                        _ => attend_batch::<false>(&shape, g, batch, q, k, v, mask, dst, s),
+                    }
+                    i = end;
                 }
-                i = end;
             }
         });
     }
@@ -587,11 +600,14 @@ mod op_tests {
         #[cfg(not(target_arch = "x86_64"))]
         let kernels = [Kernel::Baseline];
         let mut first: Option<Vec<f32>> = None;
+        let pass = crate::ffi::chunks::PassCount::default();
+        let chunks = Chunks::new(&pass, 0);
         for (kernel, nth) in kernels.iter().flat_map(|&k| [(k, 1), (k, 3)]) {
-            for ith in 0..nth {
+            pass.next();
+            for _ in 0..nth {
                 // SAFETY: the tensors above, shaped as `attend` documents; `kernel()` found
                 // AVX2 and FMA (the test returned early otherwise).
-                unsafe { compute_with(kernel, &mut dst, ith, nth, 1.0 / (hd as f32).sqrt()) };
+                unsafe { compute_with(kernel, &mut dst, &chunks, nth, 1.0 / (hd as f32).sqrt()) };
             }
             // Every kernel and thread count gives the same bits.
             match &first {

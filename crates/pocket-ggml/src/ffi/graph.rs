@@ -9,11 +9,13 @@
 //! crash, never undefined behaviour, and the loaders check every weight's shape beforehand so
 //! that it does not happen.
 
+use std::cell::RefCell;
 use std::ffi::CStr;
 use std::ptr::NonNull;
 
 use llama_cpp_sys_2 as sys;
 
+use crate::ffi::chunks::{Chunks, PassCount};
 use crate::{Error, Result};
 
 /// A tensor of a live ggml context (see the module notes for why handles stay valid).
@@ -166,6 +168,11 @@ pub(crate) struct Ctx {
     graph: NonNull<sys::ggml_cgraph>,
     /// The context's memory: freed (or handed back for reuse) after the context.
     mem: Vec<u8>,
+    /// The graph's passes, and the chunk counters of its ops that hand out work in chunks
+    /// (their user data points here: boxed, so that they do not move when the list grows).
+    pass: Box<PassCount>,
+    #[allow(clippy::vec_box)]
+    chunks: RefCell<Vec<Box<Chunks>>>,
 }
 
 // SAFETY: the context and graph are used by one thread at a time (the session owning them).
@@ -205,7 +212,21 @@ impl Ctx {
             unsafe { sys::ggml_free(ctx.as_ptr()) };
             return Err(Error::Ggml("ggml_new_graph failed".into()));
         };
-        Ok(Ctx { ctx, graph, mem })
+        Ok(Ctx { ctx, graph, mem, pass: Box::default(), chunks: RefCell::default() })
+    }
+
+    /// Chunk counters for an op of this graph (its user data), holding the op's parameter
+    /// `data`: they live as long as the graph.
+    pub(crate) fn chunks(&self, data: u64) -> *mut std::ffi::c_void {
+        let chunks = Box::new(Chunks::new(&self.pass, data));
+        let ptr = (&*chunks as *const Chunks).cast_mut().cast();
+        self.chunks.borrow_mut().push(chunks);
+        ptr
+    }
+
+    /// A computation of the graph starts: its ops' chunks are counted anew.
+    pub(crate) fn begin_pass(&self) {
+        self.pass.next();
     }
 
     /// Free the context and hand back its memory, for the next graph.

@@ -5,6 +5,7 @@
 //! `gemm`) and in the code that places weights and the KV cache in backend buffers.
 
 pub(crate) mod arena;
+pub(crate) mod chunks;
 pub(crate) mod device;
 pub(crate) mod gguf;
 pub(crate) mod graph;

@@ -163,6 +163,7 @@ impl Scheduler {
             }
             self.attached.set(n);
         }
+        graph.begin_pass();
         // SAFETY: a graph allocated on this scheduler, its inputs set.
         let status = unsafe { sys::ggml_backend_sched_graph_compute(self.sched.as_ptr(), graph.graph()) };
         governor().end(pass);

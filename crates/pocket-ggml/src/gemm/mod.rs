@@ -25,6 +25,7 @@ use std::sync::OnceLock;
 
 use llama_cpp_sys_2 as sys;
 
+use crate::ffi::chunks::Chunks;
 use crate::ffi::graph::{Ctx, Tensor};
 
 /// `$body` for each `$c` in `0..$n` (`$n` ≤ 8 and known at compile time), written out one
@@ -359,16 +360,10 @@ fn agrees_with_ggml(isa: Isa, quant: Quant) -> bool {
 /// row what `ggml_mul_mat` gives. Call only where [`applies`] holds.
 fn mul_mat(ctx: &Ctx, w: Tensor, x: Tensor) -> Tensor {
     // SAFETY: `compute` reads a matrix of a format with a kernel and rows of its activation
-    // format of the shapes `applies` checked, and each thread writes its own rows of the
-    // destination.
+    // format of the shapes `applies` checked, and chunks of the graph's (its user data); each
+    // thread writes the rows of the chunks it claims.
     unsafe {
-        ctx.custom(
-            sys::GGML_TYPE_F32,
-            [w.ne()[1], x.ne()[1], 1, 1],
-            &[w, x],
-            Some(compute),
-            std::ptr::null_mut(),
-        )
+        ctx.custom(sys::GGML_TYPE_F32, [w.ne()[1], x.ne()[1], 1, 1], &[w, x], Some(compute), ctx.chunks(0))
     }
 }
 
@@ -398,32 +393,44 @@ fn quantizer(ty: sys::ggml_type) -> unsafe extern "C" fn(*const f32, *mut c_void
     }
 }
 
-/// Weight rows per thread are a multiple of this, so that every kernel's tiles stay whole.
+/// Weight rows per chunk are a multiple of this, so that every kernel's tiles stay whole.
 const ROW_STEP: usize = 4;
 
-/// The custom op's body on thread `ith` of `nth`: this thread's share of weight rows times
-/// every activation row (quantized, as `ggml_mul_mat` quantizes them, by the node before).
-unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, _: *mut c_void) {
+/// Chunks of weight rows per thread: a late thread's rows are taken by the others, at the cost
+/// of preparing the activations once more per chunk.
+const CHUNKS_PER_THREAD: usize = 2;
+
+/// The custom op's body on thread `ith` of `nth`: chunks of weight rows, claimed one after
+/// another (`userdata` is the graph's [`Chunks`] for the node), times every activation row
+/// (quantized, as `ggml_mul_mat` quantizes them, by the node before).
+unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
     let Some(isa) = isa() else { return };
     // SAFETY: ggml calls this with the tensor `mul_mat` built, its sources and destination
-    // allocated; `applies` checked their types and layout, and the quantized rows are
-    // contiguous whole blocks in memory ggml aligns (a fresh node's). Threads write disjoint
-    // rows of dst.
+    // allocated, and the graph's chunk counter for it; `applies` checked their types and
+    // layout, and the quantized rows are contiguous whole blocks in memory ggml aligns (a
+    // fresh node's). Each chunk is claimed by one thread, which writes its rows of dst.
     unsafe {
+        let chunks = &*userdata.cast::<Chunks>();
         let (w, y) = (&*(*dst).src[0], &*(*dst).src[1]);
         let Some(quant) = Quant::of(w.type_) else { return };
         let k = w.ne[0] as usize;
         let (m, n) = (w.ne[1] as usize, y.ne[1] as usize);
-        let per_thread = m.div_ceil(nth.max(1) as usize).next_multiple_of(ROW_STEP);
-        let r0 = (ith as usize * per_thread).min(m);
-        let r1 = (r0 + per_thread).min(m);
-        if r0 == r1 {
-            return;
-        }
+        let chunk = m.div_ceil(nth.max(1) as usize * CHUNKS_PER_THREAD).next_multiple_of(ROW_STEP);
         WORK.with_borrow_mut(|work| {
-            let rows =
-                Rows { w: w.data.cast_const().cast(), y: y.data.cast_const().cast(), k, n, range: r0..r1 };
-            gemm(isa, quant, rows, (*dst).data.cast(), m, work);
+            loop {
+                let r0 = chunks.claim() * chunk;
+                if r0 >= m {
+                    return;
+                }
+                let rows = Rows {
+                    w: w.data.cast_const().cast(),
+                    y: y.data.cast_const().cast(),
+                    k,
+                    n,
+                    range: r0..(r0 + chunk).min(m),
+                };
+                gemm(isa, quant, rows, (*dst).data.cast(), m, work);
+            }
         });
     }
 }
