@@ -79,6 +79,8 @@ pub(crate) enum Turn<'a> {
     Alone(Job, Lead<'a>),
     /// The job was computed in a shared pass on this many threads (its logits written).
     Shared(Job, usize),
+    /// The shared pass the job was in panicked on its leader's thread: the job is lost.
+    Failed,
 }
 
 /// The model's shared passes.
@@ -111,6 +113,8 @@ struct State {
     no_sharing_until: Option<Instant>,
     /// Sessions gone while the machinery was out: it forgets their graphs when it is back.
     gone: Vec<u64>,
+    /// Jobs (tickets) of a shared pass that panicked.
+    failed: Vec<u64>,
     stats: SharedPasses,
 }
 
@@ -125,6 +129,25 @@ impl Drop for Lead<'_> {
         let mut s = self.batcher.lock();
         s.busy = false;
         s.last_pass = self.started.elapsed();
+        self.batcher.changed.notify_all();
+    }
+}
+
+/// A shared pass in flight: if its leader's thread panics, the pass's other jobs are marked
+/// failed (their sessions get an error rather than wait for ever) and the next pass may start.
+struct InFlight<'a> {
+    batcher: &'a Batcher,
+    tickets: Vec<u64>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.tickets.is_empty() {
+            return;
+        }
+        let mut s = self.batcher.lock();
+        s.busy = false;
+        s.failed.append(&mut self.tickets);
         self.batcher.changed.notify_all();
     }
 }
@@ -172,6 +195,10 @@ impl Batcher {
                 let (_, job, threads) = s.done.swap_remove(i);
                 return Turn::Shared(job, threads);
             }
+            if let Some(i) = s.failed.iter().position(|&t| t == ticket) {
+                s.failed.swap_remove(i);
+                return Turn::Failed;
+            }
             if !s.busy && s.queue.front().is_some_and(|(t, _)| *t == ticket) {
                 s.busy = true;
                 s = self.gather(s, id);
@@ -191,9 +218,14 @@ impl Batcher {
                 s.expected = jobs.iter().map(|(_, j)| j.kv.id).collect();
                 let mut compute = s.compute.take();
                 let mut scratch = std::mem::take(&mut s.scratch);
+                let mut in_flight = InFlight {
+                    batcher: self,
+                    tickets: jobs.iter().map(|(t, _)| *t).filter(|&t| t != ticket).collect(),
+                };
                 drop(s);
                 let result = shared_pass(model, &mut compute, &mut scratch, &mut jobs);
                 s = self.lock();
+                in_flight.tickets.clear();
                 if let Some(c) = &mut compute {
                     for id in std::mem::take(&mut s.gone) {
                         c.forget(id);

@@ -166,6 +166,9 @@ impl GgmlSession {
                 self.pass_threads.add(threads);
                 Ok(())
             }
+            Turn::Failed => Err(crate::Error::Ggml(
+                "the pass this session shared with others failed (the log says why); decode again".into(),
+            )),
         }
     }
 
