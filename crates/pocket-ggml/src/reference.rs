@@ -43,14 +43,7 @@ impl LlamaCpp {
         gpu: bool,
         repack: bool,
     ) -> Result<Self> {
-        let weights = LlamaWeights::load(path, Load::Full { gpu, repack })
-            .ok_or_else(|| Error::Ggml(format!("llama.cpp could not load {}", path.display())))?;
-        // llama.cpp runs on the count it is given, as its programs do.
-        let threads = pocket_core::Threads::Fixed(threads.max(1));
-        let params =
-            ContextParams { n_ctx, n_batch, max_rows: n_batch, threads, kv, flash_attn: true, n_seq: 1 };
-        let ctx = LlamaContext::new(Arc::new(weights), &params)?;
-        Ok(LlamaCpp { ctx, n_past: 0, logits: Vec::new() })
+        Self::load_parallel(path, threads, n_ctx, n_batch, kv, gpu, repack, 1)
     }
 
     /// As [`LlamaCpp::load`], for `n_seq` sequences of `n_ctx` tokens each that decode
@@ -69,6 +62,7 @@ impl LlamaCpp {
     ) -> Result<Self> {
         let weights = LlamaWeights::load(path, Load::Full { gpu, repack })
             .ok_or_else(|| Error::Ggml(format!("llama.cpp could not load {}", path.display())))?;
+        // llama.cpp runs on the count it is given, as its programs do.
         let threads = pocket_core::Threads::Fixed(threads.max(1));
         let n_seq = n_seq.max(1);
         let n_batch = n_batch.max(n_seq);

@@ -299,9 +299,88 @@ impl LlamaContext {
         out: &mut Vec<f32>,
     ) -> Result<usize> {
         assert!(!tokens.is_empty() && tokens.len() <= self.n_batch, "a batch of 1..=n_batch tokens");
+        let rows = tokens.iter().enumerate().map(|(i, &t)| BatchRow {
+            token: t,
+            pos: pos0 + i,
+            seq: 0,
+            logits: i >= out_from,
+        });
+        self.decode_rows(rows, out)
+    }
+
+    /// Decode one token for each of several sequences (`(token, position, sequence)`) in one
+    /// batch, appending every row's logits to `out`; returns the CPU threads it ran on.
+    pub(crate) fn decode_seqs(
+        &mut self,
+        items: &[(Token, usize, usize)],
+        out: &mut Vec<f32>,
+    ) -> Result<usize> {
+        assert!(!items.is_empty() && items.len() <= self.n_batch, "a batch of 1..=n_batch tokens");
+        let rows = items.iter().map(|&(token, pos, seq)| BatchRow { token, pos, seq, logits: true });
+        self.decode_rows(rows, out)
+    }
+
+    /// Decode `tokens` of sequence `seq` at positions `pos0..`, appending the last row's
+    /// logits to `out` (a prompt, in chunks of [`Self::n_batch`]).
+    pub(crate) fn prefill_seq(&mut self, tokens: &[Token], seq: usize, out: &mut Vec<f32>) -> Result<()> {
+        let n = self.n_batch;
+        for (i, chunk) in tokens.chunks(n).enumerate() {
+            let last = (i + 1) * n >= tokens.len();
+            let rows = chunk.iter().enumerate().map(|(j, &token)| BatchRow {
+                token,
+                pos: i * n + j,
+                seq,
+                logits: last && j + 1 == chunk.len(),
+            });
+            self.decode_rows(rows, out)?;
+        }
+        Ok(())
+    }
+
+    /// Run one `llama_decode` of `rows` (at most [`Self::n_batch`]) on the threads the
+    /// governor gives it, appending the logits of the rows that ask for them to `out`.
+    fn decode_rows(
+        &mut self,
+        rows: impl ExactSizeIterator<Item = BatchRow>,
+        out: &mut Vec<f32>,
+    ) -> Result<usize> {
+        let n_rows = rows.len();
+        assert!(n_rows > 0 && n_rows <= self.n_batch, "a batch of 1..=n_batch tokens");
         let pass = governor().begin(self.threads, self.pools.max());
         let threads = pass.threads();
-        let result = self.attach(threads).and_then(|()| self.decode_on(tokens, pos0, out_from, out, threads));
+        let result = self.attach(threads).and_then(|()| {
+            // SAFETY: the attached pool has `threads` threads; the batch was made for n_batch
+            // tokens with one sequence id each and n_rows is at most that; logits are read
+            // only for the rows flagged for output, n_vocab each.
+            unsafe {
+                sys::llama_set_n_threads(self.ctx.as_ptr(), threads as i32, threads as i32);
+                let b = &mut self.batch;
+                b.n_tokens = n_rows as i32;
+                let mut wanted = Vec::new();
+                for (i, row) in rows.enumerate() {
+                    *b.token.add(i) = row.token as sys::llama_token;
+                    *b.pos.add(i) = row.pos as i32;
+                    *b.n_seq_id.add(i) = 1;
+                    *(*b.seq_id.add(i)) = row.seq as i32;
+                    *b.logits.add(i) = row.logits as i8;
+                    if row.logits {
+                        wanted.push(i);
+                    }
+                }
+                let rc = sys::llama_decode(self.ctx.as_ptr(), *b);
+                if rc != 0 {
+                    return Err(Error::Ggml(format!("llama_decode failed ({rc})")));
+                }
+                for i in wanted {
+                    let row = sys::llama_get_logits_ith(self.ctx.as_ptr(), i as i32);
+                    if row.is_null() {
+                        return Err(Error::Ggml("llama.cpp returned no logits".into()));
+                    }
+                    out.extend_from_slice(std::slice::from_raw_parts(row, self.n_vocab));
+                }
+            }
+            Ok(())
+        });
         governor().end(pass);
         result.map(|()| threads)
     }
@@ -316,128 +395,6 @@ impl LlamaContext {
         // backend at its next decode, which pauses the one it replaces.
         unsafe { sys::llama_attach_threadpool(self.ctx.as_ptr(), pool.as_ptr(), pool.as_ptr()) };
         self.attached = n;
-        Ok(())
-    }
-
-    fn decode_on(
-        &mut self,
-        tokens: &[Token],
-        pos0: usize,
-        out_from: usize,
-        out: &mut Vec<f32>,
-        threads: usize,
-    ) -> Result<()> {
-        // SAFETY: the attached pool has `threads` threads; the batch was made for
-        // n_batch tokens of one sequence and tokens.len() is at most that; logits are read
-        // only for the rows flagged for output, n_vocab each.
-        unsafe {
-            sys::llama_set_n_threads(self.ctx.as_ptr(), threads as i32, threads as i32);
-            let b = &mut self.batch;
-            b.n_tokens = tokens.len() as i32;
-            for (i, &t) in tokens.iter().enumerate() {
-                *b.token.add(i) = t as sys::llama_token;
-                *b.pos.add(i) = (pos0 + i) as i32;
-                *b.n_seq_id.add(i) = 1;
-                *(*b.seq_id.add(i)) = 0;
-                *b.logits.add(i) = (i >= out_from) as i8;
-            }
-            let rc = sys::llama_decode(self.ctx.as_ptr(), *b);
-            if rc != 0 {
-                return Err(Error::Ggml(format!("llama_decode failed ({rc})")));
-            }
-            for i in out_from..tokens.len() {
-                let row = sys::llama_get_logits_ith(self.ctx.as_ptr(), i as i32);
-                if row.is_null() {
-                    return Err(Error::Ggml("llama.cpp returned no logits".into()));
-                }
-                out.extend_from_slice(std::slice::from_raw_parts(row, self.n_vocab));
-            }
-        }
-        Ok(())
-    }
-
-    /// Decode one token for each of several sequences (`(token, position, sequence)`) in one
-    /// batch, appending every row's logits to `out`; returns the CPU threads it ran on.
-    pub(crate) fn decode_seqs(
-        &mut self,
-        items: &[(Token, usize, usize)],
-        out: &mut Vec<f32>,
-    ) -> Result<usize> {
-        assert!(!items.is_empty() && items.len() <= self.n_batch, "a batch of 1..=n_batch tokens");
-        let pass = governor().begin(self.threads, self.pools.max());
-        let threads = pass.threads();
-        let result = self.attach(threads).and_then(|()| {
-            // SAFETY: the attached pool has `threads` threads; the batch was made for n_batch
-            // tokens with one sequence id each and items.len() is at most that; every row is
-            // flagged for output and read back, n_vocab each.
-            unsafe {
-                sys::llama_set_n_threads(self.ctx.as_ptr(), threads as i32, threads as i32);
-                let b = &mut self.batch;
-                b.n_tokens = items.len() as i32;
-                for (i, &(t, pos, seq)) in items.iter().enumerate() {
-                    *b.token.add(i) = t as sys::llama_token;
-                    *b.pos.add(i) = pos as i32;
-                    *b.n_seq_id.add(i) = 1;
-                    *(*b.seq_id.add(i)) = seq as i32;
-                    *b.logits.add(i) = 1;
-                }
-                let rc = sys::llama_decode(self.ctx.as_ptr(), *b);
-                if rc != 0 {
-                    return Err(Error::Ggml(format!("llama_decode failed ({rc})")));
-                }
-                for i in 0..items.len() {
-                    let row = sys::llama_get_logits_ith(self.ctx.as_ptr(), i as i32);
-                    if row.is_null() {
-                        return Err(Error::Ggml("llama.cpp returned no logits".into()));
-                    }
-                    out.extend_from_slice(std::slice::from_raw_parts(row, self.n_vocab));
-                }
-            }
-            Ok(())
-        });
-        governor().end(pass);
-        result.map(|()| threads)
-    }
-
-    /// Decode `tokens` of sequence `seq` at positions `pos0..`, appending the last row's
-    /// logits to `out` (a prompt, in chunks of [`Self::n_batch`]).
-    pub(crate) fn prefill_seq(&mut self, tokens: &[Token], seq: usize, out: &mut Vec<f32>) -> Result<()> {
-        let n = self.n_batch;
-        for (i, chunk) in tokens.chunks(n).enumerate() {
-            let last = (i + 1) * n >= tokens.len();
-            let pass = governor().begin(self.threads, self.pools.max());
-            let threads = pass.threads();
-            let result = self.attach(threads).and_then(|()| {
-                // SAFETY: as in `decode_seqs`; only the last row of the last chunk is flagged
-                // for output, and read back.
-                unsafe {
-                    sys::llama_set_n_threads(self.ctx.as_ptr(), threads as i32, threads as i32);
-                    let b = &mut self.batch;
-                    b.n_tokens = chunk.len() as i32;
-                    for (j, &t) in chunk.iter().enumerate() {
-                        *b.token.add(j) = t as sys::llama_token;
-                        *b.pos.add(j) = (i * n + j) as i32;
-                        *b.n_seq_id.add(j) = 1;
-                        *(*b.seq_id.add(j)) = seq as i32;
-                        *b.logits.add(j) = (last && j + 1 == chunk.len()) as i8;
-                    }
-                    let rc = sys::llama_decode(self.ctx.as_ptr(), *b);
-                    if rc != 0 {
-                        return Err(Error::Ggml(format!("llama_decode failed ({rc})")));
-                    }
-                    if last {
-                        let row = sys::llama_get_logits_ith(self.ctx.as_ptr(), chunk.len() as i32 - 1);
-                        if row.is_null() {
-                            return Err(Error::Ggml("llama.cpp returned no logits".into()));
-                        }
-                        out.extend_from_slice(std::slice::from_raw_parts(row, self.n_vocab));
-                    }
-                }
-                Ok(())
-            });
-            governor().end(pass);
-            result?;
-        }
         Ok(())
     }
 
@@ -475,6 +432,15 @@ impl LlamaContext {
         // SAFETY: a live context and its memory.
         unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ctx.as_ptr()), true) };
     }
+}
+
+/// One row of a `llama_decode` batch: a token at a position of a sequence, and whether its
+/// logits are read back.
+struct BatchRow {
+    token: Token,
+    pos: usize,
+    seq: usize,
+    logits: bool,
 }
 
 #[cfg(test)]

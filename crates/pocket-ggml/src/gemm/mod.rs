@@ -206,9 +206,14 @@ impl Quant {
 /// Whether [`mul_mat`] computes `w · x`: weights of a format with a kernel, in plain host
 /// memory (not repacked), times several f32 rows, on a CPU with our kernels.
 pub(crate) fn applies(w: Tensor, x: Tensor) -> bool {
+    has_kernel(w) && several_rows_for(w, x)
+}
+
+/// Whether `x` is what our matrix kernels take beside `w`: two or more dense f32 rows of
+/// `w`'s width, in one plain matrix.
+pub(crate) fn several_rows_for(w: Tensor, x: Tensor) -> bool {
     let (xn, xb) = (x.ne(), x.nb());
-    has_kernel(w)
-        && x.ty() == sys::GGML_TYPE_F32
+    x.ty() == sys::GGML_TYPE_F32
         && xn[0] == w.ne()[0]
         && xn[1] >= 2
         && xn[2] == 1

@@ -116,14 +116,7 @@ mod x86_64 {
     /// Whether [`mul_mat`] computes `w · x`: `w` a Q4_K matrix repacked by ggml (in
     /// [`buffer_type`]), `x` two or more f32 rows.
     pub(crate) fn applies(w: Tensor, x: Tensor) -> bool {
-        let (xn, xb) = (x.ne(), x.nb());
-        is_repacked(w)
-            && x.ty() == sys::GGML_TYPE_F32
-            && xn[0] == w.ne()[0]
-            && xn[1] >= 2
-            && xn[2] == 1
-            && xn[3] == 1
-            && xb[0] == size_of::<f32>()
+        is_repacked(w) && crate::gemm::several_rows_for(w, x)
     }
 
     /// Whether `w` is a Q4_K matrix ggml repacked, of a shape [`mul_mat`] takes.
