@@ -34,7 +34,7 @@ use std::sync::OnceLock;
 
 use llama_cpp_sys_2 as sys;
 
-use crate::ffi::chunks::Chunks;
+use crate::ffi::chunks::{Chunks, chunk_size};
 use crate::ffi::graph::{Ctx, Tensor};
 use crate::kv::KvLayout;
 
@@ -174,9 +174,6 @@ unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, _ith: c_int, nth: c_int
     }
 }
 
-/// Chunks of query rows per thread: a late thread's rows are taken by the others.
-const CHUNKS_PER_THREAD: usize = 2;
-
 /// The op's body on one of `nth` threads, with `kernel`: chunks of query rows, claimed one
 /// after another.
 ///
@@ -199,7 +196,7 @@ unsafe fn compute_with(kernel: Kernel, dst: *mut sys::ggml_tensor, chunks: &Chun
         let group = shape.n_head / shape.n_head_kv;
         // Queries in order of KV head, so that a thread's share is a few runs over one head.
         let total = shape.n_head * shape.n_tokens;
-        let chunk = total.div_ceil(nth.max(1) as usize * CHUNKS_PER_THREAD).max(1);
+        let chunk = chunk_size(total, nth.max(1) as usize);
         let query = |i: usize| {
             let (g, r) = (i / (group * shape.n_tokens), i % (group * shape.n_tokens));
             let (t, h) = (r / group, g * group + r % group);
@@ -210,12 +207,8 @@ unsafe fn compute_with(kernel: Kernel, dst: *mut sys::ggml_tensor, chunks: &Chun
             Query { t, h, limit: row.iter().rposition(|&m| m != F16_NEG_INF).map_or(0, |p| p + 1) }
         };
         SCRATCH.with_borrow_mut(|s| {
-            loop {
-                let i0 = chunks.claim() * chunk;
-                if i0 >= total {
-                    return;
-                }
-                let (mut i, i1) = (i0, (i0 + chunk).min(total));
+            for range in chunks.ranges(total, chunk) {
+                let (mut i, i1) = (range.start, range.end);
                 while i < i1 {
                     let g = i / (group * shape.n_tokens);
                     let end = i1.min((g + 1) * group * shape.n_tokens).min(i + BATCH);

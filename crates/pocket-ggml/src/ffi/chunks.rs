@@ -10,7 +10,17 @@
 //! tagged with the pass: the graph counts its passes ([`PassCount`]), and the first thread of
 //! a new pass to claim a chunk starts the count again.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Chunks per thread: more let the others take more of a late thread's work, at the cost of
+/// what each chunk prepares again (a matrix product's activations, an attention's scratch).
+const CHUNKS_PER_THREAD: usize = 2;
+
+/// The size of the chunks `total` items are cut into for `nth` threads (at least 1).
+pub(crate) fn chunk_size(total: usize, nth: usize) -> usize {
+    total.div_ceil(nth.max(1) * CHUNKS_PER_THREAD).max(1)
+}
 
 /// A graph's pass number, bumped before each computation.
 #[derive(Default)]
@@ -57,6 +67,16 @@ impl Chunks {
                 Err(seen) => cur = seen,
             }
         }
+    }
+
+    /// The ranges of `0..total`, `chunk` items each (the last one shorter), that this thread
+    /// claims one after another until none is left.
+    pub(crate) fn ranges(&self, total: usize, chunk: usize) -> impl Iterator<Item = Range<usize>> + '_ {
+        let chunk = chunk.max(1);
+        std::iter::from_fn(move || {
+            let start = self.claim() * chunk;
+            (start < total).then(|| start..(start + chunk).min(total))
+        })
     }
 }
 

@@ -298,7 +298,6 @@ impl LlamaContext {
         out_from: usize,
         out: &mut Vec<f32>,
     ) -> Result<usize> {
-        assert!(!tokens.is_empty() && tokens.len() <= self.n_batch, "a batch of 1..=n_batch tokens");
         let rows = tokens.iter().enumerate().map(|(i, &t)| BatchRow {
             token: t,
             pos: pos0 + i,
@@ -315,7 +314,6 @@ impl LlamaContext {
         items: &[(Token, usize, usize)],
         out: &mut Vec<f32>,
     ) -> Result<usize> {
-        assert!(!items.is_empty() && items.len() <= self.n_batch, "a batch of 1..=n_batch tokens");
         let rows = items.iter().map(|&(token, pos, seq)| BatchRow { token, pos, seq, logits: true });
         self.decode_rows(rows, out)
     }
@@ -356,22 +354,18 @@ impl LlamaContext {
                 sys::llama_set_n_threads(self.ctx.as_ptr(), threads as i32, threads as i32);
                 let b = &mut self.batch;
                 b.n_tokens = n_rows as i32;
-                let mut wanted = Vec::new();
                 for (i, row) in rows.enumerate() {
                     *b.token.add(i) = row.token as sys::llama_token;
                     *b.pos.add(i) = row.pos as i32;
                     *b.n_seq_id.add(i) = 1;
                     *(*b.seq_id.add(i)) = row.seq as i32;
                     *b.logits.add(i) = row.logits as i8;
-                    if row.logits {
-                        wanted.push(i);
-                    }
                 }
                 let rc = sys::llama_decode(self.ctx.as_ptr(), *b);
                 if rc != 0 {
                     return Err(Error::Ggml(format!("llama_decode failed ({rc})")));
                 }
-                for i in wanted {
+                for i in (0..n_rows).filter(|&i| *b.logits.add(i) != 0) {
                     let row = sys::llama_get_logits_ith(self.ctx.as_ptr(), i as i32);
                     if row.is_null() {
                         return Err(Error::Ggml("llama.cpp returned no logits".into()));

@@ -25,7 +25,7 @@ use std::sync::OnceLock;
 
 use llama_cpp_sys_2 as sys;
 
-use crate::ffi::chunks::Chunks;
+use crate::ffi::chunks::{Chunks, chunk_size};
 use crate::ffi::graph::{Ctx, Tensor};
 
 /// `$body` for each `$c` in `0..$n` (`$n` ≤ 8 and known at compile time), written out one
@@ -401,10 +401,6 @@ fn quantizer(ty: sys::ggml_type) -> unsafe extern "C" fn(*const f32, *mut c_void
 /// Weight rows per chunk are a multiple of this, so that every kernel's tiles stay whole.
 const ROW_STEP: usize = 4;
 
-/// Chunks of weight rows per thread: a late thread's rows are taken by the others, at the cost
-/// of preparing the activations once more per chunk.
-const CHUNKS_PER_THREAD: usize = 2;
-
 /// The custom op's body on thread `ith` of `nth`: chunks of weight rows, claimed one after
 /// another (`userdata` is the graph's [`Chunks`] for the node), times every activation row
 /// (quantized, as `ggml_mul_mat` quantizes them, by the node before).
@@ -420,20 +416,10 @@ unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, _ith: c_int, nth: c_int
         let Some(quant) = Quant::of(w.type_) else { return };
         let k = w.ne[0] as usize;
         let (m, n) = (w.ne[1] as usize, y.ne[1] as usize);
-        let chunk = m.div_ceil(nth.max(1) as usize * CHUNKS_PER_THREAD).next_multiple_of(ROW_STEP);
+        let chunk = chunk_size(m, nth.max(1) as usize).next_multiple_of(ROW_STEP);
         WORK.with_borrow_mut(|work| {
-            loop {
-                let r0 = chunks.claim() * chunk;
-                if r0 >= m {
-                    return;
-                }
-                let rows = Rows {
-                    w: w.data.cast_const().cast(),
-                    y: y.data.cast_const().cast(),
-                    k,
-                    n,
-                    range: r0..(r0 + chunk).min(m),
-                };
+            for range in chunks.ranges(m, chunk) {
+                let rows = Rows { w: w.data.cast_const().cast(), y: y.data.cast_const().cast(), k, n, range };
                 gemm(isa, quant, rows, (*dst).data.cast(), m, work);
             }
         });
