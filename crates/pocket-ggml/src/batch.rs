@@ -37,6 +37,10 @@ pub(crate) const SHARED_CHUNK: usize = 64;
 /// Most rows of a shared pass (its compute buffer is sized for this many).
 const SHARED_TOKENS: usize = 128;
 
+/// Rows of prompts that prompts read together put into one shared pass, at most: room is
+/// left for the next tokens (and drafts) of sessions that decode.
+const PROMPT_ROWS: usize = SHARED_TOKENS - 16;
+
 /// Most sessions in a shared pass (its graph is sized for this many).
 const SHARED_JOBS: usize = 8;
 
@@ -70,6 +74,16 @@ pub(crate) struct Job {
     /// The session's logits buffer: the pass's rows go from row `row_off` on.
     pub(crate) logits: Vec<f32>,
     pub(crate) row_off: usize,
+    /// Tokens of the session's prompt left to read after this job.
+    pub(crate) rest: usize,
+}
+
+impl Job {
+    /// Whether the job reads a prompt (it wants logits of fewer rows than it has) rather
+    /// than decodes a next token and its drafts.
+    fn reads_prompt(&self) -> bool {
+        self.shape.n_out < self.shape.n_tokens
+    }
 }
 
 /// What [`Batcher::enter`] gives back.
@@ -115,6 +129,8 @@ struct State {
     gone: Vec<u64>,
     /// Jobs (tickets) of a shared pass that panicked.
     failed: Vec<u64>,
+    /// Sessions reading a prompt, with the tokens of it left after the job they handed in.
+    reading: Vec<(u64, usize)>,
     stats: SharedPasses,
 }
 
@@ -163,17 +179,39 @@ impl Batcher {
         self.lock().stats
     }
 
-    /// Whether a session other than `id` has handed in a job recently: then a long prompt is
-    /// read in [`SHARED_CHUNK`]s.
-    pub(crate) fn others_active(&self, id: u64) -> bool {
+    /// Most tokens of the next pass of session `id`, which has `rest` tokens of a prompt to
+    /// read, while other sessions of the model are at work (`None` when none is: then its
+    /// own batch). Tokens that all want logits (a next token and its drafts) are not a
+    /// prompt: they go in one pass, in chunks of at most [`SHARED_CHUNK`].
+    ///
+    /// A prompt read beside others goes in chunks they can share a pass with, at most
+    /// [`SHARED_CHUNK`]. Prompts read at the same time are cut so that they end in the same
+    /// pass: the passes left are what the longest prompt, and all of them together, need; each
+    /// prompt is spread evenly over them. Requests that came together then begin to decode
+    /// together, rather than the first to finish its prompt decoding beside the rest of the
+    /// others' (llama.cpp's server reads waiting prompts in one batch for the same reason).
+    pub(crate) fn prompt_chunk(&self, id: u64, rest: usize, prompt: bool) -> Option<usize> {
         let s = self.lock();
-        s.expected.iter().any(|&e| e != id) || s.queue.iter().any(|(_, j)| j.kv.id != id)
+        let others = s.expected.iter().any(|&e| e != id) || s.queue.iter().any(|(_, j)| j.kv.id != id);
+        if !others {
+            return None;
+        }
+        if !prompt {
+            return Some(SHARED_CHUNK);
+        }
+        let (mut longest, mut all) = (rest, rest);
+        for &(_, left) in s.reading.iter().filter(|r| r.0 != id) {
+            longest = longest.max(left);
+            all += left;
+        }
+        Some(even_chunk(rest, longest, all))
     }
 
     /// The session of cache `id` is gone: nobody waits for it, and no graph keeps its cache.
     pub(crate) fn leave(&self, id: u64) {
         let mut s = self.lock();
         s.expected.retain(|&e| e != id);
+        s.reading.retain(|r| r.0 != id);
         match &mut s.compute {
             Some(c) => c.forget(id),
             None => s.gone.push(id),
@@ -188,6 +226,10 @@ impl Batcher {
         let mut s = self.lock();
         let ticket = s.next_ticket;
         s.next_ticket += 1;
+        s.reading.retain(|r| r.0 != id);
+        if job.rest > 0 {
+            s.reading.push((id, job.rest));
+        }
         s.queue.push_back((ticket, job));
         self.changed.notify_all();
         loop {
@@ -205,16 +247,18 @@ impl Batcher {
                 let started = Instant::now();
                 let picked = pick(&s.queue, s.no_sharing_until.is_none_or(|t| started >= t));
                 s.stats.passes += 1;
-                tracing::trace!(jobs = picked.len(), queued = s.queue.len(), "pass");
+                tracing::trace!(
+                    jobs = picked.len(),
+                    queued = s.queue.len(),
+                    rows = ?picked.iter().map(|&i| (s.queue[i].1.kv.id, s.queue[i].1.shape.n_tokens)).collect::<Vec<_>>(),
+                    "pass"
+                );
                 if picked.len() == 1 {
                     let (_, job) = s.queue.pop_front().expect("the leader's job is first");
                     s.expected = vec![id];
                     return Turn::Alone(job, Lead { batcher: self, started });
                 }
-                // Taken out back to front, so that the indices stay right; then put in order.
-                let mut jobs: Vec<(u64, Job)> =
-                    picked.iter().rev().map(|&i| s.queue.remove(i).expect("picked from the queue")).collect();
-                jobs.reverse();
+                let mut jobs = take_out(&mut s.queue, picked);
                 s.expected = jobs.iter().map(|(_, j)| j.kv.id).collect();
                 let mut compute = s.compute.take();
                 let mut scratch = std::mem::take(&mut s.scratch);
@@ -285,9 +329,10 @@ impl Batcher {
 }
 
 /// The jobs of the next pass, as indices into `queue`: the first (the one that waited
-/// longest), and — where `share` — others with the same plan, by priority then arrival, while
-/// the pass stays within [`SHARED_TOKENS`] rows, [`SHARED_LOGITS`] rows of logits and
-/// [`SHARED_JOBS`] sessions.
+/// longest), and — where `share` — others with the same plan, by priority, then decoding
+/// before reading a prompt (a chunk of prompt never keeps a session's next token out, as in
+/// Sarathi-Serve), then arrival, while the pass stays within [`SHARED_TOKENS`] rows,
+/// [`SHARED_LOGITS`] rows of logits and [`SHARED_JOBS`] sessions.
 fn pick(queue: &VecDeque<(u64, Job)>, share: bool) -> Vec<usize> {
     let head = &queue[0].1;
     let mut picked = vec![0];
@@ -296,7 +341,7 @@ fn pick(queue: &VecDeque<(u64, Job)>, share: bool) -> Vec<usize> {
         return picked;
     }
     let mut others: Vec<usize> = (1..queue.len()).collect();
-    others.sort_by_key(|&i| (queue[i].1.priority, queue[i].0));
+    others.sort_by_key(|&i| (queue[i].1.priority, queue[i].1.reads_prompt(), queue[i].0));
     for i in others {
         let job = &queue[i].1;
         let fits = tokens + job.shape.n_tokens <= SHARED_TOKENS && outs + job.shape.n_out <= SHARED_LOGITS;
@@ -310,6 +355,25 @@ fn pick(queue: &VecDeque<(u64, Job)>, share: bool) -> Vec<usize> {
         }
     }
     picked
+}
+
+/// Rows of the next chunk of a prompt with `rest` tokens left, read beside others whose
+/// prompts leave `longest` tokens at most and `all` in all: spread evenly over the passes
+/// that the longest prompt needs in [`SHARED_CHUNK`]s and all of them need in passes of
+/// [`PROMPT_ROWS`] — but never thinner than a quarter chunk, so that a short prompt beside a
+/// long one is not drawn out over its many passes.
+fn even_chunk(rest: usize, longest: usize, all: usize) -> usize {
+    let passes = longest.div_ceil(SHARED_CHUNK).max(all.div_ceil(PROMPT_ROWS)).max(1);
+    rest.div_ceil(passes).clamp(SHARED_CHUNK / 4, SHARED_CHUNK)
+}
+
+/// The entries of `queue` at `indices` (in any order), taken out and returned in queue order.
+fn take_out<T>(queue: &mut VecDeque<T>, mut indices: Vec<usize>) -> Vec<T> {
+    // From the highest index down, so that the indices still to take stay right.
+    indices.sort_unstable_by(|a, b| b.cmp(a));
+    let mut taken: Vec<T> = indices.iter().filter_map(|&i| queue.remove(i)).collect();
+    taken.reverse();
+    taken
 }
 
 /// Compute `jobs` as one pass on the model's shared machinery (made now if there is none),
@@ -365,4 +429,38 @@ fn shared_compute(model: &Inner, job: &Job) -> Result<Compute> {
     );
     let what = format!("the compute buffer of {}'s shared passes", model.info.name);
     Compute::new(model, job.threads, SHARED_JOBS, &[Segment { kv, shape }], Some(&model.ledger), &what)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_picked_out_of_queue_order_are_taken_out_in_queue_order() {
+        // A pass picks the head, then others by priority: their indices come in any order.
+        let mut queue: VecDeque<char> = "abcde".chars().collect();
+        assert_eq!(take_out(&mut queue, vec![0, 3, 1]), vec!['a', 'b', 'd']);
+        assert_eq!(queue, VecDeque::from(vec!['c', 'e']));
+        assert_eq!(take_out(&mut queue, vec![1, 0]), vec!['c', 'e']);
+        assert!(queue.is_empty());
+    }
+
+    #[test]
+    fn prompts_read_together_are_cut_to_end_in_the_same_pass() {
+        // Four prompts of 152, 183, 187 and 237 tokens: seven passes of at most 112 rows.
+        let prompts = [152, 183, 187, 237];
+        let (longest, all) = (237, prompts.iter().sum::<usize>());
+        let chunks: Vec<usize> = prompts.iter().map(|&p| even_chunk(p, longest, all)).collect();
+        assert_eq!(chunks, vec![22, 27, 27, 34]);
+        assert!(chunks.iter().sum::<usize>() <= PROMPT_ROWS);
+        for (p, c) in prompts.iter().zip(&chunks) {
+            assert_eq!(p.div_ceil(*c), 7, "{p} tokens in chunks of {c}");
+        }
+        // Alone beside decoding sessions: chunks of SHARED_CHUNK.
+        assert_eq!(even_chunk(640, 640, 640), SHARED_CHUNK);
+        assert_eq!(even_chunk(1000, 1000, 1000), 63);
+        assert_eq!(even_chunk(5, 5, 5), SHARED_CHUNK / 4, "the pass takes what is left");
+        // A short prompt beside a long one: a quarter chunk at least.
+        assert_eq!(even_chunk(30, 2000, 2030), SHARED_CHUNK / 4);
+    }
 }

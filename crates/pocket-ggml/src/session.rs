@@ -117,13 +117,26 @@ impl GgmlSession {
         self.kv.bytes()
     }
 
-    /// Most tokens of the next pass: the configured batch, or while other sessions of the
-    /// model decode, a chunk they can share a pass with.
-    fn chunk(&self) -> usize {
-        match &self.model.batch {
-            Some(b) if b.others_active(self.kv.id) => self.config.n_batch.min(SHARED_CHUNK),
-            _ => self.config.n_batch,
+    /// Most tokens of the next pass, `done` of `batch` tokens into a decode that wants logits
+    /// of `n_rows` of them: the configured batch, or while other sessions of the model are at
+    /// work, a chunk they can share a pass with ([`Batcher::prompt_chunk`]; a decode that
+    /// wants fewer rows than it has reads a prompt). The first pass of a long prompt is such
+    /// a chunk too:
+    /// requests that come together have their sessions made within milliseconds of each
+    /// other, and the first to start would otherwise read its whole prompt before the others
+    /// could join. A request alone pays one smaller pass at the start of its prompt.
+    ///
+    /// [`Batcher::prompt_chunk`]: crate::batch::Batcher::prompt_chunk
+    fn chunk(&self, done: usize, batch: usize, n_rows: usize) -> usize {
+        let Some(b) = &self.model.batch else {
+            return self.config.n_batch;
+        };
+        match b.prompt_chunk(self.kv.id, batch - done, n_rows < batch) {
+            Some(chunk) => chunk,
+            None if done == 0 => SHARED_CHUNK,
+            None => self.config.n_batch,
         }
+        .min(self.config.n_batch)
     }
 
     /// Run one pass over `self.tokens[pos0..pos0 + n_tokens]`, writing the last `n_out` rows of
@@ -136,6 +149,7 @@ impl GgmlSession {
         n_tokens: usize,
         n_out: usize,
         row_off: usize,
+        rest: usize,
     ) -> Result<()> {
         let shape = PassShape::new(pos0, n_tokens, n_out, &self.kv, &self.model.hp, self.model.attention);
         let model = Arc::clone(&self.model);
@@ -155,6 +169,7 @@ impl GgmlSession {
             shape,
             logits: std::mem::take(&mut self.logits),
             row_off,
+            rest,
         };
         match batch.enter(&model, job) {
             Turn::Alone(job, _lead) => {
@@ -252,9 +267,10 @@ impl Session for GgmlSession {
         // Each pass is sized when it comes: a long prompt is read in smaller chunks while other
         // sessions decode (and its rows are computed as they would be in any chunking).
         while let Some((pass, n_out)) =
-            pocket_core::next_pass(done, batch, n_rows, self.chunk(), self.config.max_rows)
+            pocket_core::next_pass(done, batch, n_rows, self.chunk(done, batch, n_rows), self.config.max_rows)
         {
-            if let Err(e) = self.pass(plan, start + pass.start, pass.len(), n_out, row_off) {
+            if let Err(e) = self.pass(plan, start + pass.start, pass.len(), n_out, row_off, batch - pass.end)
+            {
                 self.tokens.truncate(old_len);
                 return Err(e.into());
             }
