@@ -121,10 +121,9 @@ impl GgmlSession {
     /// of `n_rows` of them: the configured batch, or while other sessions of the model are at
     /// work, a chunk they can share a pass with ([`Batcher::prompt_chunk`]; a decode that
     /// wants fewer rows than it has reads a prompt). The first pass of a long prompt is such
-    /// a chunk too:
-    /// requests that come together have their sessions made within milliseconds of each
-    /// other, and the first to start would otherwise read its whole prompt before the others
-    /// could join. A request alone pays one smaller pass at the start of its prompt.
+    /// a chunk too: requests that come together have their sessions made within milliseconds
+    /// of each other, and the first to start would otherwise read its whole prompt before the
+    /// others could join. A request alone pays one smaller pass at the start of its prompt.
     ///
     /// [`Batcher::prompt_chunk`]: crate::batch::Batcher::prompt_chunk
     fn chunk(&self, done: usize, batch: usize, n_rows: usize) -> usize {
@@ -264,8 +263,8 @@ impl Session for GgmlSession {
         self.logits.resize(logits_len, 0.0);
 
         let (mut row_off, mut done) = (0, 0);
-        // Each pass is sized when it comes: a long prompt is read in smaller chunks while other
-        // sessions decode (and its rows are computed as they would be in any chunking).
+        // Each pass is sized when it comes (`chunk`: smaller while other sessions are at work,
+        // and for the first pass of a prompt); rows are computed as in any chunking.
         while let Some((pass, n_out)) =
             pocket_core::next_pass(done, batch, n_rows, self.chunk(done, batch, n_rows), self.config.max_rows)
         {
