@@ -259,6 +259,11 @@ impl Batcher {
                     return Turn::Alone(job, Lead { batcher: self, started });
                 }
                 let mut jobs = take_out(&mut s.queue, picked);
+                // In the order of their caches, not of arrival (which changes from pass to
+                // pass as the sessions' threads wake): the same sessions then make the same
+                // graph, and consecutive passes reuse it instead of building and allocating
+                // one each time.
+                jobs.sort_by_key(|(_, j)| j.kv.id);
                 s.expected = jobs.iter().map(|(_, j)| j.kv.id).collect();
                 let mut compute = s.compute.take();
                 let mut scratch = std::mem::take(&mut s.scratch);

@@ -59,6 +59,7 @@ mod x86_64 {
     use llama_cpp_sys_2 as sys;
 
     use crate::ffi::arena::Arena;
+    use crate::ffi::chunks::{Chunks, chunk_size};
     use crate::ffi::device::cpu_repack_buffer_type;
     use crate::ffi::graph::{Ctx, Tensor};
     use crate::gemm::{Isa, Quant, Rows, WORK, Work, isa, timing, x86};
@@ -139,50 +140,45 @@ mod x86_64 {
     }
 
     /// `w · x` as a ggml custom op, `x` quantized to Q8_K: `[w.ne1, x.ne1]` f32. The matrix
-    /// is passed as the op's userdata, not as a source: ggml's CPU backend hands an op with a
-    /// source in a repacking buffer to that buffer type, which runs only `mul_mat`. Weights
-    /// are placed before any graph is built and outlive every graph of their model, so the
-    /// scheduler needs no edge to them. Call only where [`applies`] holds.
+    /// is passed in the op's userdata (its chunks' parameter), not as a source: ggml's CPU
+    /// backend hands an op with a source in a repacking buffer to that buffer type, which runs
+    /// only `mul_mat`. Weights are placed before any graph is built and outlive every graph of
+    /// their model, so the scheduler needs no edge to them. Call only where [`applies`] holds.
     pub(crate) fn mul_mat(ctx: &Ctx, w: Tensor, xq: Tensor) -> Tensor {
         // SAFETY: `compute` reads the repacked matrix `w` (alive as long as the model, which
-        // outlives its graphs) and rows of Q8_K of the shapes `applies` checked, and each
-        // thread writes its own rows of the destination.
+        // outlives its graphs) and rows of Q8_K of the shapes `applies` checked, and chunks of
+        // the graph's (its user data); each thread writes the rows of the chunks it claims.
         unsafe {
             ctx.custom(
                 sys::GGML_TYPE_F32,
                 [w.ne()[1], xq.ne()[1], 1, 1],
                 &[xq],
                 Some(compute),
-                w.ptr().cast(),
+                ctx.chunks(w.ptr() as u64),
             )
         }
     }
 
-    /// The custom op's body on thread `ith` of `nth`: this thread's groups of 8 weight rows
-    /// times every activation row.
-    unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, w: *mut c_void) {
+    /// The custom op's body on thread `ith` of `nth`: chunks of groups of 8 weight rows,
+    /// claimed one after another (`userdata` is the graph's [`Chunks`] for the node, holding
+    /// the matrix), times every activation row — so that a thread the OS let run late does not
+    /// hold the others at the next barrier with a share fixed in advance.
+    unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
         let Some(isa) = isa() else { return };
         // SAFETY: ggml calls this with the tensor `mul_mat` built: the Q8_K rows in src 0, the
-        // matrix as userdata; `applies` checked their types and shapes. Threads write
-        // disjoint groups of rows of dst.
+        // chunks with the matrix as userdata; `applies` checked their types and shapes. Each
+        // chunk is claimed by one thread, which writes its rows of dst.
         unsafe {
-            let (w, y) = (&*w.cast::<sys::ggml_tensor>(), &*(*dst).src[0]);
+            let chunks = &*userdata.cast::<Chunks>();
+            let (w, y) = (&*(chunks.data as *const sys::ggml_tensor), &*(*dst).src[0]);
             let (k, m, n) = (w.ne[0] as usize, w.ne[1] as usize, y.ne[1] as usize);
-            let per_thread = m.div_ceil(nth.max(1) as usize).next_multiple_of(8);
-            let r0 = (ith as usize * per_thread).min(m);
-            let r1 = (r0 + per_thread).min(m);
-            if r0 == r1 {
-                return;
-            }
+            let chunk = chunk_size(m, nth.max(1) as usize).next_multiple_of(8);
             WORK.with_borrow_mut(|work| {
-                let rows = Rows {
-                    w: w.data.cast_const().cast(),
-                    y: y.data.cast_const().cast(),
-                    k,
-                    n,
-                    range: r0..r1,
-                };
-                x86::q4_k_x8::gemm(isa, &rows, (*dst).data.cast(), m, work);
+                for range in chunks.ranges(m, chunk) {
+                    let rows =
+                        Rows { w: w.data.cast_const().cast(), y: y.data.cast_const().cast(), k, n, range };
+                    x86::q4_k_x8::gemm(isa, &rows, (*dst).data.cast(), m, work);
+                }
             });
         }
     }

@@ -54,19 +54,41 @@ pub(crate) fn detect() -> Option<Isa> {
 /// (the pairs must not saturate 16 bits in [`Avx2`]: every caller's values are small enough
 /// for their sums to be exact either way, so the choice changes speed, not bits).
 pub(crate) trait Dot {
+    /// Whether [`Dot::dot_acc`] adds 4 products of any unsigned and signed byte to a lane
+    /// exactly (VNNI's `vpdpbusd` does, in 32 bits; AVX2's 16-bit pairs saturate).
+    const EXACT: bool;
+
     /// # Safety
     /// The CPU must have the instructions the implementation uses.
     unsafe fn dot(qx: __m256i, qy: __m256i) -> __m256i;
+
+    /// `acc` plus the lane sums of [`Dot::dot`], for any bytes where [`Dot::EXACT`].
+    ///
+    /// # Safety
+    /// As for [`Dot::dot`].
+    #[inline(always)]
+    unsafe fn dot_acc(acc: __m256i, qx: __m256i, qy: __m256i) -> __m256i {
+        // SAFETY: by the caller.
+        unsafe { _mm256_add_epi32(acc, Self::dot(qx, qy)) }
+    }
 }
 
 /// AVX-512 VNNI on 256-bit registers (EVEX `vpdpbusd`, needs AVX-512 VL).
 pub(crate) struct Avx512Vnni;
 
 impl Dot for Avx512Vnni {
+    const EXACT: bool = true;
+
     #[inline(always)]
     unsafe fn dot(qx: __m256i, qy: __m256i) -> __m256i {
         // SAFETY: by the caller (AVX-512 VNNI and VL).
         unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), qx, qy) }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_acc(acc: __m256i, qx: __m256i, qy: __m256i) -> __m256i {
+        // SAFETY: by the caller (AVX-512 VNNI and VL).
+        unsafe { _mm256_dpbusd_epi32(acc, qx, qy) }
     }
 }
 
@@ -74,10 +96,18 @@ impl Dot for Avx512Vnni {
 pub(crate) struct AvxVnni;
 
 impl Dot for AvxVnni {
+    const EXACT: bool = true;
+
     #[inline(always)]
     unsafe fn dot(qx: __m256i, qy: __m256i) -> __m256i {
         // SAFETY: by the caller (AVX-VNNI).
         unsafe { _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), qx, qy) }
+    }
+
+    #[inline(always)]
+    unsafe fn dot_acc(acc: __m256i, qx: __m256i, qy: __m256i) -> __m256i {
+        // SAFETY: by the caller (AVX-VNNI).
+        unsafe { _mm256_dpbusd_avx_epi32(acc, qx, qy) }
     }
 }
 
@@ -85,6 +115,8 @@ impl Dot for AvxVnni {
 pub(crate) struct Avx2;
 
 impl Dot for Avx2 {
+    const EXACT: bool = false;
+
     #[inline(always)]
     unsafe fn dot(qx: __m256i, qy: __m256i) -> __m256i {
         // SAFETY: by the caller (AVX2).

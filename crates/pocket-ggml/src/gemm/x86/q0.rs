@@ -11,6 +11,13 @@
 //! offset` straight into `vpmaddubsw` (or `vpdpbusd`) and subtract `offset·Σy` per lane,
 //! computed once per activation block: one instruction less per block and activation row,
 //! the same integers (activations lie in [-127, 127], so ggml's sign trick is exact too).
+//!
+//! With VNNI, whose `vpdpbusd` adds into a 32-bit lane without saturating, the roles turn
+//! round and the correction moves out of the row loop: activations offset to unsigned
+//! (`y + 128`, once per activation block), weights as their signed values, and each lane's
+//! sum started from `-128·Σv` (once per weight block), so that `vpdpbusd` alone leaves
+//! `Σ v·y` — the same integers again, with no subtraction (or, for Q8_0, `vpsignb`) for each
+//! activation row.
 
 use std::arch::x86_64::*;
 
@@ -89,6 +96,22 @@ impl Block for BlockQ8_0 {
             let x = _mm256_loadu_si256(self.qs.as_ptr().cast());
             [_mm256_sign_epi8(x, x), x]
         }
+    }
+}
+
+/// A weight block as [`tile`] keeps it where `D` is [`Dot::EXACT`]: its values as signed
+/// bytes, and each lane's `-128·Σv`, where the sums of activations offset by 128 start.
+///
+/// # Safety
+/// The CPU must have AVX2 and D's instructions.
+#[inline(always)]
+unsafe fn signed<B: Block, D: Dot>(b: &B) -> [__m256i; 2] {
+    // SAFETY: by the caller.
+    unsafe {
+        let x = b.unpack();
+        let v = if B::OFFSET == 0 { x[1] } else { _mm256_sub_epi8(x[0], _mm256_set1_epi8(B::OFFSET as i8)) };
+        let sum = D::dot(_mm256_set1_epi8(0x80u8 as i8), v);
+        [v, _mm256_sub_epi32(_mm256_setzero_si256(), sum)]
     }
 }
 
@@ -187,10 +210,21 @@ unsafe fn gemm_body<B: Block, D: Dot>(
             }
         }
     }
-    // Per activation block, OFFSET·Σqy in each lane's 4 bytes.
+    // Per activation block, its bytes offset to unsigned (where D is exact), or OFFSET·Σqy in
+    // each lane's 4 bytes.
     let sums = &mut work.ints;
     sums.clear();
-    if B::OFFSET != 0 {
+    if D::EXACT {
+        sums.resize(ncols * nb * LANES, 0);
+        for (i, b) in y.iter().enumerate() {
+            // SAFETY: the caller's CPU has AVX2; 32 bytes are read and 32 written.
+            unsafe {
+                let qy = _mm256_loadu_si256(b.qs.as_ptr().cast());
+                let unsigned = _mm256_xor_si256(qy, _mm256_set1_epi8(0x80u8 as i8));
+                _mm256_storeu_si256(sums.as_mut_ptr().add(i * LANES).cast(), unsigned);
+            }
+        }
+    } else if B::OFFSET != 0 {
         sums.resize(ncols * nb * LANES, 0);
         for (i, b) in y.iter().enumerate() {
             // SAFETY: the caller's CPU has AVX2; 32 bytes are read and 8 ints written.
@@ -262,7 +296,7 @@ unsafe fn tile<B: Block, D: Dot, const N: usize>(
                     dxdy.as_mut_ptr().add(i * LANES),
                     _mm256_mul_ps(_mm256_set1_ps(f16(b.d())), yd),
                 );
-                *unpacked.get_unchecked_mut(i) = b.unpack();
+                *unpacked.get_unchecked_mut(i) = if D::EXACT { signed::<B, D>(b) } else { b.unpack() };
             }
             for i in 0..blocks.len() {
                 let ib = chunk * CHUNK + i;
@@ -272,13 +306,19 @@ unsafe fn tile<B: Block, D: Dot, const N: usize>(
                 // latency then chained every block's multiply-add.
                 unroll_cols!(c, N, {
                     let at = (c0 + c) * nb + ib;
-                    let qy = _mm256_loadu_si256(y.get_unchecked(at).qs.as_ptr().cast());
-                    let ysum = if B::OFFSET == 0 {
-                        _mm256_setzero_si256()
+                    let lanes = if D::EXACT {
+                        let unsigned = _mm256_loadu_si256(sums.as_ptr().add(at * LANES).cast());
+                        D::dot_acc(x[1], unsigned, x[0])
                     } else {
-                        _mm256_loadu_si256(sums.as_ptr().add(at * LANES).cast())
+                        let qy = _mm256_loadu_si256(y.get_unchecked(at).qs.as_ptr().cast());
+                        let ysum = if B::OFFSET == 0 {
+                            _mm256_setzero_si256()
+                        } else {
+                            _mm256_loadu_si256(sums.as_ptr().add(at * LANES).cast())
+                        };
+                        lanes::<B, D>(x, qy, ysum)
                     };
-                    let xy = _mm256_cvtepi32_ps(lanes::<B, D>(x, qy, ysum));
+                    let xy = _mm256_cvtepi32_ps(lanes);
                     acc[c] =
                         _mm256_fmadd_ps(_mm256_broadcast_ss(dxdy.get_unchecked(i * LANES + c)), xy, acc[c]);
                 });
