@@ -130,6 +130,8 @@ fn bad_requests_get_openai_shaped_errors_with_the_right_status() {
     check(code, &body, 413, "invalid_request_error", "larger than");
     let (code, body) = d.curl("GET", "/v2/nothing", None);
     check(code, &body, 404, "not_found_error", "no such endpoint");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((&v["error"]["code"], &v["error"]["param"]), (&json!("UnknownEndpoint"), &Value::Null), "{v}");
     // The daemon is still serving after all that.
     let (code, r) = d.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 2}));
     assert_eq!(code, 200, "{r}");

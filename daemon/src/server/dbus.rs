@@ -83,6 +83,8 @@ impl From<ServeError> for PocketError {
         match e {
             ServeError::InvalidArgument { .. } => PocketError::InvalidArgument(m),
             ServeError::UnknownModel(_) => PocketError::UnknownModel(m),
+            // Not a D-Bus error: D-Bus has no paths to get wrong.
+            ServeError::UnknownEndpoint(_) => PocketError::InvalidArgument(m),
             ServeError::OverBudget { .. } => PocketError::OverBudget(m),
             ServeError::QueueFull(_) | ServeError::CallerLimit(_) => PocketError::QueueFull(m),
             ServeError::TooLarge(_) => PocketError::TooLarge(m),

@@ -16,6 +16,9 @@ pub enum ServeError {
     /// No model by that name in the models directory.
     #[error("{0}")]
     UnknownModel(String),
+    /// No endpoint at that path (HTTP only).
+    #[error("{0}")]
+    UnknownEndpoint(String),
     /// The prompt does not fit the context (or the body is larger than allowed).
     #[error("{0}")]
     TooLarge(String),
@@ -133,7 +136,7 @@ impl ServeError {
     pub fn http_status(&self) -> u16 {
         match self {
             ServeError::InvalidArgument { .. } => 400,
-            ServeError::UnknownModel(_) => 404,
+            ServeError::UnknownModel(_) | ServeError::UnknownEndpoint(_) => 404,
             ServeError::Busy(_) => 409,
             ServeError::TooLarge(_) => 413,
             ServeError::QueueFull(_) | ServeError::CallerLimit(_) => 429,
@@ -147,7 +150,7 @@ impl ServeError {
     pub fn kind(&self) -> &'static str {
         match self {
             ServeError::InvalidArgument { .. } | ServeError::TooLarge(_) => "invalid_request_error",
-            ServeError::UnknownModel(_) => "not_found_error",
+            ServeError::UnknownModel(_) | ServeError::UnknownEndpoint(_) => "not_found_error",
             ServeError::Busy(_) => "conflict_error",
             ServeError::QueueFull(_) | ServeError::CallerLimit(_) => "rate_limit_error",
             ServeError::OverBudget { .. } | ServeError::ShuttingDown => "service_unavailable_error",
@@ -162,6 +165,7 @@ impl ServeError {
         match self {
             ServeError::InvalidArgument { .. } => "InvalidArgument",
             ServeError::UnknownModel(_) => "UnknownModel",
+            ServeError::UnknownEndpoint(_) => "UnknownEndpoint",
             ServeError::TooLarge(_) => "TooLarge",
             ServeError::QueueFull(_) | ServeError::CallerLimit(_) => "QueueFull",
             ServeError::OverBudget { .. } => "OverBudget",

@@ -66,7 +66,7 @@ pub fn router(scheduler: Arc<Scheduler>) -> Router {
 }
 
 async fn not_found(uri: axum::http::Uri) -> ServeError {
-    ServeError::UnknownModel(format!(
+    ServeError::UnknownEndpoint(format!(
         "no such endpoint {}; pocketd serves /v1/chat/completions, /v1/completions, /v1/models, /v1/status, \
          /v1/models/NAME/load|unload and /metrics",
         uri.path()
