@@ -557,8 +557,8 @@ pub struct ErrorObject {
     pub kind: String,
     /// The request field at fault, if one is.
     pub param: Option<String>,
-    /// A stable code for programs: `model_not_found`, `over_budget`, `queue_full`,
-    /// `context_length_exceeded`, …
+    /// A stable code for programs; pocketd sends its error kinds (`UnknownModel`,
+    /// `UnknownEndpoint`, `TooLarge`, `OverBudget`, `QueueFull`, …).
     pub code: Option<String>,
 }
 

@@ -15,8 +15,8 @@
 //! to the first token; decode: tokens after the first over the time after the first) and
 //! measured for memory. A workload's conversations are replayed turn by turn through pocketd,
 //! with its prompt cache and without ([`conversation`]; [`suite::run_workload`] runs both
-//! kinds). The [`results`] document follows `shared/bench/README.md`; [`report`] prints it as
-//! a table and [`chart`] draws it.
+//! kinds). The [`results`] document follows this crate's `README.md`; [`report`] prints it
+//! as a table and [`chart`] draws it.
 //!
 //! ```no_run
 //! use pocket_bench::{self as bench, BenchConfig, Mode};

@@ -1,6 +1,6 @@
-//! The results document (`--json FILE`), in the shape `shared/bench/README.md` defines, so
-//! that runs from different machines can be compared. Fields beyond the README's are
-//! additions; none of the README's is renamed or dropped.
+//! The results document (`--json FILE`), in the shape this crate's `README.md` describes, so
+//! that runs from different machines can be compared. Fields beyond those of its first version
+//! are additions; none of those was renamed or dropped.
 
 use std::collections::BTreeMap;
 
@@ -283,8 +283,8 @@ pub struct KindSummary {
     pub speedup_vs_same_weights: Option<f64>,
 }
 
-/// Conversations replayed turn by turn through pocketd, in each of [`Self::modes`]
-/// (`shared/bench/README.md`, "Conversations"). Each mode answers from its own history, so
+/// Conversations replayed turn by turn through pocketd, in each of [`Self::modes`] (this
+/// crate's `README.md`, "Workload" and "Results"). Each mode answers from its own history, so
 /// that it is replayed as a chat app would replay it; `identical_to_vanilla` says, per turn,
 /// whether a mode's answer equals the reference mode's, and so whether the histories of the
 /// turns after it are still the same.

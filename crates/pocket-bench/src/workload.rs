@@ -1,5 +1,5 @@
 //! The benchmark workload: JSON Lines, one prompt or conversation per line (format in
-//! `shared/bench/README.md`).
+//! this crate's `README.md`).
 //!
 //! ```json
 //! {"id": "edit-textwrap-indent", "kind": "edit", "messages": [{"role": "user", "content": "..."}], "max_tokens": 256}

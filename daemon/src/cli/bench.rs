@@ -26,7 +26,7 @@ pub struct Args {
     model: ModelArgs,
     /// The workload, JSON Lines (default: the built-in `benches/workload.jsonl`, or
     /// `benches/seq2seq.jsonl` for an encoder-decoder model). Lines of `"kind": "conversation"`
-    /// (`shared/bench/conversations.jsonl`) are replayed turn by turn through pocketd
+    /// (the format is in `crates/pocket-bench/README.md`) are replayed turn by turn through pocketd
     /// (`--socket`), with its prompt cache (`cache`) and without (`no-cache`); a workload of
     /// conversations only runs nothing in this process.
     #[arg(long)]

@@ -161,7 +161,7 @@ pub struct Config {
     pub threads: Threads,
     /// Requests that generate at once — sharing each forward pass where the model allows —
     /// `"auto"` (from the default model's measured cost curve) or a count; more wait in the
-    /// queue, the highest `priority` first.
+    /// queue, the lowest `priority` first.
     pub parallel: Parallel,
     /// Requests that may wait for a turn; more are refused with 429.
     pub queue: usize,
