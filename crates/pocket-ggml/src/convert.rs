@@ -5,7 +5,7 @@
 //! arithmetic per output element does not depend on the number of rows, while Q4_1 and the
 //! K-quants go through the one-row dot product for every row. Verifying 8 draft tokens costs
 //! about 2.7 decode steps in Q8_0 and 4.8 in Q4_1 on this project's 2-core CPU
-//! (../shared/FACTS.md), so speculation pays far more often on the converted weights.
+//! (docs/benchmarks.md), so speculation pays far more often on the converted weights.
 //! Widening 4- to 6-bit blocks to Q8_0 changes each weight by little more than half a Q8_0
 //! step (the step is 1/127 of its block's largest magnitude); the bench reports how often
 //! that changes a greedy output (`vanilla@q8_0` against `vanilla`).

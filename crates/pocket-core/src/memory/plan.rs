@@ -1,5 +1,5 @@
 //! The planner: what a session may hold under the budget, given up in a fixed order when it
-//! cannot have everything it asked for (../shared/DESIGN.md, Memory): first smaller prefill
+//! cannot have everything it asked for (docs/architecture.md, the memory budget): first smaller prefill
 //! passes (a smaller compute buffer; costs time to first token, not decode speed), then
 //! shorter drafts, then a drafter that needs no memory of its own instead of a draft model,
 //! then no speculation, then a lower-bit KV cache; and when even the least of those does not

@@ -2,8 +2,9 @@
 //! `src/models/*.cpp`: each reads the hyperparameters it needs, declares its tensors by their
 //! GGUF names, and builds its layer from the shared helpers of [`crate::graph::Builder`].
 //!
-//! Adding an architecture is a new file here, a line in [`Arch`], and its synthetic model in
-//! the parity tests (`tests/architectures.rs`). A file of an architecture not listed here, or
+//! Adding an architecture is a new file here, a variant of [`Arch`] with its arms in the
+//! matches over it and its name in `SUPPORTED_ARCHITECTURES`, and its synthetic model in the
+//! parity tests (`tests/architectures.rs`); docs/architecture.md walks through it. A file of an architecture not listed here, or
 //! with a feature its file does not build (say, a RoPE scaling we do not implement), is
 //! refused with [`Error::Unsupported`]; pocket-runtime then runs it through llama.cpp itself.
 

@@ -1,8 +1,8 @@
 //! The FFI layer: everything that calls ggml or llama.cpp directly, as safe types —
 //! [`graph`] (building graphs), [`gguf`] (reading GGUF files), [`device`] (devices and buffer
 //! types), [`arena`] (tensors holding data: weights, KV cache), [`sched`] (a session's backends and scheduler), [`types`] (element types), [`llama`] (llama.cpp's own model and
-//! context), [`vocab`] (its tokenizer). Most of the crate's `unsafe` is here; the rest is in the kernels (`attention`,
-//! `gemm`) and in the code that places weights and the KV cache in backend buffers.
+//! context), [`vocab`] (its tokenizer). The crate's `unsafe` is here and in the kernels (`attention`,
+//! `gemm`).
 
 pub(crate) mod arena;
 pub(crate) mod chunks;
