@@ -5,5 +5,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = pocket_ggml::gguf_check::check(data, data.len() as u64, &pocket_ggml::gguf_check::ggml_type_layout);
+    let _ = pocket_ggml::gguf_check::check(data, data.len() as u64, &pocket_ggml::ggml_type_layout);
 });

@@ -5,7 +5,6 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::resolve::ResolvedModel;
 use crate::{Error, Result};
 
 /// The built-in manifests, compiled in so that `pocket` knows them wherever it runs.
@@ -278,19 +277,8 @@ impl Manifest {
         self.first_missing(models_dir).is_none()
     }
 
-    /// The manifest as a [`ResolvedModel`] if it is pulled, else [`Error::NotPulled`].
-    pub(crate) fn resolved(&self, models_dir: &Path) -> Result<ResolvedModel> {
-        if let Some(path) = self.first_missing(models_dir) {
-            return Err(Error::NotPulled { name: self.name.clone(), path });
-        }
-        Ok(ResolvedModel {
-            path: self.path(models_dir),
-            files: self.files.iter().map(|f| f.path(models_dir)).collect(),
-            manifest: Some(self.clone()),
-        })
-    }
-
-    fn first_missing(&self, models_dir: &Path) -> Option<PathBuf> {
+    /// The first of its files not in `models_dir` with the right size, if any.
+    pub(crate) fn first_missing(&self, models_dir: &Path) -> Option<PathBuf> {
         self.files.iter().map(|f| (f, f.path(models_dir))).find_map(|(file, path)| {
             match std::fs::metadata(&path) {
                 Ok(meta) if meta.is_file() && meta.len() == file.size => None,

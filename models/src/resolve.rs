@@ -18,6 +18,21 @@ pub struct ResolvedModel {
     pub manifest: Option<Manifest>,
 }
 
+impl ResolvedModel {
+    /// The model `manifest` describes, if it is pulled into `models_dir`, else
+    /// [`Error::NotPulled`].
+    pub(crate) fn pulled(manifest: &Manifest, models_dir: &Path) -> Result<ResolvedModel> {
+        if let Some(path) = manifest.first_missing(models_dir) {
+            return Err(Error::NotPulled { name: manifest.name.clone(), path });
+        }
+        Ok(ResolvedModel {
+            path: manifest.path(models_dir),
+            files: manifest.files.iter().map(|f| f.path(models_dir)).collect(),
+            manifest: Some(manifest.clone()),
+        })
+    }
+}
+
 /// Resolves what a user typed after `-m`, in this order:
 ///
 /// 1. a path to an existing file (absolute, or relative to the current directory);
@@ -45,7 +60,7 @@ impl Catalog {
             return Ok(model);
         }
         if let Some(manifest) = self.get(spec) {
-            return manifest.resolved(models_dir);
+            return ResolvedModel::pulled(manifest, models_dir);
         }
         let loose = loose_files(models_dir)?;
         let by_name = models_dir.join(spec);

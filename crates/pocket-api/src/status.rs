@@ -43,7 +43,7 @@ pub struct Status {
 }
 
 /// The CPU threads of forward passes (`GET /v1/status`'s `cpu`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CpuStatus {
     /// `threads` as configured: `auto` or a count.
     pub threads_setting: String,

@@ -11,9 +11,9 @@ use std::fmt::Write;
 use std::path::Path;
 
 use super::Error;
+use super::median::median;
 use super::report::{mib, num, ratio, short_sha, write_rows};
 use super::results::{BenchResults, CostPoint, RunRecord};
-use super::summary::median;
 
 /// One side of a comparison: a results document and what to call it.
 #[derive(Debug, Clone)]

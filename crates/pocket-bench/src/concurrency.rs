@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::summary::median;
+use crate::median::median;
 
 /// What `--concurrent N` measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

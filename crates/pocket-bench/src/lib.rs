@@ -35,8 +35,10 @@ use std::path::PathBuf;
 pub mod chart;
 pub mod compare;
 pub mod concurrency;
+mod config;
 pub mod conversation;
 mod machine;
+mod median;
 pub mod modes;
 pub mod report;
 pub mod results;
@@ -44,9 +46,9 @@ pub mod suite;
 pub mod summary;
 pub mod workload;
 
+pub use config::{BenchConfig, Progress, Start};
 pub use modes::{Mode, RunMode, RunOutput, Runner};
 pub use results::BenchResults;
-pub use suite::{BenchConfig, Progress, Start};
 pub use workload::{Conversation, Kind, Prompt, PromptInput, Workload, WorkloadError};
 
 /// What can go wrong running a benchmark.

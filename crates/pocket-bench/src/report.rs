@@ -382,7 +382,7 @@ fn contention_warning(r: &BenchResults) -> Option<String> {
         return None;
     }
     let max = loads.iter().copied().fold(0.0, f64::max);
-    let median = super::summary::median(loads.iter().copied()).unwrap_or(0.0);
+    let median = super::median::median(loads.iter().copied()).unwrap_or(0.0);
     Some(format!(
         "warning: other processes kept the CPU busy during {contended} of {} runs \
          (median {median:.2}, up to {max:.2} cores): those timings measure the competition too \

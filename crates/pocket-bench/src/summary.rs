@@ -2,21 +2,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::median::median;
 use super::modes::{NAIVE_PREFIX, SOCKET_PREFIX};
 use super::results::{KindSummary, ModeSummary, RunRecord};
-
-/// The median (the mean of the middle two for an even count); `None` for no values. NaN
-/// values are ignored.
-pub fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
-    let mut v: Vec<f64> = values.into_iter().filter(|x| !x.is_nan()).collect();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
-}
 
 /// Set every run's `identical_to_vanilla` and `diverges_at` by comparing its output (the
 /// token ids in `outputs`, one per run) with `vanilla`'s for the same prompt and round; both
@@ -266,15 +254,6 @@ pub(crate) mod tests {
         compare_outputs(&mut runs, &[vec![4, 5, 6], vec![4, 5]]);
         assert_eq!(runs[1].diverges_at, Some(2));
         assert_eq!(runs[1].identical_to_vanilla, Some(false));
-    }
-
-    #[test]
-    fn medians_of_odd_even_and_empty_lists() {
-        assert_eq!(median([5.0, 1.0, 3.0]), Some(3.0));
-        assert_eq!(median([4.0, 1.0, 3.0, 2.0]), Some(2.5));
-        assert_eq!(median([7.0]), Some(7.0));
-        assert_eq!(median([f64::NAN, 2.0]), Some(2.0));
-        assert_eq!(median(std::iter::empty()), None);
     }
 
     #[test]

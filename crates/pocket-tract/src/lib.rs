@@ -27,6 +27,7 @@ mod graph;
 pub mod kivi;
 pub mod kv;
 mod layout;
+mod loaded;
 mod model;
 mod roles;
 mod session;

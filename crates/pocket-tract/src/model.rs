@@ -11,34 +11,14 @@ use pocket_core::{
     CacheKey, Footprint, Model, ModelInfo, ModelKind, Session, SessionConfig, Token, Tokenizer,
 };
 use serde_json::Value;
-use tract_linalg::multithread::Executor;
 
+use crate::Error;
 use crate::graph::Graph;
-use crate::kv::kv_bytes_per_token;
 use crate::layout::Layout;
+use crate::loaded::Inner;
 use crate::roles::{DecoderGraph, EncoderGraph};
 use crate::session::TractSession;
 use crate::tokenizer::HfTokenizer;
-use crate::{Error, KV_WINDOW};
-
-/// What sessions share with the model.
-pub(crate) struct Inner {
-    pub(crate) info: ModelInfo,
-    pub(crate) layout: Layout,
-    pub(crate) tokenizer: HfTokenizer,
-    pub(crate) encoder: EncoderGraph,
-    pub(crate) decoder: DecoderGraph,
-    pub(crate) with_past: Option<DecoderGraph>,
-    pub(crate) decoder_start: Token,
-    /// Attention heads and their width (of the cache where there is one, else from
-    /// config.json or a guess), for the footprint.
-    pub(crate) heads: usize,
-    pub(crate) head_dim: usize,
-    /// One thread pool per thread count, shared by the sessions that ask for it.
-    executors: Mutex<HashMap<usize, Executor>>,
-    /// What measurements of this model are remembered under.
-    cache_key: Option<CacheKey>,
-}
 
 /// An ONNX encoder-decoder model loaded into tract.
 pub struct TractModel {
@@ -200,37 +180,6 @@ impl TractModel {
     }
 }
 
-impl Inner {
-    /// The thread pool for `threads` threads.
-    pub(crate) fn executor(&self, threads: usize) -> Executor {
-        let threads = threads.max(1);
-        if threads == 1 {
-            return Executor::SingleThread;
-        }
-        let mut pools = self.executors.lock().unwrap_or_else(|p| p.into_inner());
-        pools
-            .entry(threads)
-            .or_insert_with(|| Executor::multithread_with_name(threads, "pocket-tract"))
-            .clone()
-    }
-
-    /// Bytes tract's intermediate tensors take in one decoder call over `positions` positions
-    /// of which `rows` return logits, with `past` cached tokens written out as f32 (an
-    /// estimate from the shapes: logits, a few model-width activations per position, the
-    /// attention scores, and the past and present K/V of a with-past call).
-    pub(crate) fn compute_bytes(&self, positions: usize, rows: usize, past: usize) -> u64 {
-        let i = &self.info;
-        let activations = positions * 8 * i.n_embd.max(self.heads * self.head_dim);
-        let scores = 2 * self.heads * positions * (past + positions);
-        let kv = if self.with_past.is_some() {
-            2 * 2 * i.n_layers * self.heads * self.head_dim * (past + positions)
-        } else {
-            0
-        };
-        (4 * (rows * i.n_vocab + activations + scores + kv)) as u64
-    }
-}
-
 impl Model for TractModel {
     fn info(&self) -> &ModelInfo {
         &self.inner.info
@@ -259,43 +208,10 @@ impl Model for TractModel {
     }
 
     fn footprint(&self, config: &SessionConfig) -> pocket_core::Result<Footprint> {
-        Self::footprint_of(&self.inner, config)
+        self.inner.footprint(config)
     }
 
     fn session_in(&self, config: &SessionConfig, ledger: &Ledger) -> pocket_core::Result<Box<dyn Session>> {
         Ok(Box::new(self.new_session(config, ledger)?))
-    }
-}
-
-impl TractModel {
-    /// [`Model::footprint`] for the model `inner`.
-    pub(crate) fn footprint_of(inner: &Inner, config: &SessionConfig) -> pocket_core::Result<Footprint> {
-        let n_ctx = config.n_ctx.max(1);
-        let (kv_bytes_per_token, kv_block_tokens, compute_bytes) = if inner.with_past.is_some() {
-            let per_token = kv_bytes_per_token(config.kv, inner.info.n_layers, inner.heads, inner.head_dim);
-            // Quantized groups are 32 tokens; the f32 window is charged at the quantized rate
-            // plus its own f32 bytes in the compute figure.
-            let f32_only =
-                [config.kv.k, config.kv.v].iter().all(|&t| crate::kv::kv_bits(t) == crate::kivi::Bits::F32);
-            let block = if f32_only { 1 } else { 32 };
-            let rows = config.max_rows.max(1);
-            (per_token.ceil() as u64, block, inner.compute_bytes(rows, rows, n_ctx))
-        } else {
-            // Every call recomputes the prefix: no cache, but a pass over all of it.
-            (0, 1, inner.compute_bytes(n_ctx, n_ctx, 0))
-        };
-        // The encoder's output and the cross-attention K/V are held for the source (at most
-        // n_ctx tokens): charged per context token with the compute.
-        let source =
-            (n_ctx * 4 * (inner.info.n_embd + 2 * inner.info.n_layers * inner.heads * inner.head_dim)) as u64;
-        let window = (KV_WINDOW * 2 * 4 * inner.info.n_layers * inner.heads * inner.head_dim) as u64;
-        Ok(Footprint {
-            weights_anon_bytes: inner.layout.graph_bytes(),
-            weights_mapped_bytes: 0,
-            kv_bytes_per_token,
-            kv_block_tokens,
-            compute_bytes: compute_bytes + source + window,
-            logits_row_bytes: (inner.info.n_vocab * 4) as u64,
-        })
     }
 }

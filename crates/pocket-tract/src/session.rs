@@ -8,7 +8,7 @@ use tract_linalg::multithread::{Executor, multithread_tract_scope};
 use tract_onnx::prelude::*;
 
 use crate::kv::DecoderCache;
-use crate::model::Inner;
+use crate::loaded::Inner;
 use crate::roles::ones_mask;
 
 /// The encoded source a session decodes against.
@@ -42,7 +42,7 @@ impl TractSession {
         if config.n_ctx == 0 {
             return Err(Error::invalid("the context size is 0; it must hold at least one token"));
         }
-        let footprint = crate::TractModel::footprint_of(&model, config)?;
+        let footprint = model.footprint(config)?;
         let compute = ledger.reserve(footprint.compute_bytes, "the encoder-decoder's compute and source")?;
         Ok(TractSession {
             executor: model.executor(config.threads.max()),

@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use zbus::Connection;
 
 use super::error::ServeError;
-use super::scheduler::Canceller;
+use super::job::Canceller;
 
 /// The callers with jobs.
 pub struct Callers {

@@ -46,7 +46,8 @@ use zbus::{Connection, ObjectPath, OwnedObjectPath, OwnedVariant, Str, Variant};
 use super::bus_callers::{self, Callers, Slot};
 use super::config::Bus;
 use super::error::ServeError;
-use super::scheduler::{Canceller, Finished, Input, Job, JobOptions, Piece, Scheduler, tool_choice};
+use super::job::{Canceller, Finished, Input, Job, JobOptions, Piece, Running, tool_choice};
+use super::scheduler::Scheduler;
 use pocket_runtime::grammar::Grammar;
 use pocket_runtime::tools::ToolChoice;
 
@@ -173,7 +174,7 @@ pub(super) fn job(model: &str, prompt: &str, options: &Options, client: String) 
                 let p = integer(v)
                     .filter(|n| (i32::MIN as i128..=i32::MAX as i128).contains(n))
                     .ok_or_else(|| wrong(key, "an integer"))? as i32;
-                super::scheduler::check_priority(p)?;
+                super::job::check_priority(p)?;
                 o.priority = p;
             }
             "top_k" => {
@@ -332,7 +333,7 @@ impl Pocketd {
         job: Job,
         header: &zbus::message::Header<'_>,
         connection: &Connection,
-    ) -> Result<(super::scheduler::Running, Option<Slot>), PocketError> {
+    ) -> Result<(Running, Option<Slot>), PocketError> {
         let slot = header.sender().map(|s| self.callers.enter(s.as_str())).transpose()?;
         let running = self.scheduler.submit(job).await?;
         if let Some(slot) = &slot {
@@ -561,7 +562,7 @@ impl JobObject {
 async fn stream_job(
     connection: &Connection,
     path: &str,
-    mut running: super::scheduler::Running,
+    mut running: Running,
     state: &Mutex<JobProgress>,
 ) -> zbus::Result<()> {
     let emitter = SignalEmitter::new(connection, path.to_owned())?;

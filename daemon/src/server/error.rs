@@ -65,6 +65,12 @@ pub enum ServeError {
 use pocket_core::memory::format_size;
 use pocket_runtime::ErrorKind;
 
+/// A core error about the request field `param`, as its 400.
+pub fn param_error(param: &str, e: &pocket_core::Error) -> ServeError {
+    let text = e.to_string();
+    ServeError::invalid(param, text.strip_prefix("invalid argument: ").unwrap_or(&text))
+}
+
 impl ServeError {
     /// An [`ServeError::InvalidArgument`] about the field `param`.
     pub fn invalid(param: &str, message: impl Into<String>) -> Self {

@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 
 use super::config::Config;
 use super::error::ServeError;
-use super::scheduler::JobOptions;
+use super::job::JobOptions;
 
 /// Any JSON value, a few levels deep.
 fn json_value() -> impl Strategy<Value = Value> {

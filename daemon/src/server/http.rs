@@ -28,8 +28,9 @@ use serde::de::DeserializeOwned;
 
 use super::connections::Connections;
 use super::error::ServeError;
+use super::job::{Finished, Input, Job, JobOptions, Piece, Running};
 use super::registry::now_seconds;
-use super::scheduler::{Finished, Input, Job, JobOptions, Piece, Running, Scheduler};
+use super::scheduler::Scheduler;
 
 /// The largest request body accepted (a prompt larger than this could not fit any context
 /// these boards hold).
@@ -415,7 +416,7 @@ fn connection_status(c: &Connections) -> pocket_api::ConnectionStatus {
 }
 
 async fn metrics(State(s): Shared, table: Table) -> Response {
-    let mut text = s.metrics.render(&s);
+    let mut text = s.metrics.render(&s.status(), s.prompt_cache());
     if let Some(Extension(c)) = table {
         super::metrics::render_connections(&mut text, c.counts());
     }

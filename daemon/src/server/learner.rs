@@ -5,17 +5,17 @@
 //! was learned is used by the next requests, and what was interrupted resumes later.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use pocket_core::KvType;
+use pocket_core::memory::Ledger;
 use pocket_core::spec::SpecMode;
 use pocket_runtime::learn::{self, TuneSettings};
 use tokio::sync::Notify;
 
-use super::registry::ServedModel;
-use super::scheduler::Scheduler;
+use super::registry::{Registry, ServedModel};
 
 /// How long the daemon must have been without requests before it starts learning: a burst of
 /// requests from one client comes with gaps far shorter than this.
@@ -44,6 +44,61 @@ pub struct Learner {
     wanted: Mutex<HashSet<(String, KvType)>>,
     /// What could not be learned, and when it failed (not retried for a while).
     failed: Mutex<HashMap<(String, KvType), Instant>>,
+}
+
+/// The requests the learner keeps out of the way of, as the scheduler records them.
+#[derive(Debug)]
+pub struct Activity {
+    /// Requests between their arrival and their end: while any is, nothing is learned.
+    pub in_flight: AtomicUsize,
+    /// When the last request ended (or the daemon started).
+    pub last: Mutex<Instant>,
+    /// Woken when a request ends, and when the daemon starts stopping.
+    pub ended: Notify,
+    /// The daemon takes no new requests.
+    pub stopping: AtomicBool,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity {
+            in_flight: AtomicUsize::new(0),
+            last: Mutex::new(Instant::now()),
+            ended: Notify::new(),
+            stopping: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Activity {
+    /// Whether the daemon is stopping.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Whether a request is in flight or the daemon is stopping: learning gives way.
+    fn busy(&self) -> bool {
+        self.in_flight.load(Ordering::SeqCst) > 0 || self.is_stopping()
+    }
+}
+
+/// What learning while idle works with: the learner's state, the requests it gives way to,
+/// the models (and what it learns for them) and the budget it learns under.
+pub struct IdleLearning {
+    /// The learner's state.
+    pub learner: Arc<Learner>,
+    /// The requests it gives way to.
+    pub activity: Arc<Activity>,
+    /// The models: it learns about the loaded ones.
+    pub registry: Arc<Registry>,
+    /// The daemon's budget: what it learns with is paid for there.
+    pub ledger: Ledger,
+    /// The daemon's default speculation mode.
+    pub spec: SpecMode,
+    /// The daemon's default KV type.
+    pub kv: KvType,
+    /// The most threads a pass runs on.
+    pub threads: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -80,24 +135,22 @@ impl Learner {
     }
 }
 
-impl Scheduler {
+impl IdleLearning {
     /// Learn what speculation needs about the loaded models while no request is in flight
     /// (after [`IDLE_GRACE`] of quiet), stopping within a forward pass when one arrives. Runs
-    /// until the daemon stops (or returns at once when `tune_when_idle` is off).
-    pub async fn learn_while_idle(self: Arc<Self>) {
-        if !self.config().tune_when_idle {
-            return;
-        }
+    /// until the daemon stops.
+    pub async fn run(self) {
         let learner = &self.learner;
+        let activity = &self.activity;
         let mut others_since: Option<Instant> = None;
         loop {
-            if self.is_stopping() {
+            if activity.is_stopping() {
                 return;
             }
-            let woken = self.request_ended.notified();
+            let woken = activity.ended.notified();
             let loaded = self.registry.loaded_notify.notified();
-            let quiet_for = lock(&self.last_activity).elapsed();
-            if self.in_flight.load(Ordering::SeqCst) > 0 {
+            let quiet_for = lock(&activity.last).elapsed();
+            if activity.in_flight.load(Ordering::SeqCst) > 0 {
                 woken.await;
                 continue;
             }
@@ -129,17 +182,17 @@ impl Scheduler {
             // Announce, then look again: a request that arrived meanwhile either sees the
             // learner running and waits for it (it stops at its first pass), or is seen here.
             learner.running.store(true, Ordering::SeqCst);
-            if self.in_flight.load(Ordering::SeqCst) > 0 || self.is_stopping() {
+            if activity.busy() {
                 learner.stop();
                 continue;
             }
             let what = format!("{} ({} KV)", model.name, settings.kv);
             *lock(&learner.doing) = Some(what.clone());
-            let me = self.clone();
-            let ledger = self.ledger().sub();
+            let (me, watched) = (learner.clone(), activity.clone());
+            let ledger = self.ledger.sub();
             let started = Instant::now();
             let result = tokio::task::spawn_blocking(move || {
-                let cancelled = || me.in_flight.load(Ordering::SeqCst) > 0 || me.is_stopping();
+                let cancelled = || watched.busy();
                 let result = learn::tune(&model.model, &settings, &ledger, &cancelled, &mut |p| {
                     let doing = match p {
                         learn::Progress::MeasuringCurve => "cost curve",
@@ -147,7 +200,7 @@ impl Scheduler {
                         learn::Progress::Searching => "skip set",
                         _ => return,
                     };
-                    *lock(&me.learner.doing) = Some(format!("{} ({} KV): {doing}", model.name, settings.kv));
+                    *lock(&me.doing) = Some(format!("{} ({} KV): {doing}", model.name, settings.kv));
                 });
                 (model.name.clone(), settings.kv, result)
             })
@@ -177,12 +230,11 @@ impl Scheduler {
     fn next_to_learn(&self) -> Option<(Arc<ServedModel>, TuneSettings)> {
         let wanted = lock(&self.learner.wanted).clone();
         let failed = lock(&self.learner.failed).clone();
-        let config = self.config();
         for (model, _) in self.registry.loaded() {
             let mut kvs: Vec<KvType> =
                 wanted.iter().filter(|(name, _)| *name == model.name).map(|(_, kv)| *kv).collect();
-            if config.spec != SpecMode::Off {
-                kvs.push(config.kv);
+            if self.spec != SpecMode::Off {
+                kvs.push(self.kv);
             }
             kvs.sort_by_key(|kv| kv.name());
             kvs.dedup();
@@ -190,7 +242,7 @@ impl Scheduler {
                 if failed.get(&(model.name.clone(), kv)).is_some_and(|t| t.elapsed() < LEARN_RETRY) {
                     continue;
                 }
-                let settings = TuneSettings::new(self.threads().max(), kv);
+                let settings = TuneSettings::new(self.threads, kv);
                 if learn::needs_tuning(&model.model, &settings) {
                     return Some((model, settings));
                 }

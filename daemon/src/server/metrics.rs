@@ -4,7 +4,9 @@ use std::fmt::Write;
 use std::sync::Mutex;
 
 use super::error::ServeError;
-use super::scheduler::{Finished, Scheduler};
+use pocket_runtime::PromptCache;
+
+use super::job::Finished;
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -70,10 +72,11 @@ impl Metrics {
         self.with(|c| *c.requests_failed.entry(e.code()).or_default() += 1);
     }
 
-    /// Everything, in Prometheus's text exposition format.
-    pub fn render(&self, scheduler: &Scheduler) -> String {
+    /// Everything, in Prometheus's text exposition format: these counters, the gauges of
+    /// `status` (the daemon's state now) and the prompt cache's counters.
+    pub fn render(&self, status: &pocket_api::Status, prompt_cache: Option<&PromptCache>) -> String {
         let c = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let mem = scheduler.memory();
+        let mem = &status.memory;
         let mut out = String::new();
         let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, f64)]| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -160,15 +163,19 @@ impl Metrics {
             "The most one session has held in the budget.",
             &[("", c.session_peak_bytes as f64)],
         );
-        metric("pocketd_sessions", "gauge", "Requests generating now.", &[("", scheduler.active() as f64)]);
-        metric("pocketd_queued", "gauge", "Requests waiting for a turn.", &[("", scheduler.queued() as f64)]);
+        metric(
+            "pocketd_sessions",
+            "gauge",
+            "Requests generating now.",
+            &[("", status.sessions.len() as f64)],
+        );
+        metric("pocketd_queued", "gauge", "Requests waiting for a turn.", &[("", status.queued as f64)]);
         metric(
             "pocketd_parallel",
             "gauge",
             "Requests that may generate at once now.",
-            &[("", scheduler.parallel() as f64)],
+            &[("", status.parallel.unwrap_or(0) as f64)],
         );
-        let status = scheduler.status();
         let shared: Vec<(String, pocket_core::SharedPasses)> =
             status.loaded.iter().filter_map(|m| Some((m.name.clone(), m.shared_passes?))).collect();
         let samples =
@@ -200,7 +207,7 @@ impl Metrics {
             "Requests' passes carried by shared passes (per shared pass: this over the shared passes).",
             &jobs,
         );
-        let cpu = scheduler.cpu();
+        let cpu = status.cpu.clone().unwrap_or_default();
         metric(
             "pocketd_threads",
             "gauge",
@@ -225,7 +232,7 @@ impl Metrics {
             "Other processes' load on those cores, in cores.",
             &[("", cpu.others_load)],
         );
-        if let Some(cache) = scheduler.prompt_cache() {
+        if let Some(cache) = prompt_cache {
             let st = cache.stats();
             let counters: [(&str, &str, u64); 5] = [
                 (
@@ -276,12 +283,7 @@ impl Metrics {
                 &[("", cache.parked().len() as f64)],
             );
         }
-        metric(
-            "pocketd_models_loaded",
-            "gauge",
-            "Models in memory.",
-            &[("", scheduler.registry.loaded().len() as f64)],
-        );
+        metric("pocketd_models_loaded", "gauge", "Models in memory.", &[("", status.loaded.len() as f64)]);
         out
     }
 }

@@ -15,12 +15,15 @@ pub mod error;
 #[cfg(test)]
 mod fuzzing;
 pub mod http;
+pub mod job;
 pub mod learner;
 pub mod listen;
 pub mod metrics;
+pub mod openai;
 pub mod registry;
 pub mod scheduler;
 pub mod turns;
+pub mod worker;
 
 pub use config::{Bus, Config, DEFAULT_CONFIG_PATH};
 

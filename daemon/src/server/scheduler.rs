@@ -19,231 +19,27 @@
 //! for it.
 
 use std::collections::BTreeMap;
-use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pocket_api::{FinishReason, LogprobsOption, ResponseFormat};
-use pocket_core::memory::{Ledger, Plan, Reservation};
+use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::spec::SpecMode;
-use pocket_core::{
-    KvType, SamplingConfig, SessionConfig, StopConfig, StopReason, Threads, Tokenizer, ToolCall,
-};
-use pocket_runtime::grammar::Grammar;
+use pocket_core::{SessionConfig, StopConfig, Threads};
 use pocket_runtime::learn::{self, TuneSettings};
-use pocket_runtime::pipeline::{self, Prepared, Request, Sink};
+use pocket_runtime::pipeline::{self, Request};
 use pocket_runtime::prompt_cache::DiskOptions;
-use pocket_runtime::tools::{ToolChoice, Tools};
 use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine, PromptCache};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 
 use super::config::{Config, Parallel};
-use super::error::ServeError;
-use super::learner::Learner;
+use super::error::{ServeError, param_error};
+use super::job::{Job, Running};
+use super::learner::{Activity, IdleLearning, Learner};
 use super::metrics::Metrics;
-use super::registry::{Registry, ServedModel};
-use super::turns::{Turn, Turns};
-
-/// What to generate from: chat messages or text (what the pipeline takes).
-pub use pocket_runtime::pipeline::Input;
-
-/// A request's settings; `None` takes the daemon's configured default.
-#[derive(Debug, Clone, PartialEq)]
-pub struct JobOptions {
-    /// Most tokens to generate (capped at the configured `max_tokens`).
-    pub max_tokens: Option<u32>,
-    /// How tokens are chosen (greedy by default).
-    pub sampling: SamplingConfig,
-    /// Stop strings.
-    pub stop: Vec<String>,
-    /// Speculation.
-    pub spec: Option<SpecMode>,
-    /// The draft model for `draft` (and for `auto` to consider).
-    pub draft_model: Option<String>,
-    /// KV cache type.
-    pub kv: Option<KvType>,
-    /// Return the generated token ids with the result.
-    pub return_tokens: bool,
-    /// Which parked conversations the prompt cache may continue (`prompt_cache_key`, else
-    /// `user`): only those parked under the same key.
-    pub cache_key: Option<String>,
-    /// Use the prompt cache (continue a parked conversation, park this one); `false` is as
-    /// if there were none.
-    pub cache_prompt: bool,
-    /// What the answer must be (a JSON schema, any JSON object, a Lark grammar).
-    pub grammar: Option<Grammar>,
-    /// The tools the model may call.
-    pub tools: Tools,
-    /// Return each token's log-probability with this many alternatives.
-    pub logprobs: Option<usize>,
-    /// Lower is sooner: the queue's order, and the order rows go into a full shared pass.
-    pub priority: i32,
-}
-
-/// The priorities a request may ask for (vLLM's `priority`: lower is sooner, 0 by default).
-pub const PRIORITIES: std::ops::RangeInclusive<i32> = -100..=100;
-
-impl Default for JobOptions {
-    fn default() -> Self {
-        JobOptions {
-            max_tokens: None,
-            sampling: SamplingConfig::default(),
-            stop: Vec::new(),
-            spec: None,
-            draft_model: None,
-            kv: None,
-            return_tokens: false,
-            cache_key: None,
-            cache_prompt: true,
-            grammar: None,
-            tools: Tools::default(),
-            logprobs: None,
-            priority: 0,
-        }
-    }
-}
-
-impl JobOptions {
-    /// Settings from an OpenAI request's fields (with pocketd's `spec`, `draft_model`, `kv`,
-    /// `grammar`). `chat` tells which endpoint: `logprobs` is a boolean there and a count for
-    /// text completions. Fields pocketd does not read are refused, each by name.
-    pub fn from_openai(o: &pocket_api::GenerationOptions, chat: bool) -> Result<JobOptions, ServeError> {
-        if let Some((field, _)) =
-            o.unsupported.iter().find(|(k, _)| !pocket_api::IGNORED_FIELDS.contains(&k.as_str()))
-        {
-            return Err(unsupported(field));
-        }
-        if let Some(n) = o.n
-            && n != 1
-        {
-            return Err(ServeError::invalid(
-                "n",
-                format!("n = {n}: pocketd generates one choice per request"),
-            ));
-        }
-        let mut sampling = SamplingConfig::default();
-        if let Some(t) = o.temperature {
-            sampling.temperature = t;
-        }
-        if let Some(p) = o.top_p {
-            sampling.top_p = p;
-        }
-        if let Some(k) = o.top_k {
-            sampling.top_k = k as usize;
-        }
-        if let Some(s) = o.seed {
-            sampling.seed = s;
-        }
-        if let Some(p) = o.presence_penalty {
-            sampling.presence_penalty = p;
-        }
-        if let Some(p) = o.frequency_penalty {
-            sampling.frequency_penalty = p;
-        }
-        if let Some(p) = o.repetition_penalty {
-            sampling.repetition_penalty = p;
-        }
-        if let Some(bias) = &o.logit_bias {
-            sampling.logit_bias = bias
-                .iter()
-                .map(|(t, b)| {
-                    t.parse::<u32>().map(|t| (t, *b)).map_err(|_| {
-                        ServeError::invalid(
-                            "logit_bias",
-                            format!("logit_bias keys are token ids; {t:?} is not one"),
-                        )
-                    })
-                })
-                .collect::<Result<_, _>>()?;
-        }
-        let spec = o
-            .spec
-            .as_deref()
-            .map(|s| s.parse::<SpecMode>())
-            .transpose()
-            .map_err(|e| param_error("spec", &e))?;
-        let kv =
-            o.kv.as_deref().map(|s| s.parse::<KvType>()).transpose().map_err(|e| param_error("kv", &e))?;
-        let grammar = match (&o.response_format, &o.grammar) {
-            (Some(f), Some(_)) if *f != ResponseFormat::Text => {
-                return Err(ServeError::invalid(
-                    "grammar",
-                    "send either response_format or grammar, not both",
-                ));
-            }
-            (_, Some(lark)) => Some(Grammar::Lark(lark.clone())),
-            (Some(ResponseFormat::JsonObject), None) => Some(Grammar::JsonObject),
-            (Some(ResponseFormat::JsonSchema { json_schema }), None) => Some(Grammar::JsonSchema {
-                schema: json_schema.schema.clone(),
-                strict: json_schema.strict.unwrap_or(false),
-            }),
-            (Some(ResponseFormat::Text) | None, None) => None,
-        };
-        let choice = match &o.tool_choice {
-            None => ToolChoice::Auto,
-            Some(c) => tool_choice(c)?,
-        };
-        let tools = Tools {
-            tools: o.tools.clone().unwrap_or_default(),
-            choice,
-            parallel: o.parallel_tool_calls.unwrap_or(true),
-        };
-        let logprobs = match (o.logprobs, chat) {
-            (None | Some(LogprobsOption::Enabled(false)), _) => None,
-            (Some(LogprobsOption::Enabled(true)), _) => Some(o.top_logprobs.unwrap_or(0)),
-            (Some(LogprobsOption::Count(n)), false) => Some(n),
-            (Some(LogprobsOption::Count(_)), true) => {
-                return Err(ServeError::invalid(
-                    "logprobs",
-                    "in chat completions logprobs is true or false; top_logprobs says how many alternatives",
-                ));
-            }
-        };
-        if let Some(n) = logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
-            let field = if chat { "top_logprobs" } else { "logprobs" };
-            return Err(ServeError::invalid(
-                field,
-                format!("{field} = {n}: at most {MAX_TOP_LOGPROBS} alternatives"),
-            ));
-        }
-        if o.top_logprobs.is_some() && logprobs.is_none() {
-            return Err(ServeError::invalid("top_logprobs", "top_logprobs needs logprobs = true"));
-        }
-        let priority = o.priority.unwrap_or(0);
-        check_priority(priority)?;
-        Ok(JobOptions {
-            max_tokens: o.max_tokens,
-            sampling,
-            stop: o.stop.clone().map(pocket_api::Stop::into_vec).unwrap_or_default(),
-            spec,
-            draft_model: o.draft_model.clone(),
-            kv,
-            return_tokens: o.return_tokens,
-            cache_key: o.prompt_cache_key.clone().or_else(|| o.user.clone()),
-            cache_prompt: o.cache_prompt.unwrap_or(true),
-            grammar,
-            tools,
-            logprobs: logprobs.map(|n| n as usize),
-            priority,
-        })
-    }
-}
-
-/// A priority in [`PRIORITIES`], or the 400 that says so.
-pub fn check_priority(priority: i32) -> Result<(), ServeError> {
-    if PRIORITIES.contains(&priority) {
-        return Ok(());
-    }
-    Err(ServeError::invalid(
-        "priority",
-        format!(
-            "priority = {priority}: from {} to {}, lower is served sooner (0 by default)",
-            PRIORITIES.start(),
-            PRIORITIES.end()
-        ),
-    ))
-}
+use super::registry::Registry;
+use super::turns::Turns;
+use super::worker::{GenerationContext, Sessions, Worker, lock};
 
 /// Sessions at once, for `parallel = "auto"`, from a model's cost curve (a pass of `n` rows
 /// against one): the count whose shared pass gives the most tokens per second in all while it
@@ -257,184 +53,11 @@ pub fn parallel_from_curve(curve: &[pocket_core::cost::CostPoint]) -> usize {
         .map_or(2, |p| p.n)
 }
 
-/// The most alternatives `top_logprobs` (or a completion's `logprobs`) may ask for, as OpenAI.
-const MAX_TOP_LOGPROBS: u32 = 20;
-
-/// OpenAI's `tool_choice`: a string, or `{"type": "function", "function": {"name": …}}`.
-pub fn tool_choice(v: &serde_json::Value) -> Result<ToolChoice, ServeError> {
-    let named = v.get("function").and_then(|f| f.get("name")).and_then(|n| n.as_str());
-    match (v.as_str(), named) {
-        (Some("none"), _) => Ok(ToolChoice::None),
-        (Some("auto"), _) => Ok(ToolChoice::Auto),
-        (Some("required"), _) => Ok(ToolChoice::Required),
-        (None, Some(name)) => Ok(ToolChoice::Function(name.to_owned())),
-        _ => Err(ServeError::invalid(
-            "tool_choice",
-            "tool_choice is \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}",
-        )),
-    }
-}
-
-/// The 400 for a request field pocketd does not support, saying what to use instead where
-/// something else does the job.
-fn unsupported(field: &str) -> ServeError {
-    let why = match field {
-        "functions" | "function_call" => {
-            "the deprecated functions API is not supported; send tools and tool_choice"
-        }
-        "echo" | "best_of" | "suffix" => "pocketd's completions do not support it",
-        "audio" | "modalities" => "pocketd generates text only",
-        "prediction" => {
-            "predicted outputs are not supported; speculation (spec) drafts from the prompt already"
-        }
-        _ => "pocketd does not support this field",
-    };
-    ServeError::invalid(field, format!("{field}: {why}"))
-}
-
-fn param_error(param: &str, e: &pocket_core::Error) -> ServeError {
-    let text = e.to_string();
-    ServeError::invalid(param, text.strip_prefix("invalid argument: ").unwrap_or(&text))
-}
-
-/// One generation request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Job {
-    /// The model (`None`: the configured default).
-    pub model: Option<String>,
-    /// What to generate from.
-    pub input: Input,
-    /// Its settings.
-    pub options: JobOptions,
-    /// Who asked (for the logs): `"http uid=1000 pid=42"`, `"dbus :1.7"`.
-    pub client: String,
-}
-
-/// What a request was given, once its session exists.
-#[derive(Debug, Clone)]
-pub struct Started {
-    /// The request's id.
-    pub id: String,
-    /// The model's name.
-    pub model: String,
-    /// Tokens of the prompt.
-    pub prompt_tokens: usize,
-    /// What the planner gave it.
-    pub plan: Plan,
-    /// Seconds it waited for a turn (and for memory).
-    pub queued_seconds: f64,
-    /// Whether the answer may call tools (a stream then holds back text that may be a call).
-    pub tools: bool,
-}
-
-/// How a generation ended.
-#[derive(Debug, Clone)]
-pub struct Finished {
-    /// The whole text.
-    pub text: String,
-    /// The text without its tool calls (the whole text when it calls none).
-    pub content: String,
-    /// The tools the answer calls.
-    pub tool_calls: Vec<ToolCall>,
-    /// Each token's log-probability, when asked for.
-    pub logprobs: Option<Vec<pocket_api::TokenLogprob>>,
-    /// The generated token ids, when the request asked for them.
-    pub tokens: Option<Vec<u32>>,
-    /// OpenAI's `finish_reason`.
-    pub finish_reason: FinishReason,
-    /// Usage.
-    pub usage: pocket_api::Usage,
-    /// Speed and speculation.
-    pub timings: pocket_api::Timings,
-    /// The most this session held in the budget.
-    pub peak_bytes: u64,
-    /// Seconds of decoding after the first token.
-    pub decode_seconds: f64,
-}
-
-/// What a running generation sends.
-#[derive(Debug)]
-pub enum Piece {
-    /// Text made final.
-    Text(String),
-    /// The end.
-    Done(Box<Finished>),
-    /// A failure after the start.
-    Failed(ServeError),
-}
-
-/// A generation in progress. Dropping it cancels the generation.
-pub struct Running {
-    /// What it was given.
-    pub started: Started,
-    /// Its text, then [`Piece::Done`] or [`Piece::Failed`].
-    pub pieces: mpsc::UnboundedReceiver<Piece>,
-    cancel: CancelOnDrop,
-}
-
-impl Running {
-    /// A handle that cancels this generation, usable after `self` is moved.
-    pub fn canceller(&self) -> Canceller {
-        Canceller(self.cancel.0.clone())
-    }
-
-    /// Wait for the end, collecting the text.
-    pub async fn collect(mut self) -> Result<Finished, ServeError> {
-        while let Some(piece) = self.pieces.recv().await {
-            match piece {
-                Piece::Text(_) => {}
-                Piece::Done(f) => return Ok(*f),
-                Piece::Failed(e) => return Err(e),
-            }
-        }
-        Err(ServeError::internal(Some(&self.started.id), "the generation ended without a result"))
-    }
-}
-
-/// Cancels a generation.
-#[derive(Debug, Clone)]
-pub struct Canceller(Arc<AtomicBool>);
-
-impl Canceller {
-    /// Ask the generation to stop at its next token.
-    pub fn cancel(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-
-    /// Whether it was asked to stop.
-    pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-
-    /// A canceller of nothing (for tests of what holds cancellers).
-    #[cfg(test)]
-    pub(crate) fn new() -> Canceller {
-        Canceller(Arc::default())
-    }
-}
-
-struct CancelOnDrop(Arc<AtomicBool>);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
-
-/// A session shown in `/v1/status`.
-struct SessionEntry {
-    model: String,
-    generated: Arc<AtomicU64>,
-    plan: Plan,
-    ledger: Ledger,
-    cancel: Arc<AtomicBool>,
-}
-
 /// The scheduler, shared by the transports.
 pub struct Scheduler {
     config: Config,
     /// Models available and loaded.
-    pub registry: Registry,
+    pub registry: Arc<Registry>,
     ledger: Ledger,
     _process: Option<Reservation>,
     places: Arc<Semaphore>,
@@ -442,23 +65,20 @@ pub struct Scheduler {
     queued: AtomicUsize,
     /// Requests with a turn waiting for other requests to give memory back.
     waiting_for_memory: AtomicUsize,
-    sessions: Mutex<BTreeMap<String, SessionEntry>>,
+    sessions: Arc<Sessions>,
     next_id: AtomicU64,
-    session_ended: Notify,
-    stopping: AtomicBool,
+    session_ended: Arc<Notify>,
     stopping_notify: Notify,
     /// Counters for `/metrics`.
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
+    /// What runs each generation.
+    worker: Arc<Worker>,
     started: Instant,
     threads: Threads,
-    /// Requests between their arrival and their end: while any is, nothing is learned.
-    pub(super) in_flight: AtomicUsize,
-    /// When the last request ended (or the daemon started).
-    pub(super) last_activity: Mutex<Instant>,
-    /// Woken when a request ends.
-    pub(super) request_ended: Notify,
+    /// Requests in flight and stopping, which learning while idle gives way to.
+    activity: Arc<Activity>,
     /// What learns about the loaded models while the daemon is idle.
-    pub(super) learner: Learner,
+    learner: Arc<Learner>,
     prompt_cache: Option<Arc<PromptCache>>,
 }
 
@@ -492,6 +112,13 @@ impl Scheduler {
             prompt_cache.clone(),
         );
         let threads = config.threads;
+        let worker = Arc::new(Worker {
+            ledger: ledger.clone(),
+            sessions: Arc::new(Mutex::new(BTreeMap::new())),
+            registry: Arc::new(registry),
+            metrics: Arc::new(Metrics::default()),
+            session_ended: Arc::new(Notify::new()),
+        });
         Ok(Arc::new(Scheduler {
             places: Arc::new(Semaphore::new(config.parallel.most() + config.queue)),
             turns: Turns::new(match config.parallel {
@@ -499,23 +126,21 @@ impl Scheduler {
                 Parallel::Fixed(n) => n,
             }),
             config,
-            registry,
+            registry: worker.registry.clone(),
             ledger,
             _process: process,
             queued: AtomicUsize::new(0),
             waiting_for_memory: AtomicUsize::new(0),
-            sessions: Mutex::new(BTreeMap::new()),
+            sessions: worker.sessions.clone(),
             next_id: AtomicU64::new(1),
-            session_ended: Notify::new(),
-            stopping: AtomicBool::new(false),
+            session_ended: worker.session_ended.clone(),
             stopping_notify: Notify::new(),
-            metrics: Metrics::default(),
+            metrics: worker.metrics.clone(),
+            worker,
             started: Instant::now(),
             threads,
-            in_flight: AtomicUsize::new(0),
-            last_activity: Mutex::new(Instant::now()),
-            request_ended: Notify::new(),
-            learner: Learner::default(),
+            activity: Arc::default(),
+            learner: Arc::default(),
             prompt_cache,
         }))
     }
@@ -556,6 +181,25 @@ impl Scheduler {
             allowed_cores: now.allowed,
             others_load: now.others_load,
         }
+    }
+
+    /// Learn what speculation needs about the loaded models while no request is in flight,
+    /// until the daemon stops (returns at once when `tune_when_idle` is off): see
+    /// [`IdleLearning::run`].
+    pub async fn learn_while_idle(self: Arc<Self>) {
+        if !self.config.tune_when_idle {
+            return;
+        }
+        let learning = IdleLearning {
+            learner: self.learner.clone(),
+            activity: self.activity.clone(),
+            registry: self.registry.clone(),
+            ledger: self.ledger.clone(),
+            spec: self.config.spec,
+            kv: self.config.kv,
+            threads: self.threads.max(),
+        };
+        learning.run().await;
     }
 
     /// The daemon's budget.
@@ -604,14 +248,14 @@ impl Scheduler {
 
     /// Take no new requests from now on.
     pub fn stop_accepting(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
+        self.activity.stopping.store(true, Ordering::SeqCst);
         self.stopping_notify.notify_waiters();
-        self.request_ended.notify_waiters();
+        self.activity.ended.notify_waiters();
     }
 
     /// Whether [`Scheduler::stop_accepting`] was called.
     pub fn is_stopping(&self) -> bool {
-        self.stopping.load(Ordering::SeqCst)
+        self.activity.is_stopping()
     }
 
     /// Cancel every running generation.
@@ -863,97 +507,15 @@ impl Scheduler {
             cancel: cancel.clone(),
             queued_seconds: queued_at.elapsed().as_secs_f64(),
             permits: (place, turn),
-            _arrival: arrival,
+            arrival,
         };
-        let me = self.clone();
-        tokio::task::spawn_blocking(move || me.generate(ctx, started_tx, tx));
+        let worker = self.worker.clone();
+        tokio::task::spawn_blocking(move || worker.generate(ctx, started_tx, tx));
         match started_rx.await {
-            Ok(Ok(started)) => Ok(Running { started, pieces: rx, cancel: CancelOnDrop(cancel) }),
+            Ok(Ok(started)) => Ok(Running::new(started, rx, cancel)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(ServeError::internal(Some(&id), "the generation thread ended before starting")),
         }
-    }
-
-    /// Run one generation (blocking thread).
-    fn generate(
-        self: Arc<Self>,
-        ctx: GenerationContext,
-        started: oneshot::Sender<Result<Started, ServeError>>,
-        tx: mpsc::UnboundedSender<Piece>,
-    ) {
-        let GenerationContext {
-            id,
-            model,
-            draft,
-            prepared,
-            return_tokens,
-            cancel,
-            queued_seconds,
-            permits,
-            _arrival,
-        } = ctx;
-        let ledger = self.ledger.sub();
-        let generated = Arc::new(AtomicU64::new(0));
-        let mut sink = Forward {
-            scheduler: &self,
-            id: &id,
-            model: &model,
-            prepared: &prepared,
-            ledger: &ledger,
-            cancel: &cancel,
-            generated: &generated,
-            tx: &tx,
-            queued_seconds,
-            started: Some(started),
-        };
-        let result =
-            pipeline::run(&model.model, draft.as_ref().map(|d| &d.model), &prepared, &ledger, &mut sink);
-        let not_started = sink.started.take();
-        // The session and drafter are dropped by now: their memory is back in the budget.
-        let peak_bytes = ledger.peak();
-        lock(&self.sessions).remove(&id);
-        self.registry.release(&model.name);
-        if let Some(d) = &draft {
-            self.registry.release(&d.name);
-        }
-        // Token texts (for log-probabilities) need the tokenizer, before the model is released.
-        let result = result.map(|outcome| finished(&outcome, return_tokens, model.model.model().tokenizer()));
-        drop((model, draft, permits));
-        match result {
-            Ok(mut finished) => {
-                finished.peak_bytes = peak_bytes;
-                finished.timings.peak_bytes = peak_bytes;
-                finished.timings.queued_ms = queued_seconds * 1e3;
-                tracing::info!(
-                    id = %id,
-                    prompt_tokens = finished.usage.prompt_tokens,
-                    generated = finished.usage.completion_tokens,
-                    decode_tok_per_s = format!("{:.1}", finished.timings.decode_tok_per_s),
-                    drafter = finished.timings.drafter.as_deref().unwrap_or("none"),
-                    finish = finished.finish_reason.as_str(),
-                    peak_bytes,
-                    "done"
-                );
-                self.metrics.finished(&finished);
-                let _ = tx.send(Piece::Done(Box::new(finished)));
-            }
-            Err(e) => {
-                let e = ServeError::from_runtime(e, Some(&id));
-                match not_started {
-                    // Before the start, `submit` returns the error (and counts it).
-                    Some(s) => {
-                        let _ = s.send(Err(e));
-                    }
-                    None => {
-                        tracing::warn!(id = %id, "failed: {e}");
-                        self.metrics.failed(&e);
-                        let _ = tx.send(Piece::Failed(e));
-                    }
-                }
-            }
-        }
-        self.session_ended.notify_waiters();
-        self.registry.changed();
     }
 }
 
@@ -962,95 +524,19 @@ struct InFlight(Arc<Scheduler>);
 
 impl InFlight {
     fn new(scheduler: Arc<Scheduler>) -> Self {
-        scheduler.in_flight.fetch_add(1, Ordering::SeqCst);
+        scheduler.activity.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(scheduler)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        *lock(&self.0.last_activity) = Instant::now();
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.0.request_ended.notify_waiters();
+        let activity = &self.0.activity;
+        *lock(&activity.last) = Instant::now();
+        activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+        activity.ended.notify_waiters();
         self.0.registry.changed();
     }
-}
-
-/// Where a running generation reports: the session table once it starts, the request's
-/// channel for every token.
-struct Forward<'a> {
-    scheduler: &'a Scheduler,
-    id: &'a str,
-    model: &'a ServedModel,
-    prepared: &'a Prepared,
-    ledger: &'a Ledger,
-    cancel: &'a Arc<AtomicBool>,
-    generated: &'a Arc<AtomicU64>,
-    tx: &'a mpsc::UnboundedSender<Piece>,
-    queued_seconds: f64,
-    started: Option<oneshot::Sender<Result<Started, ServeError>>>,
-}
-
-impl Sink for Forward<'_> {
-    fn started(&mut self) {
-        lock(&self.scheduler.sessions).insert(
-            self.id.to_owned(),
-            SessionEntry {
-                model: self.model.name.clone(),
-                generated: self.generated.clone(),
-                plan: self.prepared.plan.clone().unwrap_or_else(|| unplanned(self.prepared)),
-                ledger: self.ledger.clone(),
-                cancel: self.cancel.clone(),
-            },
-        );
-        self.scheduler.registry.changed();
-        if let Some(s) = self.started.take() {
-            let _ = s.send(Ok(Started {
-                id: self.id.to_owned(),
-                model: self.model.name.clone(),
-                prompt_tokens: self.prepared.tokens.len(),
-                plan: self.prepared.plan.clone().unwrap_or_else(|| unplanned(self.prepared)),
-                queued_seconds: self.queued_seconds,
-                tools: !self.prepared.tool_names.is_empty(),
-            }));
-        }
-    }
-
-    /// Pass one generation event on: count the token, send the text; stop when the client is
-    /// gone or the request is cancelled.
-    fn event(&mut self, event: pocket_core::Event<'_>) -> ControlFlow<()> {
-        if event.token.is_some() {
-            self.generated.fetch_add(1, Ordering::Relaxed);
-        }
-        if !event.text.is_empty() && self.tx.send(Piece::Text(event.text.to_owned())).is_err() {
-            return ControlFlow::Break(()); // the client is gone
-        }
-        if self.cancel.load(Ordering::Relaxed) || self.tx.is_closed() {
-            return ControlFlow::Break(());
-        }
-        ControlFlow::Continue(())
-    }
-}
-
-/// The plan of a request that was not planned (the daemon plans every one; for the type).
-fn unplanned(p: &Prepared) -> Plan {
-    Plan {
-        kv: p.config.kv,
-        n_ctx: p.config.n_ctx,
-        n_batch: p.config.n_batch,
-        max_rows: p.config.max_rows,
-        spec: p.spec,
-        draft_model: p.draft_model,
-        max_draft: p.max_draft,
-        bytes: 0,
-        available: 0,
-        degraded: Vec::new(),
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Plain inserts, removals and reads: a panic elsewhere cannot leave them half-changed.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The speculation mode a request runs in: the one it asks for, refused where the model's
@@ -1066,90 +552,6 @@ fn spec_for(asked: Option<SpecMode>, default: SpecMode, engine: Engine) -> Resul
         None if offered(default) => Ok(default),
         None => Ok(SpecMode::Off),
     }
-}
-
-/// What a finished generation reports.
-fn finished(outcome: &pocket_runtime::Outcome, return_tokens: bool, tokenizer: &dyn Tokenizer) -> Finished {
-    let generation = &outcome.generation;
-    let finish_reason = match generation.stop {
-        StopReason::MaxTokens | StopReason::ContextFull => FinishReason::Length,
-        StopReason::Cancelled => FinishReason::Cancelled,
-        StopReason::Eos | StopReason::StopString if !outcome.tool_calls.is_empty() => FinishReason::ToolCalls,
-        StopReason::Eos | StopReason::StopString => FinishReason::Stop,
-    };
-    let completion = generation.tokens.len() as u32;
-    let wire = |token: u32, logprob: f32| {
-        let bytes = tokenizer.piece(token);
-        // OpenAI never sends -inf; JSON cannot carry it.
-        let logprob = if logprob.is_finite() { logprob } else { -9999.0 };
-        (String::from_utf8_lossy(&bytes).into_owned(), logprob, bytes)
-    };
-    let logprobs = (!generation.logprobs.is_empty()).then(|| {
-        generation
-            .logprobs
-            .iter()
-            .map(|lp| {
-                let (token, logprob, bytes) = wire(lp.token, lp.logprob);
-                let top_logprobs = lp
-                    .top
-                    .iter()
-                    .map(|&(t, l)| {
-                        let (token, logprob, bytes) = wire(t, l);
-                        pocket_api::TopLogprob { token, logprob, bytes }
-                    })
-                    .collect();
-                pocket_api::TokenLogprob { token, logprob, bytes, top_logprobs }
-            })
-            .collect()
-    });
-    Finished {
-        text: generation.text.clone(),
-        content: outcome.content.clone(),
-        tool_calls: outcome.tool_calls.clone(),
-        logprobs,
-        tokens: return_tokens.then(|| generation.tokens.clone()),
-        finish_reason,
-        usage: pocket_api::Usage {
-            prompt_tokens: generation.prompt_tokens as u32,
-            completion_tokens: completion,
-            total_tokens: generation.prompt_tokens as u32 + completion,
-            prompt_tokens_details: Some(pocket_api::PromptTokensDetails {
-                cached_tokens: generation.cached_tokens as u32,
-            }),
-        },
-        timings: pocket_api::Timings {
-            prefill_ms: generation.prefill_seconds * 1e3,
-            prefill_tok_per_s: generation.prefill_tok_per_s(),
-            cached_tokens: generation.cached_tokens as u64,
-            decode_tok_per_s: generation.decode_tok_per_s(),
-            drafted: generation.spec.drafted as u64,
-            accepted: generation.spec.accepted as u64,
-            drafter: outcome.drafter.clone(),
-            queued_ms: 0.0,
-            peak_bytes: 0,
-            grammar_ms: outcome.grammar_seconds * 1e3,
-            constraint_ms: generation.spec.constraint_seconds * 1e3,
-            forced: generation.spec.forced as u64,
-            forced_accepted: generation.spec.forced_accepted as u64,
-            threads: generation.threads.mean(),
-        },
-        peak_bytes: 0,
-        decode_seconds: generation.decode_seconds,
-    }
-}
-
-struct GenerationContext {
-    id: String,
-    model: Arc<ServedModel>,
-    draft: Option<Arc<ServedModel>>,
-    prepared: Prepared,
-    return_tokens: bool,
-    cancel: Arc<AtomicBool>,
-    queued_seconds: f64,
-    /// Held until the generation ends.
-    permits: (OwnedSemaphorePermit, Turn),
-    /// Held until the generation ends: the learner stays away meanwhile.
-    _arrival: InFlight,
 }
 
 /// The id a request is known by (`pocketd-7`).
@@ -1196,12 +598,5 @@ mod tests {
         let steep = curve(&[(1, 1.0), (2, 2.0), (4, 4.0)]);
         assert_eq!(parallel_from_curve(&steep), 2);
         assert_eq!(parallel_from_curve(&[]), 2);
-    }
-
-    #[test]
-    fn priorities_are_checked() {
-        assert!(check_priority(0).is_ok() && check_priority(-100).is_ok() && check_priority(100).is_ok());
-        let e = check_priority(101).unwrap_err().to_string();
-        assert!(e.contains("priority = 101") && e.contains("lower is served sooner"), "{e}");
     }
 }

@@ -27,12 +27,12 @@ use pocket_api::client::Client;
 use pocket_api::{ChatCompletionRequest, ChatMessage, GenerationOptions, Role};
 use pocket_core::spec::SpecMode;
 
+use crate::Error;
+use crate::config::{BenchConfig, DAEMON_SETTLE_MAX, Progress, Start};
 use crate::machine::{sha256_tokens, wait_for_quiet};
 use crate::modes::{self, Mode, SocketRunner};
 use crate::results::{ConversationResults, TurnRecord};
-use crate::suite::DAEMON_SETTLE_MAX;
 use crate::workload::Conversation;
-use crate::{BenchConfig, Error, Progress, Start};
 
 /// The mode that continues each conversation from pocketd's prompt cache.
 pub const CACHE: &str = "cache";

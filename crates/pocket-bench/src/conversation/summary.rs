@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::median::median;
 use crate::results::{ConversationModeSummary, ConversationSummary, TurnRecord};
-use crate::summary::{diverges_at, median};
+use crate::summary::diverges_at;
 
 /// Set every turn's `identical_to_vanilla` and `diverges_at` by comparing its output (the
 /// token ids in `outputs`, one per turn) with the `reference` mode's for the same

@@ -60,8 +60,7 @@ impl GgufFile {
         // allocates for) any of it, with a message that says what is wrong.
         let len = file.metadata().map_err(io)?.len();
         std::io::Seek::rewind(&mut file).map_err(io)?;
-        crate::gguf_check::check(std::io::BufReader::new(&file), len, &crate::gguf_check::ggml_type_layout)
-            .map_err(corrupt)?;
+        super::gguf_check::check(std::io::BufReader::new(&file), len, &type_layout).map_err(corrupt)?;
         let cpath = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| corrupt("the path contains a NUL byte".into()))?;
         let mut meta: *mut sys::ggml_context = std::ptr::null_mut();
@@ -292,8 +291,8 @@ impl GgufFile {
 }
 
 /// How ggml stores tensor type `ty`: (elements per block, bytes per block), `None` for a
-/// type this build does not know or no longer supports.
-pub(crate) fn type_layout(ty: u32) -> Option<(u64, u64)> {
+/// type this build does not know or no longer supports. [`super::gguf_check::check`] takes it.
+pub fn type_layout(ty: u32) -> Option<(u64, u64)> {
     if i64::from(ty) >= sys::GGML_TYPE_COUNT as i64 {
         return None;
     }

@@ -8,6 +8,7 @@ pub(crate) mod arena;
 pub(crate) mod chunks;
 pub(crate) mod device;
 pub(crate) mod gguf;
+pub mod gguf_check;
 pub(crate) mod graph;
 pub(crate) mod heap;
 pub(crate) mod llama;

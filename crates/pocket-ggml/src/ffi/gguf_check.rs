@@ -21,11 +21,6 @@ pub struct Summary {
 /// it does not know (or no longer supports).
 pub type TypeLayout<'a> = &'a dyn Fn(u32) -> Option<(u64, u64)>;
 
-/// ggml's own layout of tensor type `ty` (this build's type table), for [`check`].
-pub fn ggml_type_layout(ty: u32) -> Option<(u64, u64)> {
-    crate::ffi::gguf::type_layout(ty)
-}
-
 /// The smallest a tensor description can be: name length, dimension count, one dimension,
 /// type, offset.
 const MIN_TENSOR_INFO: u64 = 8 + 4 + 8 + 4 + 8;

@@ -1,0 +1,157 @@
+//! The OpenAI adapter, wire to job: an OpenAI request's fields as a [`JobOptions`], each
+//! field pocketd does not read refused by name.
+
+use pocket_api::{LogprobsOption, ResponseFormat};
+use pocket_core::spec::SpecMode;
+use pocket_core::{KvType, SamplingConfig};
+use pocket_runtime::grammar::Grammar;
+use pocket_runtime::tools::{ToolChoice, Tools};
+
+use super::error::{ServeError, param_error};
+use super::job::{JobOptions, check_priority, tool_choice};
+
+/// The most alternatives `top_logprobs` (or a completion's `logprobs`) may ask for, as OpenAI.
+const MAX_TOP_LOGPROBS: u32 = 20;
+
+impl JobOptions {
+    /// Settings from an OpenAI request's fields (with pocketd's `spec`, `draft_model`, `kv`,
+    /// `grammar`). `chat` tells which endpoint: `logprobs` is a boolean there and a count for
+    /// text completions. Fields pocketd does not read are refused, each by name.
+    pub fn from_openai(o: &pocket_api::GenerationOptions, chat: bool) -> Result<JobOptions, ServeError> {
+        if let Some((field, _)) =
+            o.unsupported.iter().find(|(k, _)| !pocket_api::IGNORED_FIELDS.contains(&k.as_str()))
+        {
+            return Err(unsupported(field));
+        }
+        if let Some(n) = o.n
+            && n != 1
+        {
+            return Err(ServeError::invalid(
+                "n",
+                format!("n = {n}: pocketd generates one choice per request"),
+            ));
+        }
+        let mut sampling = SamplingConfig::default();
+        if let Some(t) = o.temperature {
+            sampling.temperature = t;
+        }
+        if let Some(p) = o.top_p {
+            sampling.top_p = p;
+        }
+        if let Some(k) = o.top_k {
+            sampling.top_k = k as usize;
+        }
+        if let Some(s) = o.seed {
+            sampling.seed = s;
+        }
+        if let Some(p) = o.presence_penalty {
+            sampling.presence_penalty = p;
+        }
+        if let Some(p) = o.frequency_penalty {
+            sampling.frequency_penalty = p;
+        }
+        if let Some(p) = o.repetition_penalty {
+            sampling.repetition_penalty = p;
+        }
+        if let Some(bias) = &o.logit_bias {
+            sampling.logit_bias = bias
+                .iter()
+                .map(|(t, b)| {
+                    t.parse::<u32>().map(|t| (t, *b)).map_err(|_| {
+                        ServeError::invalid(
+                            "logit_bias",
+                            format!("logit_bias keys are token ids; {t:?} is not one"),
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        let spec = o
+            .spec
+            .as_deref()
+            .map(|s| s.parse::<SpecMode>())
+            .transpose()
+            .map_err(|e| param_error("spec", &e))?;
+        let kv =
+            o.kv.as_deref().map(|s| s.parse::<KvType>()).transpose().map_err(|e| param_error("kv", &e))?;
+        let grammar = match (&o.response_format, &o.grammar) {
+            (Some(f), Some(_)) if *f != ResponseFormat::Text => {
+                return Err(ServeError::invalid(
+                    "grammar",
+                    "send either response_format or grammar, not both",
+                ));
+            }
+            (_, Some(lark)) => Some(Grammar::Lark(lark.clone())),
+            (Some(ResponseFormat::JsonObject), None) => Some(Grammar::JsonObject),
+            (Some(ResponseFormat::JsonSchema { json_schema }), None) => Some(Grammar::JsonSchema {
+                schema: json_schema.schema.clone(),
+                strict: json_schema.strict.unwrap_or(false),
+            }),
+            (Some(ResponseFormat::Text) | None, None) => None,
+        };
+        let choice = match &o.tool_choice {
+            None => ToolChoice::Auto,
+            Some(c) => tool_choice(c)?,
+        };
+        let tools = Tools {
+            tools: o.tools.clone().unwrap_or_default(),
+            choice,
+            parallel: o.parallel_tool_calls.unwrap_or(true),
+        };
+        let logprobs = match (o.logprobs, chat) {
+            (None | Some(LogprobsOption::Enabled(false)), _) => None,
+            (Some(LogprobsOption::Enabled(true)), _) => Some(o.top_logprobs.unwrap_or(0)),
+            (Some(LogprobsOption::Count(n)), false) => Some(n),
+            (Some(LogprobsOption::Count(_)), true) => {
+                return Err(ServeError::invalid(
+                    "logprobs",
+                    "in chat completions logprobs is true or false; top_logprobs says how many alternatives",
+                ));
+            }
+        };
+        if let Some(n) = logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+            let field = if chat { "top_logprobs" } else { "logprobs" };
+            return Err(ServeError::invalid(
+                field,
+                format!("{field} = {n}: at most {MAX_TOP_LOGPROBS} alternatives"),
+            ));
+        }
+        if o.top_logprobs.is_some() && logprobs.is_none() {
+            return Err(ServeError::invalid("top_logprobs", "top_logprobs needs logprobs = true"));
+        }
+        let priority = o.priority.unwrap_or(0);
+        check_priority(priority)?;
+        Ok(JobOptions {
+            max_tokens: o.max_tokens,
+            sampling,
+            stop: o.stop.clone().map(pocket_api::Stop::into_vec).unwrap_or_default(),
+            spec,
+            draft_model: o.draft_model.clone(),
+            kv,
+            return_tokens: o.return_tokens,
+            cache_key: o.prompt_cache_key.clone().or_else(|| o.user.clone()),
+            cache_prompt: o.cache_prompt.unwrap_or(true),
+            grammar,
+            tools,
+            logprobs: logprobs.map(|n| n as usize),
+            priority,
+        })
+    }
+}
+
+/// The 400 for a request field pocketd does not support, saying what to use instead where
+/// something else does the job.
+fn unsupported(field: &str) -> ServeError {
+    let why = match field {
+        "functions" | "function_call" => {
+            "the deprecated functions API is not supported; send tools and tool_choice"
+        }
+        "echo" | "best_of" | "suffix" => "pocketd's completions do not support it",
+        "audio" | "modalities" => "pocketd generates text only",
+        "prediction" => {
+            "predicted outputs are not supported; speculation (spec) drafts from the prompt already"
+        }
+        _ => "pocketd does not support this field",
+    };
+    ServeError::invalid(field, format!("{field}: {why}"))
+}
