@@ -38,6 +38,19 @@ use crate::ffi::chunks::{Chunks, chunk_size};
 use crate::ffi::graph::{Ctx, Tensor};
 use crate::kv::KvLayout;
 
+/// The attention kernel of a model's graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionKernel {
+    /// Our own where it applies (an f16 cache in host memory): several times cheaper per
+    /// query row, f32 throughout, every row independent of the pass (see `attention.rs`).
+    /// Elsewhere ggml's.
+    #[default]
+    Auto,
+    /// ggml's flash attention everywhere, as llama.cpp computes it: for checking the rest of
+    /// the graph against llama.cpp bit for bit (its f16 accumulation rounds differently).
+    Ggml,
+}
+
 /// Lanes of the fixed-width partial sums, and positions per block of converted K and V.
 const LANES: usize = 16;
 /// Query rows attended together (sharing each converted block).

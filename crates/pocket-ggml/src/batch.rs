@@ -27,7 +27,7 @@ use crate::compute::Compute;
 use crate::graph::inputs::{self, SegmentData};
 use crate::graph::{PassShape, Segment};
 use crate::kv::KvLayout;
-use crate::model::Inner;
+use crate::parts::Parts;
 
 /// Most tokens of a prompt one pass takes from a session while others decode: a long prompt
 /// is read in chunks this size, each shared with the others' next tokens, so that they keep
@@ -221,7 +221,7 @@ impl Batcher {
 
     /// Hand in `job` and wait for its turn: alone (the caller computes it) or computed in a
     /// shared pass, by this thread or another.
-    pub(crate) fn enter(&self, model: &Inner, job: Job) -> Turn<'_> {
+    pub(crate) fn enter(&self, model: &Parts, job: Job) -> Turn<'_> {
         let id = job.kv.id;
         let mut s = self.lock();
         let ticket = s.next_ticket;
@@ -384,7 +384,7 @@ fn take_out<T>(queue: &mut VecDeque<T>, mut indices: Vec<usize>) -> Vec<T> {
 /// Compute `jobs` as one pass on the model's shared machinery (made now if there is none),
 /// writing each job's logits: returns the threads it ran on.
 fn shared_pass(
-    model: &Inner,
+    model: &Parts,
     compute: &mut Option<Compute>,
     scratch: &mut inputs::Scratch,
     jobs: &mut [(u64, Job)],
@@ -421,7 +421,7 @@ fn shared_pass(
 
 /// The machinery of shared passes of `model`, reserved for a pass of [`SHARED_TOKENS`] rows
 /// and [`SHARED_LOGITS`] of logits at the end of `job`'s context, in the model's ledger.
-fn shared_compute(model: &Inner, job: &Job) -> Result<Compute> {
+fn shared_compute(model: &Parts, job: &Job) -> Result<Compute> {
     let kv = &job.kv;
     let n_tokens = SHARED_TOKENS.min(kv.n_ctx());
     let shape = PassShape::new(

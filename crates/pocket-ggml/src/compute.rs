@@ -8,7 +8,7 @@ use pocket_core::{LayerPlan, Threads};
 use crate::ffi::graph::Ctx;
 use crate::ffi::sched::Scheduler;
 use crate::graph::{self, PassShape, Segment};
-use crate::model::Inner;
+use crate::parts::Parts;
 use crate::{Error, Result};
 
 pub(crate) struct Compute {
@@ -55,7 +55,7 @@ impl Compute {
     /// `worst`, so that no later pass allocates; with no ledger, only measured
     /// ([`Compute::bytes`]), for predicting a footprint without allocating it.
     pub(crate) fn new(
-        model: &Inner,
+        model: &Parts,
         threads: Threads,
         segments: usize,
         worst: &[Segment<'_>],
@@ -99,7 +99,7 @@ impl Compute {
 
     /// Build the graph of a pass over `segments` in the graph memory (which must not hold a
     /// live graph).
-    fn build(&mut self, model: &Inner, plan: &LayerPlan, segments: &[Segment<'_>]) -> Result<graph::Graph> {
+    fn build(&mut self, model: &Parts, plan: &LayerPlan, segments: &[Segment<'_>]) -> Result<graph::Graph> {
         debug_assert!(self.cached.is_none());
         let ctx = Ctx::new(std::mem::take(&mut self.graph_mem), self.nodes)?;
         Ok(graph::build(ctx, &model.hp, &model.weights, plan, segments))
@@ -113,7 +113,7 @@ impl Compute {
     /// pass fails with [`pocket_core::Error::OverBudget`].
     pub(crate) fn graph(
         &mut self,
-        model: &Inner,
+        model: &Parts,
         plan: &LayerPlan,
         segments: &[Segment<'_>],
     ) -> Result<(&graph::Graph, &Scheduler)> {

@@ -15,7 +15,6 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use llama_cpp_sys_2 as sys;
 use memmap2::MmapOptions;
 use pocket_core::memory::Reservation;
 use pocket_core::{KvElement, KvType};
@@ -24,23 +23,13 @@ use crate::arch::Hparams;
 use crate::ffi::arena::{Arena, BufferId, HostMemory};
 use crate::ffi::device::Device;
 use crate::ffi::graph::Tensor;
-use crate::ffi::types;
+use crate::ffi::types::{self, ggml_type};
 use crate::{Error, Result};
 
 /// The KV cache grows and shrinks in blocks of this many tokens.
 pub const KV_BLOCK_TOKENS: usize = 64;
 
 const PAGE: usize = 4096;
-
-/// ggml's element type for a KV element type.
-pub(crate) fn ggml_type(t: KvElement) -> sys::ggml_type {
-    match t {
-        KvElement::F32 => sys::GGML_TYPE_F32,
-        KvElement::F16 => sys::GGML_TYPE_F16,
-        KvElement::Q8_0 => sys::GGML_TYPE_Q8_0,
-        KvElement::Q4_0 => sys::GGML_TYPE_Q4_0,
-    }
-}
 
 /// Bytes of one token's K (or V, by `t`) in one layer.
 pub(crate) fn row_bytes(hp: &Hparams, t: KvElement) -> usize {

@@ -119,7 +119,7 @@ impl LlamaCppModel {
         // would only fail.
         let file = GgufFile::open(path)?;
         let arch = file.get_str("general.architecture").unwrap_or_default();
-        let device = Device::select(&options.device, Repack::None)?;
+        let device = Device::select(&options.device, Repack::None, || None)?;
         let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         let what = format!("the weights of {}", path.display());
         let reservation = options.ledger.as_ref().map(|l| l.reserve(file_bytes, &what)).transpose()?;

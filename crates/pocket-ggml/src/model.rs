@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use pocket_core::memory::{Ledger, Reservation};
+use pocket_core::memory::Ledger;
 use pocket_core::spec::SpecMode;
 use pocket_core::{
     CacheKey, Footprint, KvType, Model, ModelInfo, ModelKind, Session, SessionConfig, Tokenizer,
@@ -11,38 +11,17 @@ use pocket_core::{
 
 use crate::Result;
 use crate::arch::Hparams;
+use crate::attention::AttentionKernel;
 use crate::batch::Batcher;
 use crate::convert::WeightFormat;
-use crate::ffi::device::{Device, DeviceChoice};
+use crate::ffi::device::{Device, DeviceChoice, Repack};
 use crate::ffi::gguf::GgufFile;
 use crate::ffi::vocab::Vocab;
 use crate::kv::{self, KV_BLOCK_TOKENS};
+use crate::loaded::Inner;
+use crate::parts::Parts;
 use crate::session::GgmlSession;
 use crate::weights::Weights;
-
-/// Which weight matrices ggml's CPU backend may repack into its own layouts when they are
-/// loaded (llama.cpp repacks every one it can).
-///
-/// A repacked matrix multiplies groups of 4 tokens with one kernel and the rest with
-/// another, so a verification pass of several tokens would not compute each row exactly as
-/// decoding that token alone does (measured on Qwen2.5's Q4_K: logits off by up to 0.3), and
-/// speculative decoding's greedy output must equal plain decoding's. Where our kernel reads
-/// a repacked layout with the one-token kernel's arithmetic, the layout is safe.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Repack {
-    /// Every matrix as the file stores it: the arithmetic of ggml's one-row kernels, which
-    /// llama.cpp also computes with repacking off (`pocket parity` compares so).
-    None,
-    /// Q4_K matrices, on x86 with AVX2: one token goes through ggml's kernel for that layout
-    /// (faster than its one-row kernel) and several through ours, which rounds as ggml's
-    /// one-token kernel does (`gemm::repacked`); the rest stay as stored. Elsewhere, as
-    /// [`Repack::None`].
-    #[default]
-    Q4K,
-    /// Every matrix ggml repacks, as llama.cpp does: fastest plain decoding where ggml has
-    /// such layouts, but verification passes no longer equal single steps.
-    All,
-}
 
 /// How to load a model.
 #[derive(Debug, Clone, Default)]
@@ -59,19 +38,6 @@ pub struct LoadOptions {
     /// The memory ledger the weights are paid for in, for as long as the model is loaded
     /// (none: no budget).
     pub ledger: Option<Ledger>,
-}
-
-/// The attention kernel of a model's graph.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AttentionKernel {
-    /// Our own where it applies (an f16 cache in host memory): several times cheaper per
-    /// query row, f32 throughout, every row independent of the pass (see `attention.rs`).
-    /// Elsewhere ggml's.
-    #[default]
-    Auto,
-    /// ggml's flash attention everywhere, as llama.cpp computes it: for checking the rest of
-    /// the graph against llama.cpp bit for bit (its f16 accumulation rounds differently).
-    Ggml,
 }
 
 /// Which engine of this crate a GGUF file needs.
@@ -95,32 +61,6 @@ pub fn graph_support(path: &Path) -> Result<GraphSupport> {
         Err(e) if e.not_built_here() => Ok(GraphSupport::LlamaCpp { reason: e.to_string() }),
         Err(e) => Err(e),
     }
-}
-
-/// The parts of a model that sessions share.
-pub(crate) struct Inner {
-    // Field order is drop order: shared passes' graphs read the weights, so they go first;
-    // the weights' buffers wrap the file mapping, so they go before it.
-    /// The passes its sessions share; `None` where a row of a shared pass would not be
-    /// exactly what that row's pass alone computes (see [`shares_passes`]).
-    pub(crate) batch: Option<Batcher>,
-    pub(crate) weights: Weights,
-    pub(crate) vocab: Vocab,
-    pub(crate) hp: Hparams,
-    pub(crate) device: Device,
-    pub(crate) info: ModelInfo,
-    pub(crate) repack: Repack,
-    pub(crate) format: WeightFormat,
-    pub(crate) attention: AttentionKernel,
-    pub(crate) file: GgufFile,
-    /// What measurements of this model are remembered under (none if the file could not be
-    /// fingerprinted).
-    pub(crate) cache_key: Option<CacheKey>,
-    /// The ledger the model is paid for in (unlimited without a budget): shared passes'
-    /// compute buffers are too.
-    pub(crate) ledger: Ledger,
-    /// The weights' bytes in the memory ledger (dropped last).
-    pub(crate) _reservation: Option<Reservation>,
 }
 
 /// Whether sessions of a model may share passes: only where every row of a shared pass is
@@ -162,7 +102,7 @@ impl GgmlModel {
         crate::ffi::init();
         let file = GgufFile::open(path)?;
         let hp = Hparams::read(&file)?;
-        let device = Device::select(&options.device, options.repack)?;
+        let device = Device::select(&options.device, options.repack, crate::gemm::repacked::buffer_type)?;
         let what = format!("the weights of {}", path.display());
         // Weights read through the mapping become resident as they are used: at most the file.
         // Converted or repacked copies are known once made, and paid for then.
@@ -211,8 +151,7 @@ impl GgmlModel {
                 None
             }
         };
-        let inner = Inner {
-            batch,
+        let parts = Parts {
             weights,
             vocab,
             hp,
@@ -226,7 +165,7 @@ impl GgmlModel {
             ledger: options.ledger.clone().unwrap_or_else(Ledger::unlimited),
             _reservation: reservation,
         };
-        Ok(GgmlModel { inner: Arc::new(inner) })
+        Ok(GgmlModel { inner: Arc::new(Inner { batch, parts }) })
     }
 
     /// A new session, as the concrete type (with its engine-specific accessors).

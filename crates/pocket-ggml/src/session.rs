@@ -14,7 +14,7 @@ use crate::compute::Compute;
 use crate::graph::inputs::{self, SegmentData};
 use crate::graph::{self, PassShape, Segment};
 use crate::kv::KvCache;
-use crate::model::Inner;
+use crate::loaded::Inner;
 
 /// Most rows of logits one pass computes (a session's [`SessionConfig::max_rows`] may ask
 /// for fewer); a verification asking for more is split into several passes. Bounds the

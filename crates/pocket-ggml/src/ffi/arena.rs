@@ -10,9 +10,9 @@ use std::sync::Arc;
 use llama_cpp_sys_2 as sys;
 use memmap2::{Mmap, MmapMut, UncheckedAdvice};
 
+use crate::error::{Error, Result};
 use crate::ffi::device::{buft_name, cstring};
 use crate::ffi::graph::Tensor;
-use crate::{Error, Result};
 
 /// Host memory a buffer wraps.
 pub(crate) enum HostMemory {

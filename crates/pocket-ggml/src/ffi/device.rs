@@ -7,8 +7,8 @@ use std::ffi::{CStr, CString};
 
 use llama_cpp_sys_2 as sys;
 
+use crate::error::{Error, Result};
 use crate::ffi::graph::Tensor;
-use crate::{Error, Repack, Result};
 
 /// Which device to run on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -65,10 +65,40 @@ fn dev_name(dev: sys::ggml_backend_dev_t) -> String {
     unsafe { CStr::from_ptr(sys::ggml_backend_dev_name(dev)) }.to_string_lossy().into_owned()
 }
 
+/// Which weight matrices ggml's CPU backend may repack into its own layouts when they are
+/// loaded (llama.cpp repacks every one it can).
+///
+/// A repacked matrix multiplies groups of 4 tokens with one kernel and the rest with
+/// another, so a verification pass of several tokens would not compute each row exactly as
+/// decoding that token alone does (measured on Qwen2.5's Q4_K: logits off by up to 0.3), and
+/// speculative decoding's greedy output must equal plain decoding's. Where our kernel reads
+/// a repacked layout with the one-token kernel's arithmetic, the layout is safe.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Repack {
+    /// Every matrix as the file stores it: the arithmetic of ggml's one-row kernels, which
+    /// llama.cpp also computes with repacking off (`pocket parity` compares so).
+    None,
+    /// Q4_K matrices, on x86 with AVX2: one token goes through ggml's kernel for that layout
+    /// (faster than its one-row kernel) and several through ours, which rounds as ggml's
+    /// one-token kernel does (`gemm::repacked`); the rest stay as stored. Elsewhere, as
+    /// [`Repack::None`].
+    #[default]
+    Q4K,
+    /// Every matrix ggml repacks, as llama.cpp does: fastest plain decoding where ggml has
+    /// such layouts, but verification passes no longer equal single steps.
+    All,
+}
+
 impl Device {
     /// The device for `choice`; on the CPU, `repack` says which weights go into ggml's
     /// repacking buffer types (see [`Repack`]).
-    pub(crate) fn select(choice: &DeviceChoice, repack: Repack) -> Result<Device> {
+    /// `q4_k_buft` gives the buffer type Q4_K matrices are repacked into for [`Repack::Q4K`]
+    /// (asked only then, on the CPU): our kernels' layout, which the layer above knows.
+    pub(crate) fn select(
+        choice: &DeviceChoice,
+        repack: Repack,
+        q4_k_buft: fn() -> Option<sys::ggml_backend_buffer_type_t>,
+    ) -> Result<Device> {
         crate::ffi::init();
         // SAFETY: registry queries with in-range indices.
         let devices: Vec<sys::ggml_backend_dev_t> =
@@ -100,8 +130,7 @@ impl Device {
         if dev == cpu && repack == Repack::All {
             weight_bufts.extend(cpu_extra_bufts(cpu));
         }
-        let q4_k_buft =
-            if dev == cpu && repack == Repack::Q4K { crate::gemm::repacked::buffer_type() } else { None };
+        let q4_k_buft = if dev == cpu && repack == Repack::Q4K { q4_k_buft() } else { None };
         // SAFETY: registry device.
         weight_bufts.push(unsafe { sys::ggml_backend_dev_buffer_type(dev) });
         if dev != cpu {

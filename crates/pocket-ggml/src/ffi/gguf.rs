@@ -10,8 +10,8 @@ use std::sync::Arc;
 use llama_cpp_sys_2 as sys;
 use memmap2::{Mmap, UncheckedAdvice};
 
+use crate::error::{Error, Result};
 use crate::ffi::graph::Tensor;
-use crate::{Error, Result};
 
 /// An open GGUF file. The tensor descriptions live in a ggml context (no data allocated);
 /// the data stays in the file mapping, where the page cache holds it.

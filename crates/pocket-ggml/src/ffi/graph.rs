@@ -15,8 +15,8 @@ use std::ptr::NonNull;
 
 use llama_cpp_sys_2 as sys;
 
+use crate::error::{Error, Result};
 use crate::ffi::chunks::{Chunks, PassCount};
-use crate::{Error, Result};
 
 /// A tensor of a live ggml context (see the module notes for why handles stay valid).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,10 +11,10 @@ use llama_cpp_sys_2 as sys;
 use pocket_core::cpu::governor;
 use pocket_core::{KvType, Threads, Token};
 
+use super::types::ggml_type;
+use crate::error::{Error, Result};
 use crate::ffi::device::cstring;
 use crate::ffi::pools::Pools;
-use crate::kv::ggml_type;
-use crate::{Error, Result};
 
 /// What to load of a GGUF file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use std::ptr::NonNull;
 
 use llama_cpp_sys_2 as sys;
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Pools by thread count (`1..=max`), made when first needed.
 pub(crate) struct Pools {

@@ -9,10 +9,10 @@ use llama_cpp_sys_2 as sys;
 use pocket_core::Threads;
 use pocket_core::cpu::governor;
 
+use crate::error::{Error, Result};
 use crate::ffi::device::Device;
 use crate::ffi::graph::Ctx;
 use crate::ffi::pools::Pools;
-use crate::{Error, Result};
 
 /// Backends, thread pools and scheduler of one session. Not shared: ggml's CPU backend keeps
 /// per-computation state, so two sessions computing at once need one each.

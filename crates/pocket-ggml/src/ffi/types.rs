@@ -2,6 +2,17 @@
 //! quantize from f32), as safe functions that check the lengths they are given.
 
 use llama_cpp_sys_2 as sys;
+use pocket_core::KvElement;
+
+/// ggml's element type for a KV element type.
+pub(crate) fn ggml_type(t: KvElement) -> sys::ggml_type {
+    match t {
+        KvElement::F32 => sys::GGML_TYPE_F32,
+        KvElement::F16 => sys::GGML_TYPE_F16,
+        KvElement::Q8_0 => sys::GGML_TYPE_Q8_0,
+        KvElement::Q4_0 => sys::GGML_TYPE_Q4_0,
+    }
+}
 
 /// What ggml's type table says of a type.
 #[derive(Debug, Clone, Copy)]

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use llama_cpp_sys_2 as sys;
 use pocket_core::{ChatMessage, Token, Tokenizer};
 
+use crate::error::{Error, Result};
 use crate::ffi::device::cstring;
 use crate::ffi::llama::{LlamaWeights, Load};
-use crate::{Error, Result};
 
 /// A model's vocabulary: llama.cpp's tokenizer and the chat template the file ships.
 pub struct Vocab {

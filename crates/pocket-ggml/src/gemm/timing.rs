@@ -138,12 +138,12 @@ pub(crate) fn ggml_mul_mat_seconds(
     reps: usize,
 ) -> Vec<Option<f64>> {
     use crate::ffi::arena::Arena;
-    use crate::ffi::device::{Device, DeviceChoice, WeightOp};
+    use crate::ffi::device::{Device, DeviceChoice, Repack, WeightOp};
     use crate::ffi::graph::Ctx;
     use crate::ffi::sched::Scheduler;
 
     let setup = || -> Option<(Arena, crate::ffi::graph::Tensor, Device)> {
-        let device = Device::select(&DeviceChoice::Cpu, crate::Repack::All).ok()?;
+        let device = Device::select(&DeviceChoice::Cpu, Repack::All, || None).ok()?;
         let mut arena = Arena::new(1).ok()?;
         let t = arena.matrix(ty, k, m).ok()?;
         arena.alloc_in(device.weight_buft(t, WeightOp::MulMat)).ok()?;

@@ -22,9 +22,9 @@ use pocket_core::LayerPlan;
 
 use crate::arch::Hparams;
 use crate::attention;
+use crate::attention::AttentionKernel;
 use crate::ffi::graph::{Ctx, Tensor};
 use crate::kv::KvLayout;
-use crate::model::AttentionKernel;
 use crate::weights::Weights;
 
 /// Nodes (and leaves) a graph of up to `segments` segments may hold: about 30 per layer, with
