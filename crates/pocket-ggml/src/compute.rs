@@ -102,7 +102,7 @@ impl Compute {
     fn build(&mut self, model: &Parts, plan: &LayerPlan, segments: &[Segment<'_>]) -> Result<graph::Graph> {
         debug_assert!(self.cached.is_none());
         let ctx = Ctx::new(std::mem::take(&mut self.graph_mem), self.nodes)?;
-        Ok(graph::build(ctx, &model.hp, &model.weights, plan, segments))
+        Ok(graph::build(ctx, (&model.hp, crate::arch::layer(model.hp.arch)), &model.weights, plan, segments))
     }
 
     /// The graph of a pass over `segments` with `plan`, allocated and ready for its inputs

@@ -29,10 +29,12 @@ pub enum Error {
         reason: String,
     },
     /// The model's architecture is not one this engine builds a graph for.
-    #[error("architecture {arch:?} is not supported; supported: {}", crate::SUPPORTED_ARCHITECTURES.join(", "))]
+    #[error("architecture {arch:?} is not supported; supported: {}", supported.join(", "))]
     UnsupportedArchitecture {
         /// The architecture the file names.
         arch: String,
+        /// Those it does build.
+        supported: &'static [&'static str],
     },
     /// The architecture is one our graph builds, but the file has a feature its graph does
     /// not (a RoPE scaling, a tensor it would leave out). llama.cpp itself may run it.

@@ -19,11 +19,11 @@ use memmap2::MmapOptions;
 use pocket_core::memory::Reservation;
 use pocket_core::{KvElement, KvType};
 
-use crate::arch::Hparams;
 use crate::ffi::arena::{Arena, BufferId, HostMemory};
 use crate::ffi::device::Device;
 use crate::ffi::graph::Tensor;
 use crate::ffi::types::{self, ggml_type};
+use crate::hparams::Hparams;
 use crate::{Error, Result};
 
 /// The KV cache grows and shrinks in blocks of this many tokens.

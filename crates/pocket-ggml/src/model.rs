@@ -10,13 +10,13 @@ use pocket_core::{
 };
 
 use crate::Result;
-use crate::arch::Hparams;
 use crate::attention::AttentionKernel;
 use crate::batch::Batcher;
 use crate::convert::WeightFormat;
 use crate::ffi::device::{Device, DeviceChoice, Repack};
 use crate::ffi::gguf::GgufFile;
 use crate::ffi::vocab::Vocab;
+use crate::hparams::Hparams;
 use crate::kv::{self, KV_BLOCK_TOKENS};
 use crate::loaded::Inner;
 use crate::parts::Parts;
@@ -56,7 +56,8 @@ pub enum GraphSupport {
 /// is loaded). Errors: a file that is not a readable GGUF model.
 pub fn graph_support(path: &Path) -> Result<GraphSupport> {
     let file = GgufFile::open(path)?;
-    match Hparams::read(&file).and_then(|hp| crate::weights::check_tensors(&file, &hp)) {
+    let read = crate::arch::read_hparams(&file);
+    match read.and_then(|hp| crate::weights::check_tensors(&file, &hp, crate::arch::layer_tensors(hp.arch))) {
         Ok(()) => Ok(GraphSupport::Ours),
         Err(e) if e.not_built_here() => Ok(GraphSupport::LlamaCpp { reason: e.to_string() }),
         Err(e) => Err(e),
@@ -101,14 +102,15 @@ impl GgmlModel {
     ) -> Result<Self> {
         crate::ffi::init();
         let file = GgufFile::open(path)?;
-        let hp = Hparams::read(&file)?;
+        let hp = crate::arch::read_hparams(&file)?;
         let device = Device::select(&options.device, options.repack, crate::gemm::repacked::buffer_type)?;
         let what = format!("the weights of {}", path.display());
         // Weights read through the mapping become resident as they are used: at most the file.
         // Converted or repacked copies are known once made, and paid for then.
         let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         let mut reservation = options.ledger.as_ref().map(|l| l.reserve(file_bytes, &what)).transpose()?;
-        let weights = Weights::load(&file, &hp, &device, options.weights, progress)?;
+        let layer_tensors = crate::arch::layer_tensors(hp.arch);
+        let weights = Weights::load(&file, (&hp, layer_tensors), &device, options.weights, progress)?;
         if let Some(r) = &mut reservation {
             r.resize(weights.mapped_bytes + weights.copied_bytes)?;
         }

@@ -5,12 +5,12 @@
 use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::{CacheKey, ModelInfo};
 
-use crate::arch::Hparams;
 use crate::attention::AttentionKernel;
 use crate::convert::WeightFormat;
 use crate::ffi::device::{Device, Repack};
 use crate::ffi::gguf::GgufFile;
 use crate::ffi::vocab::Vocab;
+use crate::hparams::Hparams;
 use crate::weights::Weights;
 
 /// What a model's passes read.

@@ -9,13 +9,156 @@ use std::sync::Arc;
 
 use llama_cpp_sys_2 as sys;
 
-use crate::arch::{self, Hparams, Need, Slot};
 use crate::convert::{WeightFormat, convert_matrix};
 use crate::ffi::arena::{Arena, HostMemory};
 use crate::ffi::device::{Device, WeightOp, buft_name};
 use crate::ffi::gguf::GgufFile;
 use crate::ffi::graph::Tensor;
+use crate::hparams::{Arch, Hparams};
 use crate::{Error, Result};
+
+/// Whether a layer tensor must be in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Need {
+    Required,
+    Optional,
+    /// Required unless the layer has a fused `attn_qkv` (llama.cpp's `create_tensor_qkv`).
+    UnlessFused,
+}
+
+/// A tensor of a layer, named as llama.cpp's `llama-arch.cpp` names it (`blk.N.<name>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub(crate) enum Slot {
+    AttnNorm,
+    Wqkv,
+    Bqkv,
+    Wq,
+    Wk,
+    Wv,
+    Bq,
+    Bk,
+    Bv,
+    QNorm,
+    KNorm,
+    Wo,
+    Bo,
+    AttnPostNorm,
+    FfnNorm,
+    FfnGate,
+    FfnUp,
+    FfnDown,
+    FfnPostNorm,
+}
+
+impl Slot {
+    /// Every slot, in the order of [`LayerWeights`]' table.
+    pub(crate) const ALL: [Slot; 19] = [
+        Slot::AttnNorm,
+        Slot::Wqkv,
+        Slot::Bqkv,
+        Slot::Wq,
+        Slot::Wk,
+        Slot::Wv,
+        Slot::Bq,
+        Slot::Bk,
+        Slot::Bv,
+        Slot::QNorm,
+        Slot::KNorm,
+        Slot::Wo,
+        Slot::Bo,
+        Slot::AttnPostNorm,
+        Slot::FfnNorm,
+        Slot::FfnGate,
+        Slot::FfnUp,
+        Slot::FfnDown,
+        Slot::FfnPostNorm,
+    ];
+
+    /// The tensor's name in a layer, after `blk.N.`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Slot::AttnNorm => "attn_norm.weight",
+            Slot::Wqkv => "attn_qkv.weight",
+            Slot::Bqkv => "attn_qkv.bias",
+            Slot::Wq => "attn_q.weight",
+            Slot::Wk => "attn_k.weight",
+            Slot::Wv => "attn_v.weight",
+            Slot::Bq => "attn_q.bias",
+            Slot::Bk => "attn_k.bias",
+            Slot::Bv => "attn_v.bias",
+            Slot::QNorm => "attn_q_norm.weight",
+            Slot::KNorm => "attn_k_norm.weight",
+            Slot::Wo => "attn_output.weight",
+            Slot::Bo => "attn_output.bias",
+            Slot::AttnPostNorm => "post_attention_norm.weight",
+            Slot::FfnNorm => "ffn_norm.weight",
+            Slot::FfnGate => "ffn_gate.weight",
+            Slot::FfnUp => "ffn_up.weight",
+            Slot::FfnDown => "ffn_down.weight",
+            Slot::FfnPostNorm => "post_ffw_norm.weight",
+        }
+    }
+
+    /// What the graph does with it (where it is placed depends on that).
+    pub(crate) fn op(self) -> WeightOp {
+        match self {
+            Slot::Wqkv
+            | Slot::Wq
+            | Slot::Wk
+            | Slot::Wv
+            | Slot::Wo
+            | Slot::FfnGate
+            | Slot::FfnUp
+            | Slot::FfnDown => WeightOp::MulMat,
+            _ => WeightOp::Elementwise,
+        }
+    }
+
+    /// The shape (ne0, ne1) the graph expects of it; a mismatch would make ggml abort, so it
+    /// is an error at load time instead.
+    pub(crate) fn shape(self, hp: &Hparams) -> Vec<usize> {
+        let (q, kv, e) = (hp.n_head * hp.head_dim, hp.n_embd_kv(), hp.n_embd);
+        // Phi-3 keeps gate and up in one matrix of twice the width.
+        let up = if hp.arch == Arch::Phi3 { 2 * hp.n_ff } else { hp.n_ff };
+        match self {
+            Slot::AttnNorm | Slot::AttnPostNorm | Slot::FfnNorm | Slot::FfnPostNorm | Slot::Bo => vec![e],
+            Slot::Wqkv => vec![e, q + 2 * kv],
+            Slot::Bqkv => vec![q + 2 * kv],
+            Slot::Wq => vec![e, q],
+            Slot::Wk | Slot::Wv => vec![e, kv],
+            Slot::Bq => vec![q],
+            Slot::Bk | Slot::Bv => vec![kv],
+            Slot::QNorm | Slot::KNorm => vec![hp.head_dim],
+            Slot::Wo => vec![q, e],
+            Slot::FfnGate => vec![e, hp.n_ff],
+            Slot::FfnUp => vec![e, up],
+            Slot::FfnDown => vec![hp.n_ff, e],
+        }
+    }
+}
+
+/// The tensors every architecture has around its layers, with the shapes expected of them.
+pub(crate) fn global_tensors(hp: &Hparams) -> [(&'static str, WeightOp, bool, Vec<usize>); 3] {
+    [
+        ("token_embd.weight", WeightOp::GetRows, true, vec![hp.n_embd, hp.n_vocab]),
+        ("output_norm.weight", WeightOp::Elementwise, true, vec![hp.n_embd]),
+        ("rope_freqs.weight", WeightOp::Elementwise, false, vec![hp.n_rot / 2]),
+    ]
+}
+
+/// The attention projections every architecture takes the same way, fused or separate, each
+/// with an optional bias (llama.cpp's `create_tensor_qkv`).
+pub(crate) const QKV: [(Slot, Need); 8] = [
+    (Slot::Wqkv, Need::Optional),
+    (Slot::Bqkv, Need::Optional),
+    (Slot::Wq, Need::UnlessFused),
+    (Slot::Wk, Need::UnlessFused),
+    (Slot::Wv, Need::UnlessFused),
+    (Slot::Bq, Need::Optional),
+    (Slot::Bk, Need::Optional),
+    (Slot::Bv, Need::Optional),
+];
 
 /// The weights of one layer, by [`Slot`] (those its architecture declares and the file has).
 pub(crate) struct LayerWeights {
@@ -73,16 +216,17 @@ impl Weights {
         self.layers.iter().flat_map(|l| MATRICES.iter().filter_map(|&s| l.get(s))).chain([self.output])
     }
 
-    /// Place the weights of `f` on `device`, matrices converted to `format`.
+    /// Place the weights of `f` on `device`, matrices converted to `format`; each layer has
+    /// the attention projections and `layer_tensors` (its architecture's).
     /// `progress(done, total)` is called in bytes as tensors are placed.
     pub(crate) fn load(
         f: &GgufFile,
-        hp: &Hparams,
+        (hp, layer_tensors): (&Hparams, &[(Slot, Need)]),
         device: &Device,
         format: WeightFormat,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Weights> {
-        let wanted = wanted(f, hp)?;
+        let wanted = wanted(f, hp, layer_tensors)?;
 
         // Descriptions of converted matrices (type changed, shape kept) live here until they
         // are copied into their group's arena.
@@ -222,17 +366,18 @@ impl Weights {
     }
 }
 
-/// Whether the graph of `hp.arch` reads every tensor of `f` ([`Error::Unsupported`] if not).
-pub(crate) fn check_tensors(f: &GgufFile, hp: &Hparams) -> Result<()> {
-    wanted(f, hp).map(drop)
+/// Whether the graph of `hp.arch`, whose layers have `layer_tensors` besides the attention
+/// projections, reads every tensor of `f` ([`Error::Unsupported`] if not).
+pub(crate) fn check_tensors(f: &GgufFile, hp: &Hparams, layer_tensors: &[(Slot, Need)]) -> Result<()> {
+    wanted(f, hp, layer_tensors).map(drop)
 }
 
 /// The tensors the graph of `hp.arch` reads, with their shapes: the token embedding first,
 /// the output projection third. A tensor in the file that is not among them means the file
 /// has something our graph would leave out, which it refuses.
-fn wanted(f: &GgufFile, hp: &Hparams) -> Result<Vec<Wanted>> {
+fn wanted(f: &GgufFile, hp: &Hparams, layer_tensors: &[(Slot, Need)]) -> Result<Vec<Wanted>> {
     let mut wanted = Vec::new();
-    let [embd, norm, freqs] = arch::global_tensors(hp);
+    let [embd, norm, freqs] = global_tensors(hp);
     for (name, op, required, shape) in [embd, norm] {
         wanted.push(Wanted { file_name: name.into(), op, required, shape, slot: None });
     }
@@ -245,7 +390,7 @@ fn wanted(f: &GgufFile, hp: &Hparams) -> Result<Vec<Wanted>> {
     wanted.push(Wanted { file_name: name.into(), op, required, shape, slot: None });
     for il in 0..hp.n_layer {
         let fused = f.tensor(&format!("blk.{il}.{}", Slot::Wqkv.name())).is_some();
-        for &(slot, need) in arch::QKV.iter().chain(hp.arch.layer_tensors()) {
+        for &(slot, need) in QKV.iter().chain(layer_tensors) {
             let required = match need {
                 Need::Required => true,
                 Need::Optional => false,
@@ -263,11 +408,9 @@ fn wanted(f: &GgufFile, hp: &Hparams) -> Result<Vec<Wanted>> {
     }
     let known: std::collections::HashSet<&str> = wanted.iter().map(|w| w.file_name.as_str()).collect();
     if let Some(extra) = f.tensor_names().into_iter().find(|n| !known.contains(n.as_str())) {
-        return Err(arch::unsupported(
-            f,
-            hp,
-            format!("tensor {extra}, which our {} graph does not use", hp.arch_name),
-        ));
+        return Err(
+            hp.unsupported(f, format!("tensor {extra}, which our {} graph does not use", hp.arch_name))
+        );
     }
     Ok(wanted)
 }

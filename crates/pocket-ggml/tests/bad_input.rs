@@ -171,7 +171,7 @@ fn an_unsupported_architecture_is_named_with_the_supported_ones() {
     let (_dir, path) =
         file_with("mamba.gguf", &Gguf::default().string("general.architecture", "mamba").bytes());
     let err = load_err(&path);
-    assert!(matches!(&err, Error::UnsupportedArchitecture { arch } if arch == "mamba"), "{err:?}");
+    assert!(matches!(&err, Error::UnsupportedArchitecture { arch, .. } if arch == "mamba"), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("mamba") && msg.contains("llama") && msg.contains("qwen2"), "{msg}");
 }

@@ -132,7 +132,10 @@ mod tests {
         let e = Error::from(pocket_core::Error::ContextOverflow { needed: 5, limit: 4, prompt: 4 });
         assert_eq!(e.kind(), ErrorKind::TooLarge);
         assert_eq!(Error::from(pocket_core::Error::engine("boom")).kind(), ErrorKind::Internal);
-        let e = Error::from(pocket_ggml::Error::UnsupportedArchitecture { arch: "mamba".into() });
+        let e = Error::from(pocket_ggml::Error::UnsupportedArchitecture {
+            arch: "mamba".into(),
+            supported: pocket_ggml::SUPPORTED_ARCHITECTURES,
+        });
         assert_eq!(e.kind(), ErrorKind::BadModel);
         let e = Error::invalid("spec", "no");
         assert_eq!((e.kind(), e.param()), (ErrorKind::Invalid, Some("spec")));

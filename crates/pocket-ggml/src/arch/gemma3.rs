@@ -3,12 +3,13 @@
 //! feed-forward as well as before, GeGLU; sliding-window layers (five in six by default) with
 //! a RoPE base of their own; queries scaled before attention rather than the scores.
 
-use super::{Hparams, Need, Slot, Swa};
 use crate::Result;
 use crate::ffi::gguf::GgufFile;
 use crate::ffi::graph::Tensor;
 use crate::graph::{Act, Builder};
+use crate::hparams::{Hparams, Swa};
 use crate::weights::LayerWeights;
+use crate::weights::{Need, Slot};
 
 pub(super) const LAYER_TENSORS: &[(Slot, Need)] = &[
     (Slot::AttnNorm, Need::Required),
@@ -34,11 +35,9 @@ pub(super) fn read_hparams(f: &GgufFile, hp: &mut Hparams) -> Result<()> {
         let layers = match f.get_bool_array(&key) {
             Some(layers) if layers.len() >= hp.n_layer => layers[..hp.n_layer].to_vec(),
             Some(layers) => {
-                return Err(super::unsupported(
-                    f,
-                    hp,
-                    format!("{key} lists {} of {} layers", layers.len(), hp.n_layer),
-                ));
+                return Err(
+                    hp.unsupported(f, format!("{key} lists {} of {} layers", layers.len(), hp.n_layer))
+                );
             }
             None => {
                 // A global layer closes each group of `pattern` (llama.cpp's set_swa_pattern);

@@ -3,12 +3,13 @@
 //! scaling as per-dimension factors (`rope_freqs.weight`), which the rotary embedding takes.
 //! Qwen2 and SmolLM3 build their layers here too.
 
-use super::{Hparams, Need, Slot};
 use crate::Result;
 use crate::ffi::gguf::GgufFile;
 use crate::ffi::graph::Tensor;
 use crate::graph::{Act, Builder};
+use crate::hparams::Hparams;
 use crate::weights::LayerWeights;
+use crate::weights::{Need, Slot};
 
 pub(super) const LAYER_TENSORS: &[(Slot, Need)] = &[
     (Slot::AttnNorm, Need::Required),

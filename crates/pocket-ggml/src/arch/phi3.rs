@@ -3,12 +3,13 @@
 //! NeoX RoPE, queries scaled before attention. The 128k-context variants' LongRoPE factors
 //! are not built here (llama.cpp runs those files).
 
-use super::{Hparams, Need, Slot};
 use crate::Result;
 use crate::ffi::gguf::GgufFile;
 use crate::ffi::graph::Tensor;
 use crate::graph::{Act, Builder};
+use crate::hparams::Hparams;
 use crate::weights::LayerWeights;
+use crate::weights::{Need, Slot};
 
 pub(super) const LAYER_TENSORS: &[(Slot, Need)] = &[
     (Slot::AttnNorm, Need::Required),
@@ -22,7 +23,7 @@ pub(super) const LAYER_TENSORS: &[(Slot, Need)] = &[
 pub(super) fn read_hparams(f: &GgufFile, hp: &mut Hparams) -> Result<()> {
     for name in ["rope_factors_long.weight", "rope_factors_short.weight", "output.bias"] {
         if f.tensor(name).is_some() {
-            return Err(super::unsupported(f, hp, format!("tensor {name}")));
+            return Err(hp.unsupported(f, format!("tensor {name}")));
         }
     }
     // llama.cpp ignores Phi's sliding window (it disables it for all Phi-3 files), so do we.

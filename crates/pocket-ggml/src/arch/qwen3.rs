@@ -2,10 +2,10 @@
 //! a per-head RMS norm of q and k before RoPE, NeoX RoPE, and a head size of its own
 //! (`attention.key_length`, not n_embd / n_head).
 
-use super::{Need, Slot};
 use crate::ffi::graph::Tensor;
 use crate::graph::{Act, Builder};
 use crate::weights::LayerWeights;
+use crate::weights::{Need, Slot};
 
 pub(super) const LAYER_TENSORS: &[(Slot, Need)] = &[
     (Slot::AttnNorm, Need::Required),

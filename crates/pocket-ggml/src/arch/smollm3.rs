@@ -1,9 +1,9 @@
 //! `smollm3` (SmolLM3), after llama.cpp's `src/models/smollm3.cpp`: the llama layer, except
 //! that every fourth layer (il + 1 divisible by 4) applies no rotary embedding (NoPE).
 
-use super::Hparams;
 use crate::Result;
 use crate::ffi::gguf::GgufFile;
+use crate::hparams::Hparams;
 
 /// llama.cpp's `n_no_rope_layer_step` for SmolLM3 (fixed there, not read from the file).
 const NO_ROPE_LAYER_STEP: usize = 4;

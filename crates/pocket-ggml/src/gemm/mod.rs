@@ -54,6 +54,33 @@ pub(crate) mod blocks;
 mod neon;
 pub(crate) mod repacked;
 pub(crate) mod timing;
+
+/// The formats with kernels, by name: ggml's, and `q4_Kx8` for Q4_K in ggml's repacked
+/// layout where this CPU uses it.
+pub fn kernel_formats() -> Vec<&'static str> {
+    let mut formats: Vec<&str> = Quant::ALL.iter().map(|q| q.name()).collect();
+    if repacked::buffer_type().is_some() {
+        formats.push("q4_Kx8");
+    }
+    formats
+}
+
+/// Time `format` (one of [`kernel_formats`]) on an `m × k` matrix by each of `rows`
+/// activation rows, on one thread: the best of `reps` runs of each kernel. `k` must be a
+/// multiple of the format's block (256 for K-quants, else 32).
+pub fn time_kernel(
+    format: &str,
+    m: usize,
+    k: usize,
+    rows: &[usize],
+    reps: usize,
+) -> Option<Vec<timing::KernelTiming>> {
+    crate::ffi::init();
+    match format {
+        "q4_Kx8" => repacked::time(m, k, rows, reps),
+        _ => timing::time_stored(format, m, k, rows, reps),
+    }
+}
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

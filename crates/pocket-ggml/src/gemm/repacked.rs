@@ -282,7 +282,7 @@ mod x86_64 {
         Some((gemv, ours))
     }
 
-    /// [`timing::time_kernel`] for repacked Q4_K: ours against ggml's gemv once per token.
+    /// [`crate::gemm::time_kernel`] for repacked Q4_K: ours against ggml's gemv once per token.
     pub(crate) fn time(m: usize, k: usize, rows: &[usize], reps: usize) -> Option<Vec<timing::KernelTiming>> {
         if !(k.is_multiple_of(256) && m.is_multiple_of(8) && m > 0) {
             return None;

@@ -43,16 +43,6 @@ impl KernelTiming {
     }
 }
 
-/// The formats with kernels, by name: ggml's, and `q4_Kx8` for Q4_K in ggml's repacked
-/// layout where this CPU uses it.
-pub fn kernel_formats() -> Vec<&'static str> {
-    let mut formats: Vec<&str> = Quant::ALL.iter().map(|q| q.name()).collect();
-    if super::repacked::buffer_type().is_some() {
-        formats.push("q4_Kx8");
-    }
-    formats
-}
-
 /// The instructions our kernels use on this CPU (`avx2`, `avxvnni`, `avx512`; `neon`,
 /// `neon-sdot-permuted`, `neon-dotprod`), or `None`.
 pub fn kernel_isa() -> Option<&'static str> {
@@ -63,20 +53,14 @@ pub fn kernel_isa() -> Option<&'static str> {
 /// `mul_mat`: the one-row kernel's time is linear in the rows).
 pub(crate) const ONE_ROW_UP_TO: usize = 16;
 
-/// Time `format` (one of [`kernel_formats`]) on an `m × k` matrix by each of `rows`
-/// activation rows, on one thread: the best of `reps` runs of each kernel. `k` must be a
-/// multiple of the format's block (256 for K-quants, else 32).
-pub fn time_kernel(
+/// [`super::time_kernel`] for one of ggml's formats (a [`Quant`] by name).
+pub(crate) fn time_stored(
     format: &str,
     m: usize,
     k: usize,
     rows: &[usize],
     reps: usize,
 ) -> Option<Vec<KernelTiming>> {
-    crate::ffi::init();
-    if format == "q4_Kx8" {
-        return super::repacked::time(m, k, rows, reps);
-    }
     let quant = Quant::ALL.into_iter().find(|q| q.name() == format)?;
     if !k.is_multiple_of(quant.block_len()) || m == 0 {
         return None;

@@ -3,11 +3,11 @@
 //! an intermediate can be compared with llama.cpp's by name.
 
 use super::{Inputs, LoneQuery, PassShape, Segment, SegmentInputs};
-use crate::arch::{Hparams, Slot};
 use crate::attention;
 use crate::ffi::graph::{Ctx, Tensor};
 use crate::gemm;
-use crate::weights::{LayerWeights, Weights};
+use crate::hparams::Hparams;
+use crate::weights::{LayerWeights, Slot, Weights};
 
 /// What a layer is built with: the graph's context and inputs, the model and the pass.
 pub(crate) struct Builder<'a> {

@@ -6,7 +6,7 @@ use pocket_core::Token;
 
 use super::{Graph, PassShape, fill_mask, hadamard};
 use crate::Result;
-use crate::arch::Hparams;
+use crate::hparams::Hparams;
 
 /// What one segment's inputs are filled from: its tokens, where they go, its shape.
 #[derive(Clone, Copy)]

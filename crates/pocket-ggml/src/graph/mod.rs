@@ -20,12 +20,12 @@ pub(crate) use builder::{Act, Builder};
 use llama_cpp_sys_2 as sys;
 use pocket_core::LayerPlan;
 
-use crate::arch::Hparams;
 use crate::attention;
 use crate::attention::AttentionKernel;
 use crate::ffi::graph::{Ctx, Tensor};
+use crate::hparams::Hparams;
 use crate::kv::KvLayout;
-use crate::weights::Weights;
+use crate::weights::{LayerWeights, Weights};
 
 /// Nodes (and leaves) a graph of up to `segments` segments may hold: about 30 per layer, with
 /// room to spare, and up to 30 more per layer for each segment after the first (its views of
@@ -157,11 +157,15 @@ pub(crate) fn hadamard(n: usize) -> Vec<f32> {
     h
 }
 
+/// What builds one layer of an architecture (each file under `arch/` has one) on the residual stream:
+/// `None` when the pass only fills the cache and nothing reads this layer's output.
+pub(crate) type LayerFn = fn(&Builder, &LayerWeights, usize, Tensor) -> Option<Tensor>;
+
 /// Build the forward graph of a pass over `segments` (at least one) for the layers of `plan`
-/// in `ctx`.
+/// in `ctx`, each built by `layer`.
 pub(crate) fn build(
     ctx: Ctx,
-    hp: &Hparams,
+    (hp, layer): (&Hparams, LayerFn),
     w: &Weights,
     plan: &LayerPlan,
     segments: &[Segment<'_>],
@@ -218,7 +222,7 @@ pub(crate) fn build(
         }
         let mut x = Some(ctx.name(x, "inp_embd", None));
         for il in plan.layers() {
-            x = x.and_then(|x| hp.arch.build_layer(&b, &w.layers[il], il, x));
+            x = x.and_then(|x| layer(&b, &w.layers[il], il, x));
         }
         // A pass that only fills the cache has no output: its last layer returned None.
         x.map(|x| {

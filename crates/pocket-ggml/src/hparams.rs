@@ -1,9 +1,54 @@
-//! Hyperparameters, from the GGUF metadata: those every architecture has, read here, and
-//! what each architecture adds, read in its own file.
+//! Hyperparameters, from the GGUF metadata: the architecture, and what every architecture
+//! has, read here (what each adds is read in its own file under `arch/`, which
+//! `arch::read_hparams` calls after [`Hparams::read_common`]).
 
-use super::Arch;
+use crate::error::{Error, Result};
 use crate::ffi::gguf::GgufFile;
-use crate::{Error, Result};
+
+/// The architectures this engine builds graphs for, by their GGUF names.
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3"];
+
+/// An architecture our graph builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arch {
+    /// Llama family (SmolLM2, Llama 3.x with `rope_freqs`, TinyLlama).
+    Llama,
+    /// Qwen2 / Qwen2.5: llama with q, k, v biases and NeoX RoPE.
+    Qwen2,
+    /// Qwen3: per-head RMS norm of q and k, head size of its own.
+    Qwen3,
+    /// Gemma 3: sliding-window and global layers, q/k norms, post-norms, GELU, scaled
+    /// embeddings.
+    Gemma3,
+    /// Phi-3 / Phi-4-mini: fused QKV and gate/up projections.
+    Phi3,
+    /// SmolLM3: llama with no RoPE in every fourth layer.
+    SmolLm3,
+}
+
+impl Arch {
+    /// The architecture named `name` in a GGUF file, if our graph builds it.
+    pub(crate) fn from_name(name: &str) -> Option<Arch> {
+        Some(match name {
+            "llama" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "gemma3" => Arch::Gemma3,
+            "phi3" => Arch::Phi3,
+            "smollm3" => Arch::SmolLm3,
+            _ => return None,
+        })
+    }
+
+    /// ggml's RoPE mode: 0 = normal (adjacent pairs), 2 = NeoX (halves), as llama.cpp's
+    /// `llama_model_rope_type` gives it.
+    pub(crate) fn rope_mode(self) -> i32 {
+        match self {
+            Arch::Llama | Arch::SmolLm3 => 0,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Phi3 => 2,
+        }
+    }
+}
 
 /// Hyperparameters of a decoder.
 #[derive(Debug, Clone)]
@@ -48,12 +93,15 @@ pub(crate) struct Swa {
 }
 
 impl Hparams {
-    pub(crate) fn read(f: &GgufFile) -> Result<Self> {
+    /// What every architecture has; the architecture's own additions are not read yet.
+    pub(crate) fn read_common(f: &GgufFile) -> Result<Self> {
         let bad = |reason: String| Error::BadModel { path: f.path().to_owned(), reason };
         let arch_name =
             f.get_str("general.architecture").ok_or_else(|| bad("no general.architecture key".into()))?;
-        let arch = Arch::from_name(&arch_name)
-            .ok_or_else(|| Error::UnsupportedArchitecture { arch: arch_name.clone() })?;
+        let arch = Arch::from_name(&arch_name).ok_or_else(|| Error::UnsupportedArchitecture {
+            arch: arch_name.clone(),
+            supported: SUPPORTED_ARCHITECTURES,
+        })?;
         let a = &arch_name;
         let req = |key: &str| -> Result<usize> {
             let key = format!("{a}.{key}");
@@ -85,7 +133,7 @@ impl Hparams {
                 });
             }
         };
-        let mut hp = Hparams {
+        let hp = Hparams {
             arch,
             name: f.get_str("general.name").unwrap_or_default(),
             n_layer,
@@ -124,8 +172,13 @@ impl Hparams {
         {
             return Err(shape_error());
         }
-        arch.read_hparams(f, &mut hp)?;
         Ok(hp)
+    }
+
+    /// `Error::Unsupported` for a feature of `f` the graph of this architecture does not
+    /// build.
+    pub(crate) fn unsupported(&self, f: &GgufFile, what: String) -> Error {
+        Error::Unsupported { path: f.path().to_owned(), arch: self.arch_name.clone(), reason: what }
     }
 
     /// Width of one token's K (or V) over all KV heads of a layer.
