@@ -176,6 +176,9 @@ struct Query {
     limit: usize,
 }
 
+/// # Safety
+/// Only ggml calls it, from its CPU backend's threads, with `dst` the node this module
+/// built (its sources as set there) and `userdata` that node's [`Chunks`].
 unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
     // SAFETY: the graph's chunk counter for this node (`attend`).
     let chunks = unsafe { &*userdata.cast::<Chunks>() };
@@ -247,6 +250,9 @@ unsafe fn compute_with(kernel: Kernel, dst: *mut sys::ggml_tensor, chunks: &Chun
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
+/// # Safety
+/// The CPU must have the instructions it is compiled for (`attend` checked them), and
+/// `q`, `k`, `v`, `mask` and `dst` must be the node's tensors as `shape` describes them.
 unsafe fn attend_avx512(
     shape: &Shape,
     g: usize,
@@ -265,6 +271,9 @@ unsafe fn attend_avx512(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
+/// # Safety
+/// The CPU must have the instructions it is compiled for (`attend` checked them), and
+/// `q`, `k`, `v`, `mask` and `dst` must be the node's tensors as `shape` describes them.
 unsafe fn attend_avx2(
     shape: &Shape,
     g: usize,

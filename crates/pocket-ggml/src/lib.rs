@@ -25,12 +25,15 @@
 #![deny(missing_docs)]
 
 mod arch;
+#[allow(unsafe_code)]
 mod attention;
 mod batch;
 mod compute;
 mod convert;
 mod error;
+#[allow(unsafe_code)]
 mod ffi;
+#[allow(unsafe_code)]
 mod gemm;
 mod graph;
 mod hparams;

@@ -47,6 +47,9 @@ pub(crate) fn init() {
     });
 }
 
+/// # Safety
+/// Only ggml and llama.cpp call it, as their log callback: `text` is null or a
+/// NUL-terminated string.
 unsafe extern "C" fn log(level: sys::ggml_log_level, text: *const c_char, _user: *mut c_void) {
     if text.is_null() {
         return;

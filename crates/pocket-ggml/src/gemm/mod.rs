@@ -321,6 +321,10 @@ impl Quantized {
 }
 
 /// The quantizing node's body on thread `ith` of `nth`: rows `ith`, `ith + nth`, ….
+///
+/// # Safety
+/// Only ggml calls it, from its CPU backend's threads, with `dst` the node
+/// `Quantized::get` built and `ty` the element type it quantizes to.
 unsafe extern "C" fn quantize_rows(dst: *mut sys::ggml_tensor, ith: c_int, nth: c_int, ty: *mut c_void) {
     // SAFETY: ggml calls this with the node `Quantized::get` built: f32 rows of `k` in src 0,
     // a destination of as many rows of `ggml_row_size(ty, k)` bytes; rows apart per thread.
@@ -431,6 +435,10 @@ const ROW_STEP: usize = 4;
 /// The custom op's body on thread `ith` of `nth`: chunks of weight rows, claimed one after
 /// another (`userdata` is the graph's [`Chunks`] for the node), times every activation row
 /// (quantized, as `ggml_mul_mat` quantizes them, by the node before).
+///
+/// # Safety
+/// Only ggml calls it, from its CPU backend's threads, with `dst` the node this module
+/// built (its sources as set there) and `userdata` that node's [`Chunks`].
 unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
     let Some(isa) = isa() else { return };
     // SAFETY: ggml calls this with the tensor `mul_mat` built, its sources and destination

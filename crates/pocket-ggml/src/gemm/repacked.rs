@@ -163,6 +163,10 @@ mod x86_64 {
     /// claimed one after another (`userdata` is the graph's [`Chunks`] for the node, holding
     /// the matrix), times every activation row — so that a thread the OS let run late does not
     /// hold the others at the next barrier with a share fixed in advance.
+    ///
+    /// # Safety
+    /// Only ggml calls it, from its CPU backend's threads, with `dst` the node this module
+    /// built (its sources as set there) and `userdata` that node's [`Chunks`].
     unsafe extern "C" fn compute(dst: *mut sys::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
         let Some(isa) = isa() else { return };
         // SAFETY: ggml calls this with the tensor `mul_mat` built: the Q8_K rows in src 0, the

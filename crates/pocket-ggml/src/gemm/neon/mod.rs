@@ -127,12 +127,16 @@ impl<const PERMUTED: bool> Lanes for SdotOn<PERMUTED> {
     const PERMUTED: bool = PERMUTED;
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn dot2(a0: int8x16_t, b0: int8x16_t, a1: int8x16_t, b1: int8x16_t) -> int32x4_t {
         // SAFETY: by the caller.
         unsafe { sdot(sdot(vdupq_n_s32(0), a0, b0), a1, b1) }
     }
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
         // SAFETY: by the caller.
         unsafe { sdot(acc, a, b) }
@@ -143,6 +147,8 @@ impl Lanes for Pairs {
     const PERMUTED: bool = false;
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn dot2(a0: int8x16_t, b0: int8x16_t, a1: int8x16_t, b1: int8x16_t) -> int32x4_t {
         // Lane i of ggml's stand-in is products 2i, 2i+1, 2i+8, 2i+9 of each half. Each
         // int16 lane j here holds products j and j+8 of one half (two products fit), and
@@ -156,6 +162,8 @@ impl Lanes for Pairs {
     }
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
         // SAFETY: NEON is part of aarch64.
         unsafe { vpadalq_s16(acc, vmlal_high_s8(vmull_s8(vget_low_s8(a), vget_low_s8(b)), a, b)) }

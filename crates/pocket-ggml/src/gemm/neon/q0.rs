@@ -219,6 +219,9 @@ fn permuted_copy<'a, A: Act>(y: &[A], buf: &'a mut Vec<u64>) -> &'a [A] {
 macro_rules! entry {
     ($name:ident, $lanes:ty) => {
         #[target_feature(enable = "dotprod")]
+        /// # Safety
+        /// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+        /// what it writes through must have room for every weight row and activation row asked for.
         unsafe fn $name<B: Block>(
             w: &[B],
             y: &[B::Act],
@@ -241,6 +244,9 @@ entry!(gemm_sdot_permuted, SdotPermuted);
 const TILE_COLS: usize = 8;
 
 #[inline(always)]
+/// # Safety
+/// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+/// what it writes through must have room for every weight row and activation row asked for.
 unsafe fn gemm_body<B: Block, L: Lanes>(
     w: &[B],
     y: &[B::Act],

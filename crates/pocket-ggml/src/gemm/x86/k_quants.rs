@@ -167,12 +167,19 @@ pub(crate) unsafe fn gemm<B: SuperBlock>(isa: Isa, rows: &Rows, out: *mut f32, l
 /// AVX2's instructions with AVX-512's 32 registers (a tile's accumulators and a super-block's
 /// weights then stay in registers).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+///
+/// # Safety
+/// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+/// what it writes through must have room for every weight row and activation row asked for.
 unsafe fn gemm_avx512<B: SuperBlock>(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
     // SAFETY: by the caller; this function has the instructions the body uses.
     unsafe { gemm_body::<B>(rows, out, ld, work) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
+/// # Safety
+/// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+/// what it writes through must have room for every weight row and activation row asked for.
 unsafe fn gemm_avx2<B: SuperBlock>(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
     // SAFETY: by the caller; this function has the instructions the body uses.
     unsafe { gemm_body::<B>(rows, out, ld, work) }
@@ -277,6 +284,10 @@ impl SuperBlock for BlockQ4K {
     /// operations as ggml's (mins term, then `d·sumi`), in the same order.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // c indexes y, sums and the accumulators
+    ///
+    /// # Safety
+    /// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+    /// what it writes through must have room for every weight row and activation row asked for.
     unsafe fn tile<const N: usize>(w: &[Self], nb: usize, t: &Tile) {
         let nr = w.len() / nb;
         // SAFETY: by the caller (instructions, and every index in range).
@@ -354,6 +365,10 @@ impl SuperBlock for BlockQ6K {
     /// As for Q4_K; per super-block and row, ggml's `−32` term and `d·sumi`.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // c indexes y and the accumulators
+    ///
+    /// # Safety
+    /// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+    /// what it writes through must have room for every weight row and activation row asked for.
     unsafe fn tile<const N: usize>(w: &[Self], nb: usize, t: &Tile) {
         let nr = w.len() / nb;
         // SAFETY: by the caller (instructions, and every index in range).

@@ -80,12 +80,16 @@ impl Dot for Avx512Vnni {
     const EXACT: bool = true;
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn dot(qx: __m256i, qy: __m256i) -> __m256i {
         // SAFETY: by the caller (AVX-512 VNNI and VL).
         unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), qx, qy) }
     }
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn dot_acc(acc: __m256i, qx: __m256i, qy: __m256i) -> __m256i {
         // SAFETY: by the caller (AVX-512 VNNI and VL).
         unsafe { _mm256_dpbusd_epi32(acc, qx, qy) }
@@ -99,12 +103,16 @@ impl Dot for AvxVnni {
     const EXACT: bool = true;
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn dot(qx: __m256i, qy: __m256i) -> __m256i {
         // SAFETY: by the caller (AVX-VNNI).
         unsafe { _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), qx, qy) }
     }
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn dot_acc(acc: __m256i, qx: __m256i, qy: __m256i) -> __m256i {
         // SAFETY: by the caller (AVX-VNNI).
         unsafe { _mm256_dpbusd_avx_epi32(acc, qx, qy) }
@@ -118,6 +126,8 @@ impl Dot for Avx2 {
     const EXACT: bool = false;
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn dot(qx: __m256i, qy: __m256i) -> __m256i {
         // SAFETY: by the caller (AVX2).
         unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), _mm256_set1_epi16(1)) }

@@ -49,6 +49,8 @@ impl Block for BlockQ4_0 {
     }
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn unpack(&self) -> [__m256i; 2] {
         // SAFETY: by the caller; 16 bytes of the block are read.
         unsafe { [nibbles(self.qs.as_ptr()), _mm256_setzero_si256()] }
@@ -63,6 +65,8 @@ impl Block for BlockQ5_0 {
     }
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn unpack(&self) -> [__m256i; 2] {
         // SAFETY: by the caller; the block's bytes are read.
         unsafe {
@@ -90,6 +94,8 @@ impl Block for BlockQ8_0 {
     }
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn unpack(&self) -> [__m256i; 2] {
         // SAFETY: by the caller; 32 bytes of the block are read.
         unsafe {
@@ -155,6 +161,9 @@ pub(crate) unsafe fn gemm<B: Block>(isa: Isa, rows: &Rows, out: *mut f32, ld: us
 macro_rules! entry {
     ($name:ident, $features:literal, $dot:ty) => {
         #[target_feature(enable = $features)]
+        /// # Safety
+        /// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+        /// what it writes through must have room for every weight row and activation row asked for.
         unsafe fn $name<B: Block>(
             w: &[B],
             y: &[BlockQ8_0],
@@ -182,6 +191,9 @@ const CHUNK: usize = 32;
 const TILE_COLS: usize = LANES;
 
 #[inline(always)]
+/// # Safety
+/// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+/// what it writes through must have room for every weight row and activation row asked for.
 unsafe fn gemm_body<B: Block, D: Dot>(
     w: &[B],
     y: &[BlockQ8_0],
@@ -264,6 +276,10 @@ unsafe fn gemm_body<B: Block, D: Dot>(
 /// tile in one product and broadcast from L1 (a load, not a shuffle).
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // c indexes y, lanes and acc
+///
+/// # Safety
+/// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+/// what it writes through must have room for every weight row and activation row asked for.
 unsafe fn tile<B: Block, D: Dot, const N: usize>(
     w: &[B],
     y: &[BlockQ8_0],

@@ -64,6 +64,9 @@ macro_rules! entry {
     ($name:ident, $features:literal, $dot:ty) => {
         #[target_feature(enable = $features)]
         #[allow(clippy::too_many_arguments)]
+        /// # Safety
+        /// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+        /// what it writes through must have room for every weight row and activation row asked for.
         unsafe fn $name(
             w: &[BlockQ4_1],
             y: &[BlockQ8_1],
@@ -105,6 +108,9 @@ const TILE_COLS: usize = 4;
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
+/// # Safety
+/// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+/// what it writes through must have room for every weight row and activation row asked for.
 unsafe fn gemm_body<D: Dot>(
     w: &[BlockQ4_1],
     y: &[BlockQ8_1],
@@ -147,6 +153,10 @@ unsafe fn gemm_body<D: Dot>(
 /// [`gemm_body`] for the `N` activation rows from `c0`, 2 weight rows at a time.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
+///
+/// # Safety
+/// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+/// what it writes through must have room for every weight row and activation row asked for.
 unsafe fn tile<D: Dot, const N: usize>(
     w: &[BlockQ4_1],
     y: &[BlockQ8_1],
@@ -174,6 +184,10 @@ unsafe fn tile<D: Dot, const N: usize>(
 /// travel as 8-lane vectors (lane c for c0 + c).
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // c indexes y, lanes and acc
+///
+/// # Safety
+/// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+/// what it writes through must have room for every weight row and activation row asked for.
 unsafe fn tile_rows<D: Dot, const RM: usize, const N: usize>(
     w: &[BlockQ4_1],
     y: &[BlockQ8_1],
@@ -232,6 +246,9 @@ const STRIDE_512: usize = TILE_COLS_512 * 8 + 16;
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
+/// # Safety
+/// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+/// what it writes through must have room for every weight row and activation row asked for.
 unsafe fn gemm_avx512(
     w: &[BlockQ4_1],
     y: &[BlockQ8_1],
@@ -271,6 +288,10 @@ unsafe fn gemm_avx512(
 /// [`gemm_avx512`] for the `nc` (≤ 2·`NP`) activation rows from `c0`, 2 weight rows at a time.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
+///
+/// # Safety
+/// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+/// what it writes through must have room for every weight row and activation row asked for.
 unsafe fn tile_512<const NP: usize>(
     w: &[BlockQ4_1],
     y: &[BlockQ8_1],
@@ -300,6 +321,10 @@ unsafe fn tile_512<const NP: usize>(
 /// block is broadcast to both halves, and the scale `d_x·d_y` is the same f32 product.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
+///
+/// # Safety
+/// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+/// what it writes through must have room for every weight row and activation row asked for.
 unsafe fn tile_rows_512<const RM: usize, const NP: usize>(
     w: &[BlockQ4_1],
     y: &[BlockQ8_1],

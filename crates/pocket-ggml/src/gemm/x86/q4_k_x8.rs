@@ -61,12 +61,16 @@ impl Sums for Avx2 {
     const TILE: usize = 3;
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn mul_add(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
         // SAFETY: by the caller (AVX2).
         unsafe { _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, a)) }
     }
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn scales(bytes: __m128i, h: usize) -> __m256i {
         let o = 4 * h as i8;
         // SAFETY: by the caller (AVX2).
@@ -112,12 +116,16 @@ impl<V: Vnni> Sums for V {
     const TILE: usize = V::TILE;
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn mul_add(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
         // SAFETY: by the caller.
         unsafe { V::dpbusd(acc, w, a) }
     }
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn scales(bytes: __m128i, h: usize) -> __m256i {
         let o = 4 * h as i8;
         // SAFETY: by the caller (AVX2).
@@ -136,6 +144,8 @@ impl Vnni for Avx512 {
     const TILE: usize = 6;
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn dpbusd(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
         // SAFETY: by the caller (AVX-512 VNNI and VL).
         unsafe { _mm256_dpbusd_epi32(acc, w, a) }
@@ -149,6 +159,8 @@ impl Vnni for AvxVnni {
     const TILE: usize = 3;
 
     #[inline(always)]
+    /// # Safety
+    /// The CPU must have the instructions it uses (its callers are compiled for them).
     unsafe fn dpbusd(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
         // SAFETY: by the caller (AVX-VNNI).
         unsafe { _mm256_dpbusd_avx_epi32(acc, w, a) }
@@ -199,6 +211,9 @@ pub(crate) unsafe fn gemm(isa: Isa, rows: &Rows, out: *mut f32, ld: usize, work:
 macro_rules! entry {
     ($name:ident, $features:literal, $sums:ty) => {
         #[target_feature(enable = $features)]
+        /// # Safety
+        /// The CPU must have the instructions this code is compiled for (`isa()` found them), and
+        /// what it writes through must have room for every weight row and activation row asked for.
         unsafe fn $name(rows: &Rows, out: *mut f32, ld: usize, work: &mut Work) {
             // SAFETY: by the caller; this function has the instructions the body uses.
             unsafe { gemm_body::<$sums>(rows, out, ld, work) }
