@@ -23,9 +23,9 @@ pub mod cpu;
 mod error;
 mod fingerprint;
 pub mod generate;
+mod layer_plan;
 pub mod memory;
 mod model;
-mod plan;
 pub mod sampling;
 pub mod spec;
 pub mod stop;
@@ -40,12 +40,12 @@ pub use fingerprint::fingerprint;
 pub use generate::{
     Event, GenerateRequest, Generation, Guide, generate, generate_guided, generate_speculative,
 };
+pub use layer_plan::{LayerPlan, MAX_LAYERS};
 pub use model::{
     CacheKey, DEFAULT_MAX_ROWS, Footprint, KvElement, KvType, Logits, Model, ModelInfo, ModelKind,
     PassThreads, Rows, SavedState, Session, SessionConfig, SharedPasses, check_decode, check_restore,
     default_threads, next_pass, passes,
 };
-pub use plan::{LayerPlan, MAX_LAYERS};
 pub use sampling::{Distribution, Sampler, SamplingConfig, argmax};
 pub use stop::{Chunk, StopConfig, StopReason, TextStream};
 pub use tokenizer::{ChatMessage, FunctionCall, Role, Tokenizer, ToolCall};

@@ -18,7 +18,7 @@ use pocket_core::{
     SessionConfig, StopConfig, Threads, Token, argmax, generate_speculative,
 };
 
-use crate::text::{PROSE, SEARCH_QUESTIONS};
+use crate::learning_text::{PROSE, SEARCH_QUESTIONS};
 use crate::{DEFAULT_MAX_DRAFT, Error, Known, LoadedModel, Result};
 
 /// Agreement a skip set must reach for the search to count it good (SWIFT stops near 0.93).

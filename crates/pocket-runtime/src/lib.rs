@@ -27,12 +27,12 @@ mod error;
 pub mod grammar;
 mod knowledge;
 pub mod learn;
+mod learning_text;
 pub mod pipeline;
 pub mod process;
 pub mod prompt_cache;
-mod text;
 pub mod tools;
-pub mod weights;
+pub mod weight_choice;
 
 pub use engine::{Engine, LoadedModel, OpenOptions, is_onnx};
 pub use error::{Error, ErrorKind, Result};

@@ -33,7 +33,7 @@ pub struct ModelArgs {
 /// `--weights`: a format, or `auto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightChoice {
-    /// Chosen from the device's measured cost curves ([`pocket_runtime::weights::choose_weights`]).
+    /// Chosen from the device's measured cost curves ([`pocket_runtime::weight_choice::choose_weights`]).
     Auto,
     /// This format.
     Format(WeightFormat),

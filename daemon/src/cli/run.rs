@@ -12,7 +12,7 @@ use pocket_ggml::WeightFormat;
 use pocket_runtime::drafters::not_offered_by;
 use pocket_runtime::pipeline::{self, Input, OnEvent, Request};
 use pocket_runtime::process::{MemStats, PeakSampler, budget_ledger};
-use pocket_runtime::weights::{WeightsEstimate, auto_weights, candidates};
+use pocket_runtime::weight_choice::{WeightsEstimate, auto_weights, candidates};
 use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine};
 use serde::Serialize;
 

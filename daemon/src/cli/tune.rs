@@ -11,7 +11,7 @@ use pocket_core::memory::Ledger;
 use pocket_core::spec::SpecMode;
 use pocket_runtime::DEFAULT_MAX_DRAFT;
 use pocket_runtime::learn::{self, Progress, SkipSearch, TuneSettings};
-use pocket_runtime::weights::{WeightsEstimate, auto_weights, candidates};
+use pocket_runtime::weight_choice::{WeightsEstimate, auto_weights, candidates};
 
 use super::common::{ModelArgs, WeightChoice};
 
