@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::spec::SpecMode;
-use pocket_core::{SessionConfig, StopConfig, Threads};
+use pocket_core::{KvType, SessionConfig, StopConfig, Threads};
 use pocket_runtime::learn::{self, TuneSettings};
-use pocket_runtime::pipeline::{self, Request};
+use pocket_runtime::pipeline::{self, Prepared, Request};
 use pocket_runtime::prompt_cache::DiskOptions;
 use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine, PromptCache};
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
@@ -37,7 +37,7 @@ use super::error::{ServeError, param_error};
 use super::job::{Job, Running};
 use super::learner::{Activity, IdleLearning, Learner};
 use super::metrics::Metrics;
-use super::registry::Registry;
+use super::registry::{Available, Registry, ServedModel};
 use super::turns::Turns;
 use super::worker::{GenerationContext, Sessions, Worker, lock};
 
@@ -386,30 +386,7 @@ impl Scheduler {
         if self.is_stopping() {
             return Err(ServeError::ShuttingDown);
         }
-        job.options
-            .sampling
-            .validate()
-            .map_err(|e| param_error(pipeline::sampling_field(&e.to_string()), &e))?;
-        StopConfig { max_tokens: 1, stop: job.options.stop.clone() }
-            .validate()
-            .map_err(|e| param_error("stop", &e))?;
-        let model_name = job.model.clone().unwrap_or_else(|| self.config.default_model.clone());
-        // Unknown names, and modes the model's engine does not offer, are refused before queueing.
-        let found = self.registry.find(&model_name)?;
-        let spec = spec_for(job.options.spec, self.config.spec, Engine::for_path(&found.path))?;
-        if spec == SpecMode::Draft && job.options.draft_model.is_none() {
-            return Err(ServeError::invalid("draft_model", "spec = draft needs a draft_model"));
-        }
-        let max_tokens =
-            job.options.max_tokens.unwrap_or(self.config.max_tokens).min(self.config.max_tokens) as usize;
-        if max_tokens == 0 {
-            return Err(ServeError::invalid("max_tokens", "max_tokens must be at least 1"));
-        }
-        let kv = job.options.kv.unwrap_or(self.config.kv);
-        if spec != SpecMode::Off {
-            self.learner.want(&found.name, kv);
-        }
-
+        let Admitted { found, spec, max_tokens, kv } = self.check(&job)?;
         let place = self
             .places
             .clone()
@@ -433,67 +410,8 @@ impl Scheduler {
             _ => None,
         };
         tracing::info!(id = %id, client = %job.client, model = %model.name, %spec, "request");
-
-        let request = Request {
-            input: job.input.clone(),
-            sampling: job.options.sampling.clone(),
-            stop: StopConfig { max_tokens, stop: job.options.stop.clone() },
-            spec,
-            session: SessionConfig {
-                kv,
-                n_ctx: self.config.ctx_size,
-                threads: self.threads,
-                priority: job.options.priority,
-                ..SessionConfig::default()
-            },
-            max_draft: DEFAULT_MAX_DRAFT,
-            planned: true,
-            prompt_cache: job.options.cache_prompt,
-            cache_hint: job.options.cache_key.clone(),
-            grammar: job.options.grammar.clone(),
-            logprobs: job.options.logprobs,
-            tools: job.options.tools.clone(),
-        };
-        // Tokenize and plan; when the budget is full, make room or wait for it.
-        let deadline = Instant::now() + MEMORY_WAIT;
-        let prepared = loop {
-            let (m, d, r, me) = (model.clone(), draft.clone(), request.clone(), self.clone());
-            let result = tokio::task::spawn_blocking(move || {
-                pipeline::prepare(&m.model, d.as_ref().map(|d| &d.model), &r, &me.ledger)
-            })
-            .await
-            .map_err(|e| ServeError::internal(Some(&id), format!("planning panicked: {e}")))?
-            .map_err(|e| ServeError::from_runtime(e, Some(&id)));
-            match result {
-                Ok(p) => break p,
-                Err(e) if e.is_over_budget() => {
-                    let keep: Vec<&str> =
-                        [Some(model.name.as_str()), draft.as_ref().map(|d| d.name.as_str())]
-                            .into_iter()
-                            .flatten()
-                            .collect();
-                    if self.registry.evict_parked() || self.registry.evict_idle(&keep) {
-                        continue;
-                    }
-                    // Memory comes back when another request with a turn ends — unless every
-                    // other one is itself waiting for memory.
-                    let ended = self.session_ended.notified();
-                    let waiting = self.waiting_for_memory.load(Ordering::SeqCst);
-                    let others = self.turns.held().saturating_sub(1 + waiting);
-                    if others == 0 || Instant::now() >= deadline {
-                        return Err(e);
-                    }
-                    let _waiting = Counted::new(&self.waiting_for_memory);
-                    // Requests that end before they start do not say so: look again soon.
-                    let _ = tokio::time::timeout(
-                        MEMORY_RECHECK.min(deadline.saturating_duration_since(Instant::now())),
-                        ended,
-                    )
-                    .await;
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let request = self.request(&job, spec, max_tokens, kv);
+        let prepared = self.prepare(&model, draft.as_ref(), &request, &id).await?;
 
         let cancel = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::unbounded_channel();
@@ -517,6 +435,112 @@ impl Scheduler {
             Err(_) => Err(ServeError::internal(Some(&id), "the generation thread ended before starting")),
         }
     }
+
+    /// What is refused before a request queues: settings out of range, an unknown model, a
+    /// speculation mode its engine does not offer.
+    fn check(&self, job: &Job) -> Result<Admitted, ServeError> {
+        job.options
+            .sampling
+            .validate()
+            .map_err(|e| param_error(pipeline::sampling_field(&e.to_string()), &e))?;
+        StopConfig { max_tokens: 1, stop: job.options.stop.clone() }
+            .validate()
+            .map_err(|e| param_error("stop", &e))?;
+        let model_name = job.model.clone().unwrap_or_else(|| self.config.default_model.clone());
+        let found = self.registry.find(&model_name)?;
+        let spec = spec_for(job.options.spec, self.config.spec, Engine::for_path(&found.path))?;
+        if spec == SpecMode::Draft && job.options.draft_model.is_none() {
+            return Err(ServeError::invalid("draft_model", "spec = draft needs a draft_model"));
+        }
+        let max_tokens =
+            job.options.max_tokens.unwrap_or(self.config.max_tokens).min(self.config.max_tokens) as usize;
+        if max_tokens == 0 {
+            return Err(ServeError::invalid("max_tokens", "max_tokens must be at least 1"));
+        }
+        let kv = job.options.kv.unwrap_or(self.config.kv);
+        if spec != SpecMode::Off {
+            self.learner.want(&found.name, kv);
+        }
+        Ok(Admitted { found, spec, max_tokens, kv })
+    }
+
+    /// The pipeline's request for `job`, with the daemon's settings where it has none.
+    fn request(&self, job: &Job, spec: SpecMode, max_tokens: usize, kv: KvType) -> Request {
+        Request {
+            input: job.input.clone(),
+            sampling: job.options.sampling.clone(),
+            stop: StopConfig { max_tokens, stop: job.options.stop.clone() },
+            spec,
+            session: SessionConfig {
+                kv,
+                n_ctx: self.config.ctx_size,
+                threads: self.threads,
+                priority: job.options.priority,
+                ..SessionConfig::default()
+            },
+            max_draft: DEFAULT_MAX_DRAFT,
+            planned: true,
+            prompt_cache: job.options.cache_prompt,
+            cache_hint: job.options.cache_key.clone(),
+            grammar: job.options.grammar.clone(),
+            logprobs: job.options.logprobs,
+            tools: job.options.tools.clone(),
+        }
+    }
+
+    /// Tokenize and plan `request`; when the budget is full, make room (parked
+    /// conversations, then idle models) or wait for a running request to give memory back,
+    /// for at most [`MEMORY_WAIT`].
+    async fn prepare(
+        self: &Arc<Self>,
+        model: &Arc<ServedModel>,
+        draft: Option<&Arc<ServedModel>>,
+        request: &Request,
+        id: &str,
+    ) -> Result<Prepared, ServeError> {
+        let deadline = Instant::now() + MEMORY_WAIT;
+        loop {
+            let (m, d, r, me) = (model.clone(), draft.cloned(), request.clone(), self.clone());
+            let result = tokio::task::spawn_blocking(move || {
+                pipeline::prepare(&m.model, d.as_ref().map(|d| &d.model), &r, &me.ledger)
+            })
+            .await
+            .map_err(|e| ServeError::internal(Some(id), format!("planning panicked: {e}")))?
+            .map_err(|e| ServeError::from_runtime(e, Some(id)));
+            let e = match result {
+                Err(e) if e.is_over_budget() => e,
+                other => return other,
+            };
+            let keep: Vec<&str> =
+                [Some(model.name.as_str()), draft.map(|d| d.name.as_str())].into_iter().flatten().collect();
+            if self.registry.evict_parked() || self.registry.evict_idle(&keep) {
+                continue;
+            }
+            // Memory comes back when another request with a turn ends — unless every other
+            // one is itself waiting for memory.
+            let ended = self.session_ended.notified();
+            let waiting = self.waiting_for_memory.load(Ordering::SeqCst);
+            let others = self.turns.held().saturating_sub(1 + waiting);
+            if others == 0 || Instant::now() >= deadline {
+                return Err(e);
+            }
+            let _waiting = Counted::new(&self.waiting_for_memory);
+            // Requests that end before they start do not say so: look again soon.
+            let _ = tokio::time::timeout(
+                MEMORY_RECHECK.min(deadline.saturating_duration_since(Instant::now())),
+                ended,
+            )
+            .await;
+        }
+    }
+}
+
+/// What admission settled for a request before it queues.
+struct Admitted {
+    found: Available,
+    spec: SpecMode,
+    max_tokens: usize,
+    kv: KvType,
 }
 
 /// A request between its arrival and its end; while any is, the learner stays away.
