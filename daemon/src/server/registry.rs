@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pocket_core::memory::Ledger;
 use pocket_models::{Catalog, Format};
+use pocket_runtime::learn::{self, TuneSettings};
 use pocket_runtime::{LoadedModel, OpenOptions, PromptCache};
 
 use super::error::ServeError;
@@ -213,6 +214,51 @@ impl Registry {
         let mut v: Vec<_> = slots.iter().map(|s| (s.model.clone(), s.last_used.elapsed())).collect();
         v.sort_by_key(|(_, idle)| *idle);
         v
+    }
+
+    /// The loaded models as `/v1/status` shows them; `tuned` says whether what speculation
+    /// needs is known for `settings`.
+    pub fn loaded_status(&self, settings: &TuneSettings) -> Vec<pocket_api::LoadedModel> {
+        let keep_alive = Some(self.keep_alive.as_secs_f64());
+        self.loaded()
+            .into_iter()
+            .map(|(m, idle)| pocket_api::LoadedModel {
+                name: m.name.clone(),
+                engine: Some(m.model.engine().name().to_owned()),
+                bytes: m.bytes(),
+                sessions: Registry::users(&m),
+                idle_seconds: idle.as_secs_f64(),
+                keep_alive_seconds: keep_alive,
+                tuned: Some(!learn::needs_tuning(&m.model, settings)),
+                shared_passes: m.model.model().shared_passes(),
+            })
+            .collect()
+    }
+
+    /// The conversations `cache` holds, as `/v1/status` shows them: each under its loaded
+    /// model's name (else the fingerprint it was parked under).
+    pub fn parked_status(&self, cache: &PromptCache) -> Vec<pocket_api::ParkedPrefix> {
+        let loaded = self.loaded();
+        let model_name = |fingerprint: &str| {
+            loaded
+                .iter()
+                .find(|(m, _)| {
+                    m.model.model().cache_key().is_some_and(|k| k.fingerprint.starts_with(fingerprint))
+                })
+                .map_or_else(|| fingerprint.to_owned(), |(m, _)| m.name.clone())
+        };
+        cache
+            .parked()
+            .into_iter()
+            .map(|p| pocket_api::ParkedPrefix {
+                model: model_name(&p.model),
+                tokens: p.tokens,
+                bytes: p.bytes,
+                kv: p.kv.name().to_owned(),
+                key: p.hint,
+                idle_seconds: p.idle_seconds,
+            })
+            .collect()
     }
 
     /// Seconds of idleness after which models are unloaded.

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::spec::SpecMode;
 use pocket_core::{KvType, SessionConfig, StopConfig, Threads};
-use pocket_runtime::learn::{self, TuneSettings};
+use pocket_runtime::learn::TuneSettings;
 use pocket_runtime::pipeline::{self, Prepared, Request};
 use pocket_runtime::prompt_cache::DiskOptions;
 use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine, PromptCache};
@@ -39,7 +39,7 @@ use super::learner::{Activity, IdleLearning, Learner};
 use super::metrics::Metrics;
 use super::registry::{Available, Registry, ServedModel};
 use super::turns::Turns;
-use super::worker::{GenerationContext, Sessions, Worker, lock};
+use super::worker::{GenerationContext, Sessions, Worker, lock, session_statuses};
 
 /// Sessions at once, for `parallel = "auto"`, from a model's cost curve (a pass of `n` rows
 /// against one): the count whose shared pass gives the most tokens per second in all while it
@@ -280,71 +280,14 @@ impl Scheduler {
 
     /// Memory, models and sessions now.
     pub fn status(&self) -> pocket_api::Status {
-        let keep_alive = Some(self.registry.keep_alive().as_secs_f64());
-        let loaded = self
-            .registry
-            .loaded()
-            .into_iter()
-            .map(|(m, idle)| pocket_api::LoadedModel {
-                name: m.name.clone(),
-                engine: Some(m.model.engine().name().to_owned()),
-                bytes: m.bytes(),
-                sessions: Registry::users(&m),
-                idle_seconds: idle.as_secs_f64(),
-                keep_alive_seconds: keep_alive,
-                tuned: Some(!learn::needs_tuning(
-                    &m.model,
-                    &TuneSettings::new(self.threads.max(), self.config.kv),
-                )),
-                shared_passes: m.model.model().shared_passes(),
-            })
-            .collect();
-        let sessions = self
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(id, s)| pocket_api::SessionStatus {
-                id: id.clone(),
-                model: s.model.clone(),
-                generated_tokens: s.generated.load(Ordering::Relaxed),
-                plan: serde_json::json!({
-                    "plan": s.plan,
-                    "used_bytes": s.ledger.used(),
-                    "peak_bytes": s.ledger.peak(),
-                }),
-            })
-            .collect();
-        let loaded_models = self.registry.loaded();
-        let model_name = |fingerprint: &str| {
-            loaded_models
-                .iter()
-                .find(|(m, _)| {
-                    m.model.model().cache_key().is_some_and(|k| k.fingerprint.starts_with(fingerprint))
-                })
-                .map_or_else(|| fingerprint.to_owned(), |(m, _)| m.name.clone())
-        };
-        let parked = self
-            .prompt_cache()
-            .map(|c| c.parked())
-            .unwrap_or_default()
-            .into_iter()
-            .map(|p| pocket_api::ParkedPrefix {
-                model: model_name(&p.model),
-                tokens: p.tokens,
-                bytes: p.bytes,
-                kv: p.kv.name().to_owned(),
-                key: p.hint,
-                idle_seconds: p.idle_seconds,
-            })
-            .collect();
+        let settings = TuneSettings::new(self.threads.max(), self.config.kv);
         pocket_api::Status {
-            parked,
+            parked: self.prompt_cache().map(|c| self.registry.parked_status(c)).unwrap_or_default(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             uptime_seconds: self.started.elapsed().as_secs_f64(),
             memory: self.memory(),
-            loaded,
-            sessions,
+            loaded: self.registry.loaded_status(&settings),
+            sessions: session_statuses(&self.sessions),
             queued: self.queued(),
             queue_capacity: self.config.queue,
             parallel: Some(self.parallel()),

@@ -30,6 +30,23 @@ pub(super) struct SessionEntry {
 /// The sessions generating now, by request id.
 pub(super) type Sessions = Mutex<BTreeMap<String, SessionEntry>>;
 
+/// The sessions generating now, as `/v1/status` shows them.
+pub(super) fn session_statuses(sessions: &Sessions) -> Vec<pocket_api::SessionStatus> {
+    lock(sessions)
+        .iter()
+        .map(|(id, s)| pocket_api::SessionStatus {
+            id: id.clone(),
+            model: s.model.clone(),
+            generated_tokens: s.generated.load(Ordering::Relaxed),
+            plan: serde_json::json!({
+                "plan": s.plan,
+                "used_bytes": s.ledger.used(),
+                "peak_bytes": s.ledger.peak(),
+            }),
+        })
+        .collect()
+}
+
 /// What a generation reports to: the daemon's budget, its session table, its models (which it
 /// releases at the end) and counters, and who waits for a session to end.
 pub(super) struct Worker {
