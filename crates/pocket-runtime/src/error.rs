@@ -81,6 +81,39 @@ impl Error {
         }
     }
 
+    /// The model file or directory the error is about, where it names one.
+    pub fn model_path(&self) -> Option<&std::path::Path> {
+        use pocket_ggml::Error as G;
+        use pocket_tract::Error as T;
+        match self {
+            Error::Ggml(
+                G::Io { path, .. }
+                | G::NotGguf { path, .. }
+                | G::Corrupt { path, .. }
+                | G::Unsupported { path, .. }
+                | G::BadModel { path, .. },
+            ) => Some(path),
+            Error::Tract(T::Layout { dir: path, .. } | T::Io { path, .. } | T::BadGraph { path, .. }) => {
+                Some(path)
+            }
+            Error::Tract(T::BadTokenizer { path, .. }) => Some(path),
+            _ => None,
+        }
+    }
+
+    /// The message for a client: as [`std::fmt::Display`], with the model's path on the
+    /// server shortened to its file name (where the models are kept is the operator's).
+    pub fn client_message(&self) -> String {
+        let text = self.to_string();
+        match self.model_path() {
+            Some(path) => {
+                let name = path.file_name().map_or_else(|| "the model".into(), |n| n.to_string_lossy());
+                text.replace(&path.display().to_string(), &name)
+            }
+            None => text,
+        }
+    }
+
     /// The engine-boundary error inside, if this is one.
     pub fn core(&self) -> Option<&pocket_core::Error> {
         match self {
@@ -139,5 +172,9 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::BadModel);
         let e = Error::invalid("spec", "no");
         assert_eq!((e.kind(), e.param()), (ErrorKind::Invalid, Some("spec")));
+        // Where the operator keeps models stays on the server.
+        let path = std::path::PathBuf::from("/var/lib/pocketd/models/bad.gguf");
+        let e = Error::from(pocket_ggml::Error::Corrupt { path, reason: "a count past the end".into() });
+        assert_eq!(e.client_message(), "bad.gguf is a damaged GGUF file: a count past the end");
     }
 }

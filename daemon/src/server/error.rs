@@ -118,7 +118,7 @@ impl ServeError {
                 _ => ServeError::internal(request, e),
             },
             ErrorKind::Cancelled => ServeError::Cancelled,
-            ErrorKind::BadModel => ServeError::invalid("model", e.to_string()),
+            ErrorKind::BadModel => ServeError::invalid("model", e.client_message()),
             ErrorKind::Internal => ServeError::internal(request, e),
         }
     }
@@ -127,7 +127,9 @@ impl ServeError {
     pub fn from_model(name: &str, e: pocket_runtime::Error) -> Self {
         match e.kind() {
             ErrorKind::BadModel | ErrorKind::Invalid => {
-                ServeError::invalid("model", format!("cannot serve {name}: {e}"))
+                // The full error, path included, goes to the log; the client gets the file name.
+                tracing::warn!("cannot serve {name}: {e}");
+                ServeError::invalid("model", format!("cannot serve {name}: {}", e.client_message()))
             }
             _ => ServeError::from_runtime(e, None),
         }

@@ -304,7 +304,12 @@ impl Registry {
             tokio::task::spawn_blocking(move || pocket_models::verify_pulled(&manifest, &dir))
                 .await
                 .map_err(|e| ServeError::internal(None, format!("verifying {} panicked: {e}", found.name)))?
-                .map_err(|e| ServeError::invalid("model", format!("cannot serve {}: {e}", found.name)))?;
+                .map_err(|e| {
+                    // The full error goes to the log; the client is not told where models are kept.
+                    tracing::warn!("cannot serve {}: {e}", found.name);
+                    let text = e.to_string().replace(&format!("{}/", self.models_dir.display()), "");
+                    ServeError::invalid("model", format!("cannot serve {}: {text}", found.name))
+                })?;
         }
         loop {
             let ledger = self.ledger.sub();
