@@ -158,142 +158,182 @@ fn wrong(key: &str, expected: &str) -> ServeError {
 /// The job, from a D-Bus call's arguments.
 pub(super) fn job(model: &str, prompt: &str, options: &Options, client: String) -> Result<Job, ServeError> {
     let mut o = JobOptions::default();
-    let mut chat = true;
-    let mut system = None;
-    let mut history = Vec::new();
+    let mut conversation = Conversation { chat: true, system: None, history: Vec::new() };
     for (key, value) in options {
         let v: &Variant<'_> = value;
-        match key.as_str() {
-            "max_tokens" => {
-                let n = integer(v)
-                    .filter(|n| (1..=u32::MAX as i128).contains(n))
-                    .ok_or_else(|| wrong(key, "a positive integer"))?;
-                o.max_tokens = Some(n as u32);
+        let known = sampling_option(&mut o, key, v)?
+            || output_option(&mut o, key, v)?
+            || request_option(&mut o, key, v)?
+            || conversation.option(key, v)?;
+        if !known {
+            return Err(ServeError::invalid(
+                key,
+                format!(
+                    "unknown option {key:?}; known: max_tokens, temperature, top_p, top_k, seed, stop, \
+                     presence_penalty, frequency_penalty, repetition_penalty, json_schema, json_object, grammar, \
+                     tools, tool_choice, spec, draft_model, kv, chat, system, history, cache_key, cache_prompt, priority"
+                ),
+            ));
+        }
+    }
+    let input = conversation.input(prompt)?;
+    Ok(Job { model: (!model.is_empty()).then(|| model.to_owned()), input, options: o, client })
+}
+
+/// How tokens are chosen: `max_tokens`, `stop` and the sampling settings. Whether `key` is one.
+fn sampling_option(o: &mut JobOptions, key: &str, v: &Variant<'_>) -> Result<bool, ServeError> {
+    match key {
+        "max_tokens" => {
+            let n = integer(v)
+                .filter(|n| (1..=u32::MAX as i128).contains(n))
+                .ok_or_else(|| wrong(key, "a positive integer"))?;
+            o.max_tokens = Some(n as u32);
+        }
+        "top_k" => {
+            o.sampling.top_k =
+                integer(v).filter(|n| *n >= 0).ok_or_else(|| wrong(key, "an integer ≥ 0"))? as usize
+        }
+        "seed" => {
+            o.sampling.seed =
+                integer(v).filter(|n| *n >= 0).ok_or_else(|| wrong(key, "an integer ≥ 0"))? as u64
+        }
+        "temperature" | "top_p" | "presence_penalty" | "frequency_penalty" | "repetition_penalty" => {
+            let x = match v {
+                Variant::F64(x) => *x,
+                other => integer(other).ok_or_else(|| wrong(key, "a double"))? as f64,
+            } as f32;
+            let field = match key {
+                "temperature" => &mut o.sampling.temperature,
+                "top_p" => &mut o.sampling.top_p,
+                "presence_penalty" => &mut o.sampling.presence_penalty,
+                "frequency_penalty" => &mut o.sampling.frequency_penalty,
+                _ => &mut o.sampling.repetition_penalty,
+            };
+            *field = x;
+        }
+        "stop" => {
+            o.stop = match v {
+                Variant::Array(a) => a.inner().iter().map(string).collect::<Option<Vec<_>>>(),
+                other => string(other).map(|s| vec![s]),
             }
-            "priority" => {
-                let p = integer(v)
-                    .filter(|n| (i32::MIN as i128..=i32::MAX as i128).contains(n))
-                    .ok_or_else(|| wrong(key, "an integer"))? as i32;
-                super::job::check_priority(p)?;
-                o.priority = p;
+            .ok_or_else(|| wrong(key, "a string or an array of strings"))?;
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// What the answer must be: a JSON schema, any JSON object, a grammar, tools. Whether `key`
+/// is one.
+fn output_option(o: &mut JobOptions, key: &str, v: &Variant<'_>) -> Result<bool, ServeError> {
+    match key {
+        "json_schema" => {
+            let text = string(v).ok_or_else(|| wrong(key, "a string holding a JSON schema"))?;
+            let schema = serde_json::from_str(&text)
+                .map_err(|e| ServeError::invalid(key, format!("json_schema is not JSON: {e}")))?;
+            // Like OpenAI's strict mode: a keyword that cannot be enforced is an error.
+            o.grammar = Some(Grammar::JsonSchema { schema, strict: true });
+        }
+        "json_object" => {
+            if matches!(v, Variant::Bool(true)) {
+                o.grammar = Some(Grammar::JsonObject);
+            } else if !matches!(v, Variant::Bool(false)) {
+                return Err(wrong(key, "a boolean"));
             }
-            "top_k" => {
-                o.sampling.top_k =
-                    integer(v).filter(|n| *n >= 0).ok_or_else(|| wrong(key, "an integer ≥ 0"))? as usize
+        }
+        "grammar" => o.grammar = Some(Grammar::Lark(string(v).ok_or_else(|| wrong(key, "a string"))?)),
+        "tools" => {
+            let text = string(v).ok_or_else(|| wrong(key, "a string holding a JSON array of tools"))?;
+            o.tools.tools = serde_json::from_str(&text).map_err(|e| {
+                ServeError::invalid(key, format!("tools is not a JSON array of OpenAI tool definitions: {e}"))
+            })?;
+        }
+        "tool_choice" => {
+            let text = string(v).ok_or_else(|| wrong(key, "a string"))?;
+            o.tools.choice = match text.as_str() {
+                "none" | "auto" | "required" => tool_choice(&serde_json::Value::from(text))?,
+                name => ToolChoice::Function(name.to_owned()),
+            };
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// How the request runs: speculation, KV type, the prompt cache, its priority. Whether
+/// `key` is one.
+fn request_option(o: &mut JobOptions, key: &str, v: &Variant<'_>) -> Result<bool, ServeError> {
+    let parsed = |e: pocket_core::Error| ServeError::invalid(key, e.to_string());
+    match key {
+        "priority" => {
+            let p = integer(v)
+                .filter(|n| (i32::MIN as i128..=i32::MAX as i128).contains(n))
+                .ok_or_else(|| wrong(key, "an integer"))? as i32;
+            super::job::check_priority(p)?;
+            o.priority = p;
+        }
+        "spec" => o.spec = Some(string(v).ok_or_else(|| wrong(key, "a string"))?.parse().map_err(parsed)?),
+        "kv" => o.kv = Some(string(v).ok_or_else(|| wrong(key, "a string"))?.parse().map_err(parsed)?),
+        "draft_model" => o.draft_model = Some(string(v).ok_or_else(|| wrong(key, "a string"))?),
+        "cache_key" => o.cache_key = Some(string(v).ok_or_else(|| wrong(key, "a string"))?),
+        "cache_prompt" => {
+            o.cache_prompt = match v {
+                Variant::Bool(b) => *b,
+                _ => return Err(wrong(key, "a boolean")),
             }
-            "seed" => {
-                o.sampling.seed =
-                    integer(v).filter(|n| *n >= 0).ok_or_else(|| wrong(key, "an integer ≥ 0"))? as u64
-            }
-            "temperature" | "top_p" | "presence_penalty" | "frequency_penalty" | "repetition_penalty" => {
-                let x = match v {
-                    Variant::F64(x) => *x,
-                    other => integer(other).ok_or_else(|| wrong(key, "a double"))? as f64,
-                } as f32;
-                let field = match key.as_str() {
-                    "temperature" => &mut o.sampling.temperature,
-                    "top_p" => &mut o.sampling.top_p,
-                    "presence_penalty" => &mut o.sampling.presence_penalty,
-                    "frequency_penalty" => &mut o.sampling.frequency_penalty,
-                    _ => &mut o.sampling.repetition_penalty,
-                };
-                *field = x;
-            }
-            "json_schema" => {
-                let text = string(v).ok_or_else(|| wrong(key, "a string holding a JSON schema"))?;
-                let schema = serde_json::from_str(&text)
-                    .map_err(|e| ServeError::invalid(key, format!("json_schema is not JSON: {e}")))?;
-                // Like OpenAI's strict mode: a keyword that cannot be enforced is an error.
-                o.grammar = Some(Grammar::JsonSchema { schema, strict: true });
-            }
-            "json_object" => {
-                if matches!(v, Variant::Bool(true)) {
-                    o.grammar = Some(Grammar::JsonObject);
-                } else if !matches!(v, Variant::Bool(false)) {
-                    return Err(wrong(key, "a boolean"));
-                }
-            }
-            "grammar" => o.grammar = Some(Grammar::Lark(string(v).ok_or_else(|| wrong(key, "a string"))?)),
-            "tools" => {
-                let text = string(v).ok_or_else(|| wrong(key, "a string holding a JSON array of tools"))?;
-                o.tools.tools = serde_json::from_str(&text).map_err(|e| {
-                    ServeError::invalid(key, format!("tools is not a JSON array of OpenAI tool definitions: {e}"))
-                })?;
-            }
-            "tool_choice" => {
-                let text = string(v).ok_or_else(|| wrong(key, "a string"))?;
-                o.tools.choice = match text.as_str() {
-                    "none" | "auto" | "required" => tool_choice(&serde_json::Value::from(text))?,
-                    name => ToolChoice::Function(name.to_owned()),
-                };
-            }
-            "stop" => {
-                o.stop = match v {
-                    Variant::Array(a) => a.inner().iter().map(string).collect::<Option<Vec<_>>>(),
-                    other => string(other).map(|s| vec![s]),
-                }
-                .ok_or_else(|| wrong(key, "a string or an array of strings"))?;
-            }
-            "spec" => {
-                let s = string(v).ok_or_else(|| wrong(key, "a string"))?;
-                o.spec =
-                    Some(s.parse().map_err(|e: pocket_core::Error| ServeError::invalid(key, e.to_string()))?);
-            }
-            "kv" => {
-                let s = string(v).ok_or_else(|| wrong(key, "a string"))?;
-                o.kv =
-                    Some(s.parse().map_err(|e: pocket_core::Error| ServeError::invalid(key, e.to_string()))?);
-            }
-            "draft_model" => o.draft_model = Some(string(v).ok_or_else(|| wrong(key, "a string"))?),
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// What the prompt is part of: a chat (with a system message and earlier turns) or plain text.
+struct Conversation {
+    chat: bool,
+    system: Option<String>,
+    history: Vec<ChatMessage>,
+}
+
+impl Conversation {
+    /// Take the option `key` if it is one of the conversation's; whether it is.
+    fn option(&mut self, key: &str, v: &Variant<'_>) -> Result<bool, ServeError> {
+        match key {
             "chat" => {
-                chat = match v {
+                self.chat = match v {
                     Variant::Bool(b) => *b,
                     _ => return Err(wrong(key, "a boolean")),
                 }
             }
-            "system" => system = Some(string(v).ok_or_else(|| wrong(key, "a string"))?),
+            "system" => self.system = Some(string(v).ok_or_else(|| wrong(key, "a string"))?),
             "history" => {
-                history = messages(v).ok_or_else(|| {
+                self.history = messages(v).ok_or_else(|| {
                     wrong(
                         key,
                         "an array of (role, content) pairs, a(ss), whose roles are system, user, assistant or tool",
                     )
                 })?
             }
-            "cache_key" => o.cache_key = Some(string(v).ok_or_else(|| wrong(key, "a string"))?),
-            "cache_prompt" => {
-                o.cache_prompt = match v {
-                    Variant::Bool(b) => *b,
-                    _ => return Err(wrong(key, "a boolean")),
-                }
-            }
-            other => {
-                return Err(ServeError::invalid(
-                    other,
-                    format!(
-                        "unknown option {other:?}; known: max_tokens, temperature, top_p, top_k, seed, stop, \
-                         presence_penalty, frequency_penalty, repetition_penalty, json_schema, json_object, grammar, \
-                         tools, tool_choice, spec, draft_model, kv, chat, system, history, cache_key, cache_prompt, priority"
-                    ),
-                ));
-            }
+            _ => return Ok(false),
         }
+        Ok(true)
     }
-    if !history.is_empty() && !chat {
-        return Err(ServeError::invalid("history", "history is for chat (chat = true)"));
-    }
-    let input = if chat {
+
+    /// The input: `prompt` after the conversation so far, or `prompt` alone as text.
+    fn input(self, prompt: &str) -> Result<Input, ServeError> {
+        if !self.history.is_empty() && !self.chat {
+            return Err(ServeError::invalid("history", "history is for chat (chat = true)"));
+        }
+        if !self.chat {
+            return Ok(Input::Text(prompt.to_owned()));
+        }
         let mut messages = Vec::new();
-        if let Some(s) = system {
+        if let Some(s) = self.system {
             messages.push(ChatMessage::new(pocket_core::Role::System, s));
         }
-        messages.extend(history);
+        messages.extend(self.history);
         messages.push(ChatMessage::new(pocket_core::Role::User, prompt.to_owned()));
-        Input::Chat(messages)
-    } else {
-        Input::Text(prompt.to_owned())
-    };
-    Ok(Job { model: (!model.is_empty()).then(|| model.to_owned()), input, options: o, client })
+        Ok(Input::Chat(messages))
+    }
 }
 
 fn stats(f: &Finished) -> HashMap<String, OwnedVariant> {
