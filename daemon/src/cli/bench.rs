@@ -113,7 +113,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let dir = pocket_models::models_dir(args.model.models_dir.as_deref());
     let resolved = pocket_models::resolve(&args.model.model, &dir)?;
     let engine = Engine::for_path(&resolved.path);
-    let (mut workload, workload_name) = match (&args.prompts, engine) {
+    let (workload, workload_name) = workload_of(&args, engine)?;
+    let config = config_of(&args, &resolved, engine, &workload, workload_name)?;
+    announce(&config, &workload, &resolved.path);
+    let results = bench::suite::run_workload(&config, &workload, &mut show_progress)
+        .with_context(|| format!("benchmark of {}", resolved.path.display()))?;
+    print!("{}", bench::report::table(&results));
+    write_outputs(&args, &results)
+}
+
+/// The workload: `--prompts`, else the built-in one for the model's kind, cut to
+/// `--max-prompts`; and its name.
+fn workload_of(args: &Args, engine: Engine) -> anyhow::Result<(workload::Workload, String)> {
+    let (mut workload, name) = match (&args.prompts, engine) {
         (Some(path), _) => (workload::load_workload(path)?, path.display().to_string()),
         (None, Engine::Ggml | Engine::LlamaCpp) => (
             workload::parse_workload(workload::DEFAULT_WORKLOAD)
@@ -136,6 +148,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "the workload's {} conversations are replayed through pocketd: give its socket (--socket PATH)",
         workload.conversations.len()
     );
+    Ok((workload, name))
+}
+
+/// The modes to run: `--modes` (else the defaults for the model's kind), with a `socket:`
+/// twin of each of ours when `--socket` names no such mode; and the mode conversations are
+/// replayed in.
+fn modes_of(args: &Args, engine: Engine, prompts: bool) -> anyhow::Result<(Vec<RunMode>, bench::Mode)> {
     let mode_list = args.modes.clone().unwrap_or_else(|| match engine {
         Engine::Ggml | Engine::LlamaCpp => "llama.cpp,vanilla".to_owned(),
         Engine::Tract => "vanilla,inputcopy,suffix,auto".to_owned(),
@@ -146,7 +165,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         [one] if args.modes.is_some() => one.mode.clone(),
         _ => bench::Mode::Vanilla,
     };
-    if args.socket.is_some() && !workload.prompts.is_empty() && !modes.iter().any(|m| m.socket) {
+    if args.socket.is_some() && prompts && !modes.iter().any(|m| m.socket) {
         // Every mode of ours on the weights as stored, beside itself through pocketd.
         let twins: Vec<RunMode> = modes
             .iter()
@@ -163,6 +182,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         modes.extend(twins);
     }
+    Ok((modes, conversation_mode))
+}
+
+/// The benchmark's configuration from the command line.
+fn config_of(
+    args: &Args,
+    resolved: &pocket_models::ResolvedModel,
+    engine: Engine,
+    workload: &workload::Workload,
+    workload_name: String,
+) -> anyhow::Result<BenchConfig> {
+    let (modes, conversation_mode) = modes_of(args, engine, !workload.prompts.is_empty())?;
     let name = match &resolved.manifest {
         Some(m) => m.name.clone(),
         None => resolved
@@ -170,7 +201,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .file_stem()
             .map_or_else(|| args.model.model.clone(), |s| s.to_string_lossy().into_owned()),
     };
-
+    anyhow::ensure!(
+        args.wait_quiet.is_finite() && (0.0..=3600.0).contains(&args.wait_quiet),
+        "--wait-quiet must be between 0 and 3600 seconds, not {}",
+        args.wait_quiet
+    );
     let mut config = BenchConfig::new(resolved.path.clone(), name);
     config.workload = workload_name;
     config.models_dir = args.model.models_dir.clone();
@@ -179,11 +214,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.device = args.model.device.clone();
     config.max_tokens_cap = args.max_tokens_cap.map(|n| n as usize);
     config.rounds = args.rounds as usize;
-    anyhow::ensure!(
-        args.wait_quiet.is_finite() && (0.0..=3600.0).contains(&args.wait_quiet),
-        "--wait-quiet must be between 0 and 3600 seconds, not {}",
-        args.wait_quiet
-    );
     config.wait_quiet = std::time::Duration::from_secs_f64(args.wait_quiet);
     config.threads = args.threads;
     config.cost_curve = !args.no_cost_curve;
@@ -194,13 +224,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.conversation_mode = conversation_mode;
     config.concurrent = args.concurrent as usize;
     config.load = args.load as usize;
+    Ok(config)
+}
 
+/// Say what is about to run.
+fn announce(config: &BenchConfig, workload: &workload::Workload, path: &std::path::Path) {
     let names: Vec<String> = config.modes.iter().map(RunMode::name).collect();
     if !workload.prompts.is_empty() {
         eprintln!(
             "benchmarking {} ({}) on {} prompts, modes {}, {} threads, {} start",
             config.model_name,
-            resolved.path.display(),
+            path.display(),
             workload.prompts.len(),
             names.join(","),
             config.threads,
@@ -217,10 +251,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             config.start.name()
         );
     }
-    let results = bench::suite::run_workload(&config, &workload, &mut show_progress)
-        .with_context(|| format!("benchmark of {}", resolved.path.display()))?;
+}
 
-    print!("{}", bench::report::table(&results));
+/// The results as JSON (`--json`) and the chart (`--chart`, else beside the JSON).
+fn write_outputs(args: &Args, results: &bench::BenchResults) -> anyhow::Result<()> {
     // Conversations alone have no runs of modes to chart.
     let chartable = !results.runs.is_empty();
     if !chartable && args.chart.is_some() {
@@ -232,11 +266,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .or_else(|| args.json.as_ref().map(|j| j.with_extension("svg")))
         .filter(|_| chartable);
     if let Some(path) = &args.json {
-        write_json(&results, path)?;
+        write_json(results, path)?;
         eprintln!("results: {}", path.display());
     }
     if let Some(path) = &chart {
-        bench::chart::write_svg(&results, path)?;
+        bench::chart::write_svg(results, path)?;
         eprintln!("chart: {}", path.display());
     }
     Ok(())
