@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use pocket_core::memory::BudgetSpec;
 use pocket_core::{KvType, SessionConfig, Threads};
-use pocket_ggml::DeviceChoice;
+use pocket_runtime::DeviceChoice;
 use serde::{Deserialize, Serialize};
 
 use super::concurrency;

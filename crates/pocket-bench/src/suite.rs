@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pocket_core::spec::SpecMode;
 use pocket_core::{ModelKind, SessionConfig, Token};
-use pocket_ggml::WeightFormat;
+use pocket_runtime::WeightFormat;
 use pocket_runtime::learn::{self, SkipSearch, TuneSettings};
 use pocket_runtime::pipeline::{self, Input};
 use pocket_runtime::process::{CpuTimes, MemStats, budget_ledger, reset_peak};

@@ -39,6 +39,10 @@ pub use error::{Error, ErrorKind, Result};
 pub use knowledge::{GOOD_KV_AGREEMENT, Knowledge, Known, cache_dir};
 pub use pipeline::{Input, Outcome, Prepared, Request, Sink};
 pub use prompt_cache::PromptCache;
+// What the daemon, the CLI and the benchmark need of the engines, so that they reach them only
+// through this crate: the device and weight-format choices, the architectures our graph
+// builds, llama.cpp as reference and baseline, and the parity check against it.
+pub use pocket_ggml::{DeviceChoice, LlamaCpp, SUPPORTED_ARCHITECTURES, WeightFormat, parity};
 
 /// Longest draft a request asks for unless it says otherwise (`auto` chooses its own length
 /// up to this).

@@ -172,7 +172,7 @@ fn modes_of(args: &Args, engine: Engine, prompts: bool) -> anyhow::Result<(Vec<R
             .filter(|m| {
                 m.mode != bench::Mode::LlamaCpp
                     && !m.naive
-                    && m.weights == pocket_ggml::WeightFormat::AsStored
+                    && m.weights == pocket_runtime::WeightFormat::AsStored
             })
             .map(|m| RunMode { socket: true, ..m.clone() })
             .collect();

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pocket_core::memory::Ledger;
-use pocket_ggml::WeightFormat;
+use pocket_runtime::WeightFormat;
 use pocket_runtime::{LoadedModel, OpenOptions};
 
 /// Flags that choose a model.
@@ -21,7 +21,7 @@ pub struct ModelArgs {
     pub models_dir: Option<PathBuf>,
     /// The ggml device: `auto` (a GPU if there is one), `cpu`, or a device name.
     #[arg(long, default_value = "auto")]
-    pub device: pocket_ggml::DeviceChoice,
+    pub device: pocket_runtime::DeviceChoice,
     /// The format weight matrices are held in: `stored` (as the file has them), `q8_0` (4-
     /// to 6-bit matrices widened at load: more memory, cheaper verification of drafts on
     /// CPUs), or `auto` (`q8_0` when speculating on a CPU whose measured cost curves say it

@@ -1,7 +1,7 @@
 //! `pocket parity`: our graph against llama.cpp on the same model file.
 
 use pocket_core::KvType;
-use pocket_ggml::parity::{ParityOptions, parity};
+use pocket_runtime::parity::{ParityOptions, parity};
 
 use super::common::ModelArgs;
 

@@ -100,7 +100,7 @@ fn list(catalog: &Catalog, dir: &std::path::Path) -> anyhow::Result<()> {
          our kernels): {}.\nAny other GGUF that llama.cpp loads runs on llama.cpp's graph (plain, suffix \
          and draft-model speculation; its KV cache allocated whole). Encoder-decoders (an ONNX \
          directory) run on tract.",
-        pocket_ggml::SUPPORTED_ARCHITECTURES.join(", ")
+        pocket_runtime::SUPPORTED_ARCHITECTURES.join(", ")
     );
     Ok(())
 }

@@ -8,7 +8,7 @@ use anyhow::Context;
 use pocket_core::memory::{BudgetSpec, Plan};
 use pocket_core::spec::{SpecMode, SpecStats};
 use pocket_core::{ChatMessage, KvType, SamplingConfig, SessionConfig, StopConfig, Threads, Token};
-use pocket_ggml::WeightFormat;
+use pocket_runtime::WeightFormat;
 use pocket_runtime::drafters::not_offered_by;
 use pocket_runtime::pipeline::{self, Input, OnEvent, Request};
 use pocket_runtime::process::{MemStats, PeakSampler, budget_ledger};

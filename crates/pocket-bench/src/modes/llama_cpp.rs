@@ -6,7 +6,7 @@ use pocket_core::stop::TextStream;
 use std::sync::Arc;
 
 use pocket_core::{Error as CoreError, argmax};
-use pocket_ggml::LlamaCpp;
+use pocket_runtime::LlamaCpp;
 use pocket_runtime::{Engine, LoadedModel};
 
 use super::{PromptRun, RunOutput, Runner, RunnerContext};

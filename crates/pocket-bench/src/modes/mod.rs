@@ -13,8 +13,8 @@ use std::sync::Arc;
 use pocket_core::memory::Ledger;
 use pocket_core::spec::SpecMode;
 use pocket_core::{SessionConfig, Token};
-use pocket_ggml::WeightFormat;
 use pocket_runtime::LoadedModel;
+use pocket_runtime::WeightFormat;
 
 use super::Error;
 use super::workload::PromptInput;
@@ -114,7 +114,7 @@ impl FromStr for Mode {
 }
 
 /// A mode and where and how it runs: `suffix`, or `suffix@q8_0` for the model's matrices
-/// widened to Q8_0 at load ([`pocket_ggml::WeightFormat`]), so both can be compared in one run;
+/// widened to Q8_0 at load ([`pocket_runtime::WeightFormat`]), so both can be compared in one run;
 /// `naive:` before our engine's mode holds every KV cache (the draft model's too) for the whole
 /// context from the start, as a plain two-model setup does, and is not held to a memory
 /// budget; `socket:` before it sends the prompt to a running pocketd instead of generating in
