@@ -13,7 +13,7 @@ use pocket_runtime::drafters::not_offered_by;
 use pocket_runtime::pipeline::{self, Input, OnEvent, Request};
 use pocket_runtime::process::{MemStats, PeakSampler, budget_ledger};
 use pocket_runtime::weight_choice::{WeightsEstimate, auto_weights, candidates};
-use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine};
+use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine, LoadedModel};
 use serde::Serialize;
 
 use super::common::{ModelArgs, WeightChoice};
@@ -172,87 +172,15 @@ struct SpecReport {
 
 /// Run `pocket run`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    // Bad flags are refused before the model is loaded.
-    args.sampling.config().validate()?;
-    let spec = args.spec.spec;
-    if spec == SpecMode::Draft && args.spec.draft_model.is_none() {
-        anyhow::bail!("--spec draft needs a draft model: add --draft-model NAME");
-    }
-    let stop = StopConfig { max_tokens: args.max_tokens, stop: args.stop.clone() };
-    stop.validate()?;
-    let path = args.model.resolve()?;
-    let engine = Engine::for_path(&path);
-    if !engine.drafters().contains(&spec) {
-        anyhow::bail!("{}", not_offered_by(spec, engine));
-    }
-    if args.spec.draft_model.is_some() && !engine.drafters().contains(&SpecMode::Draft) {
-        anyhow::bail!("--draft-model: {}", not_offered_by(SpecMode::Draft, engine));
-    }
+    let (spec, stop) = checked(&args)?;
     let prompt = if args.prompt == "-" {
         std::io::read_to_string(std::io::stdin()).context("reading the prompt from stdin")?
     } else {
         args.prompt.clone()
     };
     let (ledger, _process) = budget_ledger(args.memory_budget)?;
-    let budgeted = args.memory_budget.is_some();
-    let threads = args.threads;
-
-    let weight_choice = match args.model.weights {
-        // Trying another format would hold two copies of the weights at once.
-        WeightChoice::Auto if budgeted => WeightChoice::Format(WeightFormat::AsStored),
-        w => w,
-    };
-    let mut model = args.model.open(weight_choice.initial(), &ledger)?;
-    let mut weight_estimates = Vec::new();
-    if weight_choice == WeightChoice::Auto {
-        let (chosen, estimates) = auto_weights(&model, spec, threads.max(), args.kv);
-        if spec != SpecMode::Off && estimates.is_empty() && candidates(&model).len() > 1 {
-            eprintln!(
-                "--weights auto: the cost curves of the stored and Q8_0 weights are not both measured on this \
-                 device yet, so the weights stay as stored; `pocket tune -m {}` measures them (once)",
-                args.model.model
-            );
-        }
-        if chosen != model.weights() {
-            drop(model); // its weights go back to the budget before the other format loads
-            model = args.model.open(chosen, &ledger)?;
-        }
-        weight_estimates = estimates;
-    }
-    // The draft model loads from the same directory onto the same device as the target.
-    let draft = args
-        .spec
-        .draft_model
-        .as_ref()
-        .map(|name| {
-            ModelArgs { model: name.clone(), ..args.model.clone() }.open(WeightFormat::AsStored, &ledger)
-        })
-        .transpose()?;
-
-    let input = if args.chat {
-        let mut messages = Vec::new();
-        if let Some(system) = &args.system {
-            messages.push(ChatMessage::new(pocket_core::Role::System, system.clone()));
-        }
-        messages.push(ChatMessage::new(pocket_core::Role::User, prompt));
-        Input::Chat(messages)
-    } else {
-        Input::Text(prompt)
-    };
-    let request = Request {
-        input,
-        sampling: args.sampling.config(),
-        stop,
-        spec,
-        session: SessionConfig { kv: args.kv, n_ctx: args.ctx_size, threads, ..SessionConfig::default() },
-        max_draft: DEFAULT_MAX_DRAFT,
-        planned: true,
-        prompt_cache: false, // one request: nothing to continue
-        cache_hint: None,
-        grammar: None,
-        logprobs: None,
-        tools: Default::default(),
-    };
+    let (model, draft, weight_estimates) = open_models(&args, spec, &ledger)?;
+    let request = request_of(&args, prompt, stop, spec);
     let prepared = pipeline::prepare(&model, draft.as_ref(), &request, &ledger)?;
     // A plan that gave the draft model up gives its weights back to the budget.
     let draft = draft.filter(|_| prepared.draft_model);
@@ -289,41 +217,160 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     peaks.sample();
 
     if args.json {
-        let g = &outcome.generation;
-        let report = Report {
-            model: &model.model().info().name,
-            engine: model.engine().name(),
-            device: model.device(),
-            weights: model.weights().name(),
+        let budget = args.memory_budget.is_some().then(|| ledger.budget());
+        let run = Ran {
+            model: &model,
+            prepared: &prepared,
+            outcome: &outcome,
             weight_estimates: &weight_estimates,
-            kv: prepared.config.kv,
-            threads,
-            threads_used: g.threads.mean(),
-            text: &g.text,
-            tokens: &g.tokens,
-            stop: g.stop.as_str(),
-            prompt_tokens: g.prompt_tokens,
-            generated_tokens: g.tokens.len(),
-            prefill_tok_per_s: g.prefill_tok_per_s(),
-            decode_tok_per_s: g.decode_tok_per_s(),
-            kv_bytes: outcome.kv_bytes,
-            kv_bytes_per_token: model.kv_bytes_per_token(&prepared.config)?,
-            session_bytes: outcome.session_bytes,
-            peak_rss_bytes: MemStats::read().peak_rss_bytes,
-            peak_anon_bytes: peaks.peak_anon_bytes,
-            peak_file_bytes: peaks.peak_file_bytes,
-            memory_budget_bytes: budgeted.then(|| ledger.budget()),
-            plan: outcome.plan.as_ref().filter(|_| budgeted),
-            spec: SpecReport {
-                mode: outcome.spec,
-                drafter: outcome.drafter.clone().unwrap_or_else(|| "none".into()),
-                stats: g.spec,
-                acceptance: g.spec.acceptance(),
-                mean_accepted_len: g.spec.mean_accepted_len(),
-            },
         };
-        serde_json::to_writer_pretty(&mut stdout, &report)?;
+        serde_json::to_writer_pretty(&mut stdout, &report(&args, &run, &peaks, budget)?)?;
     }
     writeln!(stdout)?;
     Ok(())
+}
+
+/// Bad flags, refused before the model is loaded: the speculation mode (and the stop
+/// settings) to run with.
+fn checked(args: &Args) -> anyhow::Result<(SpecMode, StopConfig)> {
+    args.sampling.config().validate()?;
+    let spec = args.spec.spec;
+    if spec == SpecMode::Draft && args.spec.draft_model.is_none() {
+        anyhow::bail!("--spec draft needs a draft model: add --draft-model NAME");
+    }
+    let stop = StopConfig { max_tokens: args.max_tokens, stop: args.stop.clone() };
+    stop.validate()?;
+    let engine = Engine::for_path(&args.model.resolve()?);
+    if !engine.drafters().contains(&spec) {
+        anyhow::bail!("{}", not_offered_by(spec, engine));
+    }
+    if args.spec.draft_model.is_some() && !engine.drafters().contains(&SpecMode::Draft) {
+        anyhow::bail!("--draft-model: {}", not_offered_by(SpecMode::Draft, engine));
+    }
+    Ok((spec, stop))
+}
+
+/// The model in the weight format asked for (with `--weights auto`, the one its measured cost
+/// curves favour, and the estimates that chose it) and the draft model, if any.
+fn open_models(
+    args: &Args,
+    spec: SpecMode,
+    ledger: &pocket_core::memory::Ledger,
+) -> anyhow::Result<(LoadedModel, Option<LoadedModel>, Vec<WeightsEstimate>)> {
+    let weight_choice = match args.model.weights {
+        // Trying another format would hold two copies of the weights at once.
+        WeightChoice::Auto if args.memory_budget.is_some() => WeightChoice::Format(WeightFormat::AsStored),
+        w => w,
+    };
+    let mut model = args.model.open(weight_choice.initial(), ledger)?;
+    let mut weight_estimates = Vec::new();
+    if weight_choice == WeightChoice::Auto {
+        let (chosen, estimates) = auto_weights(&model, spec, args.threads.max(), args.kv);
+        if spec != SpecMode::Off && estimates.is_empty() && candidates(&model).len() > 1 {
+            eprintln!(
+                "--weights auto: the cost curves of the stored and Q8_0 weights are not both measured on this \
+                 device yet, so the weights stay as stored; `pocket tune -m {}` measures them (once)",
+                args.model.model
+            );
+        }
+        if chosen != model.weights() {
+            drop(model); // its weights go back to the budget before the other format loads
+            model = args.model.open(chosen, ledger)?;
+        }
+        weight_estimates = estimates;
+    }
+    // The draft model loads from the same directory onto the same device as the target.
+    let draft = args
+        .spec
+        .draft_model
+        .as_ref()
+        .map(|name| {
+            ModelArgs { model: name.clone(), ..args.model.clone() }.open(WeightFormat::AsStored, ledger)
+        })
+        .transpose()?;
+    Ok((model, draft, weight_estimates))
+}
+
+/// The pipeline's request: the prompt (as a chat turn with `--chat`) and the flags.
+fn request_of(args: &Args, prompt: String, stop: StopConfig, spec: SpecMode) -> Request {
+    let input = if args.chat {
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(ChatMessage::new(pocket_core::Role::System, system.clone()));
+        }
+        messages.push(ChatMessage::new(pocket_core::Role::User, prompt));
+        Input::Chat(messages)
+    } else {
+        Input::Text(prompt)
+    };
+    Request {
+        input,
+        sampling: args.sampling.config(),
+        stop,
+        spec,
+        session: SessionConfig {
+            kv: args.kv,
+            n_ctx: args.ctx_size,
+            threads: args.threads,
+            ..SessionConfig::default()
+        },
+        max_draft: DEFAULT_MAX_DRAFT,
+        planned: true,
+        prompt_cache: false, // one request: nothing to continue
+        cache_hint: None,
+        grammar: None,
+        logprobs: None,
+        tools: Default::default(),
+    }
+}
+
+/// What one run made, for its report.
+struct Ran<'a> {
+    model: &'a LoadedModel,
+    prepared: &'a pipeline::Prepared,
+    outcome: &'a pipeline::Outcome,
+    weight_estimates: &'a [WeightsEstimate],
+}
+
+/// `--json`'s report of a run; `budget` when one was given.
+fn report<'a>(
+    args: &Args,
+    run: &Ran<'a>,
+    peaks: &PeakSampler,
+    budget: Option<u64>,
+) -> anyhow::Result<Report<'a>> {
+    let Ran { model, prepared, outcome, weight_estimates } = *run;
+    let g = &outcome.generation;
+    Ok(Report {
+        model: &model.model().info().name,
+        engine: model.engine().name(),
+        device: model.device(),
+        weights: model.weights().name(),
+        weight_estimates,
+        kv: prepared.config.kv,
+        threads: args.threads,
+        threads_used: g.threads.mean(),
+        text: &g.text,
+        tokens: &g.tokens,
+        stop: g.stop.as_str(),
+        prompt_tokens: g.prompt_tokens,
+        generated_tokens: g.tokens.len(),
+        prefill_tok_per_s: g.prefill_tok_per_s(),
+        decode_tok_per_s: g.decode_tok_per_s(),
+        kv_bytes: outcome.kv_bytes,
+        kv_bytes_per_token: model.kv_bytes_per_token(&prepared.config)?,
+        session_bytes: outcome.session_bytes,
+        peak_rss_bytes: MemStats::read().peak_rss_bytes,
+        peak_anon_bytes: peaks.peak_anon_bytes,
+        peak_file_bytes: peaks.peak_file_bytes,
+        memory_budget_bytes: budget,
+        plan: outcome.plan.as_ref().filter(|_| budget.is_some()),
+        spec: SpecReport {
+            mode: outcome.spec,
+            drafter: outcome.drafter.clone().unwrap_or_else(|| "none".into()),
+            stats: g.spec,
+            acceptance: g.spec.acceptance(),
+            mean_accepted_len: g.spec.mean_accepted_len(),
+        },
+    })
 }
