@@ -10,9 +10,11 @@
 //! used first) and, while other sessions run, it waits for one to end; when nothing else can
 //! free memory, it is refused with the numbers (503).
 //!
-//! Generation runs on a blocking thread, through the same pipeline. Text goes back through a
-//! channel; when the receiver is gone (the client disconnected) or the request is cancelled,
-//! the next token ends the generation, and the session's memory is returned as soon as it does.
+//! Generation runs on a blocking thread, through the same pipeline ([`super::worker`]). Text
+//! goes back through a channel; when the receiver is gone (the client disconnected) or the
+//! request is cancelled, the next token ends the generation, and the session's memory is
+//! returned as soon as it does. What a job is and what comes back is in [`super::job`]; how an
+//! OpenAI request becomes one, in [`super::openai`].
 //!
 //! While no request is in flight, the daemon learns what speculation needs about its loaded
 //! models (see [`super::learner`]); a request that arrives stops that first, so it never pays
