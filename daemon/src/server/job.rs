@@ -180,6 +180,15 @@ pub struct Running {
 }
 
 impl Running {
+    /// A generation that sends its pieces to `pieces`, cancelled through `cancel` when dropped.
+    pub(super) fn new(
+        started: Started,
+        pieces: mpsc::UnboundedReceiver<Piece>,
+        cancel: Arc<AtomicBool>,
+    ) -> Self {
+        Running { started, pieces, cancel: CancelOnDrop(cancel) }
+    }
+
     /// A handle that cancels this generation, usable after `self` is moved.
     pub fn canceller(&self) -> Canceller {
         Canceller(self.cancel.0.clone())
@@ -225,17 +234,6 @@ struct CancelOnDrop(Arc<AtomicBool>);
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
-    }
-}
-
-impl Running {
-    /// A generation that sends its pieces to `pieces`, cancelled through `cancel` when dropped.
-    pub(super) fn new(
-        started: Started,
-        pieces: mpsc::UnboundedReceiver<Piece>,
-        cancel: Arc<AtomicBool>,
-    ) -> Self {
-        Running { started, pieces, cancel: CancelOnDrop(cancel) }
     }
 }
 

@@ -41,7 +41,7 @@ use super::learner::{Activity, IdleLearning, Learner};
 use super::metrics::Metrics;
 use super::registry::{Available, Registry, ServedModel};
 use super::turns::Turns;
-use super::worker::{GenerationContext, Sessions, Worker, lock, session_statuses};
+use super::worker::{GenerationContext, Worker, lock, session_statuses};
 
 /// Sessions at once, for `parallel = "auto"`, from a model's cost curve (a pass of `n` rows
 /// against one): the count whose shared pass gives the most tokens per second in all while it
@@ -67,13 +67,11 @@ pub struct Scheduler {
     queued: AtomicUsize,
     /// Requests with a turn waiting for other requests to give memory back.
     waiting_for_memory: AtomicUsize,
-    sessions: Arc<Sessions>,
     next_id: AtomicU64,
-    session_ended: Arc<Notify>,
     stopping_notify: Notify,
     /// Counters for `/metrics`.
     pub metrics: Arc<Metrics>,
-    /// What runs each generation.
+    /// What runs each generation; it holds the session table and the notice of a session's end.
     worker: Arc<Worker>,
     started: Instant,
     threads: Threads,
@@ -133,9 +131,7 @@ impl Scheduler {
             _process: process,
             queued: AtomicUsize::new(0),
             waiting_for_memory: AtomicUsize::new(0),
-            sessions: worker.sessions.clone(),
             next_id: AtomicU64::new(1),
-            session_ended: worker.session_ended.clone(),
             stopping_notify: Notify::new(),
             metrics: worker.metrics.clone(),
             worker,
@@ -240,7 +236,7 @@ impl Scheduler {
 
     /// Requests generating now.
     pub fn active(&self) -> usize {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).len()
+        lock(&self.worker.sessions).len()
     }
 
     /// Requests waiting for a turn.
@@ -262,7 +258,7 @@ impl Scheduler {
 
     /// Cancel every running generation.
     pub fn cancel_all(&self) {
-        for s in self.sessions.lock().unwrap_or_else(|e| e.into_inner()).values() {
+        for s in lock(&self.worker.sessions).values() {
             s.cancel.store(true, Ordering::Relaxed);
         }
     }
@@ -270,7 +266,7 @@ impl Scheduler {
     /// Wait until no session runs, or `deadline` passes; returns whether none runs.
     pub async fn drained(&self, deadline: Instant) -> bool {
         loop {
-            let ended = self.session_ended.notified();
+            let ended = self.worker.session_ended.notified();
             if self.active() == 0 {
                 return true;
             }
@@ -289,7 +285,7 @@ impl Scheduler {
             uptime_seconds: self.started.elapsed().as_secs_f64(),
             memory: self.memory(),
             loaded: self.registry.loaded_status(&settings),
-            sessions: session_statuses(&self.sessions),
+            sessions: session_statuses(&self.worker.sessions),
             queued: self.queued(),
             queue_capacity: self.config.queue,
             parallel: Some(self.parallel()),
@@ -463,7 +459,7 @@ impl Scheduler {
             }
             // Memory comes back when another request with a turn ends — unless every other
             // one is itself waiting for memory.
-            let ended = self.session_ended.notified();
+            let ended = self.worker.session_ended.notified();
             let waiting = self.waiting_for_memory.load(Ordering::SeqCst);
             let others = self.turns.held().saturating_sub(1 + waiting);
             if others == 0 || Instant::now() >= deadline {
