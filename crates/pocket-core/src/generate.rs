@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::constraint::{Constraint, Masker};
 use crate::sampling::{Distribution, Sampler, SamplingConfig, TokenLogprob, token_logprob};
-use crate::spec::{Batch, Draft, Drafter, MAX_DRAFT, SpecStats, verify_greedy, verify_sampled};
+use crate::spec::{Batch, Draft, Drafter, MAX_DRAFT, SpecStats, Verdict, verify_greedy, verify_sampled};
 use crate::stop::{StopConfig, StopReason, TextStream};
 use crate::{Error, LayerPlan, Logits, ModelInfo, PassThreads, Result, Rows, Session, Token, Tokenizer};
 
@@ -165,37 +165,16 @@ pub fn generate_guided(
     guide: Guide<'_, '_>,
     on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
 ) -> Result<Generation> {
-    let Guide { mut drafter, constraint, max_forced, logprobs } = guide;
-    let mut masker = Masker::new(constraint);
-    let mut sampler = Sampler::new(request.sampling.clone())?;
-    request.stop.validate()?;
-    if request.prompt.is_empty() {
-        return Err(Error::invalid("the prompt is empty; it needs at least one token"));
-    }
-    let plan = LayerPlan::full(info.n_layers)?;
+    let Guide { drafter, constraint, max_forced, logprobs } = guide;
+    let masker = Masker::new(constraint);
+    let sampler = Sampler::new(request.sampling.clone())?;
+    let plan = check_request(info, session, request)?;
     let n_ctx = session.config().n_ctx;
     let held = session.len();
-    let needed = held + request.prompt.len() + 1;
-    if needed > n_ctx {
-        return Err(Error::ContextOverflow { needed, limit: n_ctx, prompt: request.prompt.len() });
-    }
 
     let max_tokens = request.stop.max_tokens;
     let room = max_tokens.min(n_ctx - held - request.prompt.len() + 1);
-    let mut out = Output {
-        tokenizer,
-        stream: TextStream::new(&request.stop.stop),
-        history: Vec::with_capacity(held + request.prompt.len() + room + MAX_DRAFT),
-        tokens: Vec::with_capacity(room),
-        text: String::new(),
-        max_tokens,
-        logprobs: Vec::new(),
-    };
-    // The log-probabilities of `next` and of the draft tokens accepted after it.
-    let mut pending_lp: Option<TokenLogprob> = None;
-    let mut draft_lp: Vec<TokenLogprob> = Vec::new();
-    out.history.extend_from_slice(session.tokens());
-    out.history.extend_from_slice(&request.prompt);
+    let out = Output::new(tokenizer, request, session.tokens(), room);
     // Everything the session holds, then the pending token: what drafters continue.
     let mut context = Vec::new();
     if drafter.is_some() {
@@ -203,145 +182,42 @@ pub fn generate_guided(
         context.extend_from_slice(session.tokens());
         context.extend_from_slice(&request.prompt);
     }
-    let mut stats = SpecStats::default();
-    let mut draft = Draft::new();
-    let mut batch = Batch::new();
-    let (mut p, mut residual) = (Distribution::new(), Distribution::new());
+    let mut steps = Steps {
+        info,
+        session,
+        plan,
+        n_ctx,
+        sampler,
+        masker,
+        drafter,
+        max_forced,
+        logprobs,
+        out,
+        context,
+        stats: SpecStats::default(),
+        draft: Draft::new(),
+        batch: Batch::new(),
+        p: Distribution::new(),
+        residual: Distribution::new(),
+        pending_lp: None,
+        draft_lp: Vec::new(),
+    };
 
     let start = Instant::now();
-    let threads_before = session.pass_threads();
-    let logits = session.decode(&request.prompt, &plan, Rows::Last)?;
-    let mut next = sampler.sample(masker.row(last_row(&logits, info)?)?, &out.history);
-    if let Some(n) = logprobs {
-        pending_lp = Some(token_logprob(logits.last(), next, n));
-    }
-    if !tokenizer.is_end(next) {
-        masker.advance(next)?;
-    }
-    if let Some(d) = drafter.as_deref_mut() {
-        d.prefill(session.tokens())?;
-    }
+    let threads_before = steps.session.pass_threads();
+    let next = steps.prefill(&request.prompt)?;
     let first_at = Instant::now();
     let prefill_seconds = first_at.duration_since(start).as_secs_f64();
-    let mut sampled_at = first_at;
     // When the last token of `tokens` was sampled (an end token is not one of them).
-    let mut last_at = first_at;
-
-    let stop = if max_tokens == 0 {
-        StopReason::MaxTokens
+    let (stop, last_at) = if max_tokens == 0 {
+        (StopReason::MaxTokens, first_at)
     } else {
-        'steps: loop {
-            // `next` is sampled but not yet in the session.
-            if !tokenizer.is_end(next) {
-                last_at = sampled_at;
-            }
-            if let Some(lp) = pending_lp.take().filter(|_| !tokenizer.is_end(next)) {
-                out.logprobs.push(lp);
-            }
-            if let Some(reason) = out.emit(next, on_event) {
-                break reason;
-            }
-            let base = session.len();
-            if base >= n_ctx {
-                break StopReason::ContextFull;
-            }
-            // Propose: up to what the context and the token limit leave room for after `next`;
-            // what the constraint forces if it forces anything, else the drafter's tokens up
-            // to the first one the constraint forbids.
-            draft.clear();
-            let max = MAX_DRAFT.min(n_ctx - base - 1).min(max_tokens - out.tokens.len() - 1);
-            masker.forced(max.min(max_forced), &mut draft)?;
-            let is_forced = !draft.is_empty();
-            if let Some(d) = drafter.as_deref_mut().filter(|_| max > 0 && !is_forced) {
-                let t0 = Instant::now();
-                context.push(next);
-                let drafted = d.draft(session, &context, max, &mut draft);
-                context.pop();
-                drafted?;
-                draft.truncate(max);
-                if session.len() != base {
-                    session.truncate(base)?;
-                }
-                stats.draft_seconds += t0.elapsed().as_secs_f64();
-                let allowed = masker.allowed_prefix(&draft)?;
-                draft.truncate(allowed);
-            }
-            // Decode: one full-plan pass over the pending token and the draft.
-            batch.clear();
-            batch.push(next).ok();
-            batch.extend_from_slice(&draft).ok();
-            let t0 = Instant::now();
-            let rows = if batch.len() == 1 { Rows::Last } else { Rows::Tail(batch.len()) };
-            let logits = session.decode(&batch, &plan, rows)?;
-            check_rows(&logits, batch.len(), info)?;
-            // Accept: the longest prefix of the draft the target agrees with, then its own token.
-            let h = &mut out.history;
-            let verdict = if sampler.config().is_greedy() {
-                verify_greedy(&mut sampler, &logits, &draft, h, &mut masker)?
-            } else {
-                verify_sampled(&mut sampler, &logits, &draft, &[], h, &mut masker, &mut p, &mut residual)?
-            };
-            sampled_at = Instant::now();
-            stats.verify_seconds += sampled_at.duration_since(t0).as_secs_f64();
-            stats.passes += 1;
-            if let Some(n) = logprobs {
-                draft_lp.clear();
-                draft_lp.extend(
-                    draft[..verdict.accepted]
-                        .iter()
-                        .enumerate()
-                        .map(|(j, &t)| token_logprob(logits.row(j), t, n)),
-                );
-                pending_lp = Some(token_logprob(logits.row(verdict.accepted), verdict.next, n));
-            }
-            if is_forced {
-                stats.forced += draft.len();
-                stats.forced_accepted += verdict.accepted;
-            } else if !draft.is_empty() {
-                stats.drafts += 1;
-                stats.drafted += draft.len();
-                stats.accepted += verdict.accepted;
-                if let Some(d) = drafter.as_deref_mut() {
-                    d.feedback(&draft, verdict.accepted);
-                }
-            }
-            if drafter.is_some() {
-                context.push(next);
-            }
-            // Emit the accepted draft tokens; each is at `base + 1 + j` in the session.
-            for (j, &token) in draft[..verdict.accepted].iter().enumerate() {
-                if !tokenizer.is_end(token) {
-                    last_at = sampled_at;
-                }
-                if let Some(lp) = draft_lp.get(j).filter(|_| !tokenizer.is_end(token)) {
-                    out.logprobs.push(lp.clone());
-                }
-                if let Some(reason) = out.emit(token, on_event) {
-                    // As plain decoding would leave it: everything before the last token.
-                    session.truncate(base + 1 + j)?;
-                    break 'steps reason;
-                }
-                if drafter.is_some() {
-                    context.push(token);
-                }
-            }
-            // Drop the rejected rest: the session holds `next` and the accepted tokens.
-            session.truncate(base + 1 + verdict.accepted)?;
-            next = verdict.next;
-            if !tokenizer.is_end(next) {
-                masker.advance(next)?;
-            }
-        }
+        steps.run(next, first_at, on_event)?
     };
-    stats.constraint_seconds = masker.seconds();
+    steps.stats.constraint_seconds = steps.masker.seconds();
 
-    let stop_string = out.stream.stopped().map(str::to_owned);
-    let tail = out.stream.finish();
-    if !tail.text.is_empty() {
-        out.text.push_str(tail.text);
-        // Generation is over: a Break here has nothing left to cancel.
-        let _ = on_event(Event { token: None, text: tail.text });
-    }
+    let Steps { session, mut out, stats, .. } = steps;
+    let stop_string = out.finish(on_event);
     Ok(Generation {
         tokens: out.tokens,
         text: out.text,
@@ -357,6 +233,218 @@ pub fn generate_guided(
     })
 }
 
+/// The checks made before anything is decoded; the plan of all the model's layers.
+fn check_request(info: &ModelInfo, session: &dyn Session, request: &GenerateRequest) -> Result<LayerPlan> {
+    request.stop.validate()?;
+    if request.prompt.is_empty() {
+        return Err(Error::invalid("the prompt is empty; it needs at least one token"));
+    }
+    let plan = LayerPlan::full(info.n_layers)?;
+    let n_ctx = session.config().n_ctx;
+    let held = session.len();
+    let needed = held + request.prompt.len() + 1;
+    if needed > n_ctx {
+        return Err(Error::ContextOverflow { needed, limit: n_ctx, prompt: request.prompt.len() });
+    }
+    Ok(plan)
+}
+
+/// What the propose → decode → accept loop carries from one step to the next.
+struct Steps<'a, 'd, 'c> {
+    info: &'a ModelInfo,
+    session: &'a mut dyn Session,
+    plan: LayerPlan,
+    n_ctx: usize,
+    sampler: Sampler,
+    masker: Masker<'c>,
+    drafter: Option<&'d mut dyn Drafter>,
+    max_forced: usize,
+    logprobs: Option<usize>,
+    out: Output<'a>,
+    /// Everything the session holds, then the pending token: what drafters continue (empty
+    /// without a drafter).
+    context: Vec<Token>,
+    stats: SpecStats,
+    draft: Draft,
+    batch: Batch,
+    p: Distribution,
+    residual: Distribution,
+    /// The log-probabilities of the pending token and of the draft tokens accepted after it.
+    pending_lp: Option<TokenLogprob>,
+    draft_lp: Vec<TokenLogprob>,
+}
+
+impl Steps<'_, '_, '_> {
+    /// Decode the prompt and sample the first token (the pending one), which the session does
+    /// not hold yet; the drafter sees what the session holds.
+    fn prefill(&mut self, prompt: &[Token]) -> Result<Token> {
+        let logits = self.session.decode(prompt, &self.plan, Rows::Last)?;
+        let next = self.sampler.sample(self.masker.row(last_row(&logits, self.info)?)?, &self.out.history);
+        if let Some(n) = self.logprobs {
+            self.pending_lp = Some(token_logprob(logits.last(), next, n));
+        }
+        if !self.out.tokenizer.is_end(next) {
+            self.masker.advance(next)?;
+        }
+        if let Some(d) = self.drafter.as_deref_mut() {
+            d.prefill(self.session.tokens())?;
+        }
+        Ok(next)
+    }
+
+    /// Step from the pending token `next`, sampled at `first_at`, until generation stops: why
+    /// it stopped, and when the last token of `tokens` was sampled.
+    fn run(
+        &mut self,
+        mut next: Token,
+        first_at: Instant,
+        on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    ) -> Result<(StopReason, Instant)> {
+        let mut sampled_at = first_at;
+        // When the last token of `tokens` was sampled (an end token is not one of them).
+        let mut last_at = first_at;
+        let stop = loop {
+            // `next` is sampled but not yet in the session.
+            if !self.out.tokenizer.is_end(next) {
+                last_at = sampled_at;
+            }
+            if let Some(lp) = self.pending_lp.take().filter(|_| !self.out.tokenizer.is_end(next)) {
+                self.out.logprobs.push(lp);
+            }
+            if let Some(reason) = self.out.emit(next, on_event) {
+                break reason;
+            }
+            let base = self.session.len();
+            if base >= self.n_ctx {
+                break StopReason::ContextFull;
+            }
+            let is_forced = self.propose(next, base)?;
+            let verdict;
+            (verdict, sampled_at) = self.verify(next)?;
+            self.count(is_forced, verdict.accepted);
+            if self.drafter.is_some() {
+                self.context.push(next);
+            }
+            let accepted = self.emit_accepted(base, verdict.accepted, sampled_at, &mut last_at, on_event)?;
+            if let Some(reason) = accepted {
+                break reason;
+            }
+            // Drop the rejected rest: the session holds `next` and the accepted tokens.
+            self.session.truncate(base + 1 + verdict.accepted)?;
+            next = verdict.next;
+            if !self.out.tokenizer.is_end(next) {
+                self.masker.advance(next)?;
+            }
+        };
+        Ok((stop, last_at))
+    }
+
+    /// Propose tokens to follow `next` into `draft`: up to what the context and the token limit
+    /// leave room for after it; what the constraint forces if it forces anything, else the
+    /// drafter's tokens up to the first one the constraint forbids. Whether they are forced.
+    fn propose(&mut self, next: Token, base: usize) -> Result<bool> {
+        self.draft.clear();
+        let max = MAX_DRAFT.min(self.n_ctx - base - 1).min(self.out.max_tokens - self.out.tokens.len() - 1);
+        self.masker.forced(max.min(self.max_forced), &mut self.draft)?;
+        let is_forced = !self.draft.is_empty();
+        if let Some(d) = self.drafter.as_deref_mut().filter(|_| max > 0 && !is_forced) {
+            let t0 = Instant::now();
+            self.context.push(next);
+            let drafted = d.draft(self.session, &self.context, max, &mut self.draft);
+            self.context.pop();
+            drafted?;
+            self.draft.truncate(max);
+            if self.session.len() != base {
+                self.session.truncate(base)?;
+            }
+            self.stats.draft_seconds += t0.elapsed().as_secs_f64();
+            let allowed = self.masker.allowed_prefix(&self.draft)?;
+            self.draft.truncate(allowed);
+        }
+        Ok(is_forced)
+    }
+
+    /// Decode `next` and the draft in one full-plan pass, then accept the longest prefix of the
+    /// draft the target agrees with and sample its own token: the verdict, and when it was
+    /// sampled.
+    fn verify(&mut self, next: Token) -> Result<(Verdict, Instant)> {
+        self.batch.clear();
+        self.batch.push(next).ok();
+        self.batch.extend_from_slice(&self.draft).ok();
+        let t0 = Instant::now();
+        let rows = if self.batch.len() == 1 { Rows::Last } else { Rows::Tail(self.batch.len()) };
+        let logits = self.session.decode(&self.batch, &self.plan, rows)?;
+        check_rows(&logits, self.batch.len(), self.info)?;
+        let (sampler, draft, h, masker) =
+            (&mut self.sampler, &self.draft, &mut self.out.history, &mut self.masker);
+        let verdict = if sampler.config().is_greedy() {
+            verify_greedy(sampler, &logits, draft, h, masker)?
+        } else {
+            verify_sampled(sampler, &logits, draft, &[], h, masker, &mut self.p, &mut self.residual)?
+        };
+        let sampled_at = Instant::now();
+        self.stats.verify_seconds += sampled_at.duration_since(t0).as_secs_f64();
+        self.stats.passes += 1;
+        if let Some(n) = self.logprobs {
+            self.draft_lp.clear();
+            self.draft_lp.extend(
+                self.draft[..verdict.accepted]
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &t)| token_logprob(logits.row(j), t, n)),
+            );
+            self.pending_lp = Some(token_logprob(logits.row(verdict.accepted), verdict.next, n));
+        }
+        Ok((verdict, sampled_at))
+    }
+
+    /// Count the step's draft in the stats, as forced or drafted; the drafter hears how much of
+    /// its draft was accepted.
+    fn count(&mut self, is_forced: bool, accepted: usize) {
+        if is_forced {
+            self.stats.forced += self.draft.len();
+            self.stats.forced_accepted += accepted;
+        } else if !self.draft.is_empty() {
+            self.stats.drafts += 1;
+            self.stats.drafted += self.draft.len();
+            self.stats.accepted += accepted;
+            if let Some(d) = self.drafter.as_deref_mut() {
+                d.feedback(&self.draft, accepted);
+            }
+        }
+    }
+
+    /// Emit the first `accepted` draft tokens, each at `base + 1 + j` in the session; why
+    /// generation must stop, if it must, with the session cut back as plain decoding would
+    /// leave it.
+    fn emit_accepted(
+        &mut self,
+        base: usize,
+        accepted: usize,
+        sampled_at: Instant,
+        last_at: &mut Instant,
+        on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    ) -> Result<Option<StopReason>> {
+        for (j, &token) in self.draft[..accepted].iter().enumerate() {
+            if !self.out.tokenizer.is_end(token) {
+                *last_at = sampled_at;
+            }
+            if let Some(lp) = self.draft_lp.get(j).filter(|_| !self.out.tokenizer.is_end(token)) {
+                self.out.logprobs.push(lp.clone());
+            }
+            if let Some(reason) = self.out.emit(token, on_event) {
+                // As plain decoding would leave it: everything before the last token.
+                self.session.truncate(base + 1 + j)?;
+                return Ok(Some(reason));
+            }
+            if self.drafter.is_some() {
+                self.context.push(token);
+            }
+        }
+        Ok(None)
+    }
+}
+
 /// The generated side of the loop: tokens, text and the stop checks that depend on them.
 struct Output<'t> {
     tokenizer: &'t dyn Tokenizer,
@@ -369,7 +457,37 @@ struct Output<'t> {
     logprobs: Vec<TokenLogprob>,
 }
 
-impl Output<'_> {
+impl<'t> Output<'t> {
+    /// Nothing generated yet; the history starts with what the session holds (`held`) and
+    /// the prompt, with room for `room` generated tokens.
+    fn new(tokenizer: &'t dyn Tokenizer, request: &GenerateRequest, held: &[Token], room: usize) -> Self {
+        let mut out = Output {
+            tokenizer,
+            stream: TextStream::new(&request.stop.stop),
+            history: Vec::with_capacity(held.len() + request.prompt.len() + room + MAX_DRAFT),
+            tokens: Vec::with_capacity(room),
+            text: String::new(),
+            max_tokens: request.stop.max_tokens,
+            logprobs: Vec::new(),
+        };
+        out.history.extend_from_slice(held);
+        out.history.extend_from_slice(&request.prompt);
+        out
+    }
+
+    /// Release the text held back to the end, in a last event; the stop string that ended
+    /// generation, if one did.
+    fn finish(&mut self, on_event: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>) -> Option<String> {
+        let stop_string = self.stream.stopped().map(str::to_owned);
+        let tail = self.stream.finish();
+        if !tail.text.is_empty() {
+            self.text.push_str(tail.text);
+            // Generation is over: a Break here has nothing left to cancel.
+            let _ = on_event(Event { token: None, text: tail.text });
+        }
+        stop_string
+    }
+
     /// Take `token` as generated and report it; why generation must stop, if it must.
     fn emit(
         &mut self,
