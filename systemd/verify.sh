@@ -210,7 +210,7 @@ fi
 # --- The default configuration ------------------------------------------------
 
 if command -v python3 >/dev/null && python3 -c 'import tomllib' 2>/dev/null; then
-    python3 - "$here/pocketd.toml" "$repo/daemon/src/server/config.rs" <<'EOF' || die "pocketd.toml is not a valid configuration"
+    python3 - "$here/pocketd.toml" "$repo/crates/pocketd/src/server/config.rs" <<'EOF' || die "pocketd.toml is not a valid configuration"
 import re, sys, tomllib
 
 try:

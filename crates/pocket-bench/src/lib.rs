@@ -21,7 +21,7 @@
 //! ```no_run
 //! use pocket_bench::{self as bench, BenchConfig, Mode};
 //!
-//! let prompts = bench::workload::load("benches/workload.jsonl".as_ref())?;
+//! let prompts = bench::workload::load("crates/pocket-bench/workload.jsonl".as_ref())?;
 //! let mut config = BenchConfig::new("model.gguf".into(), "smollm2-135m".into());
 //! config.modes = vec![Mode::LlamaCpp.into(), Mode::Vanilla.into()];
 //! let results = bench::suite::run(&config, &prompts, &mut |_| {})?;

@@ -437,7 +437,7 @@ pub(crate) mod tests {
                 n_ctx: 768,
                 n_batch: 256,
                 max_tokens_cap: None,
-                workload: "benches/workload.jsonl".into(),
+                workload: "crates/pocket-bench/workload.jsonl".into(),
                 cost_curve_context: 128,
                 cost_curve_repetitions: 9,
                 rounds: 1,

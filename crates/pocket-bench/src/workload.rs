@@ -19,18 +19,18 @@ use serde::{Deserialize, Serialize};
 
 use super::Error;
 
-/// The project's default workload (`benches/workload.jsonl`), built in so that a `pocket`
+/// The project's default workload (`crates/pocket-bench/workload.jsonl`), built in so that a `pocket`
 /// binary copied to a board has it too.
-pub const DEFAULT_WORKLOAD: &str = include_str!("../../../benches/workload.jsonl");
+pub const DEFAULT_WORKLOAD: &str = include_str!("../workload.jsonl");
 
 /// The name results give the built-in workload.
-pub const DEFAULT_WORKLOAD_NAME: &str = "benches/workload.jsonl (built in)";
+pub const DEFAULT_WORKLOAD_NAME: &str = "crates/pocket-bench/workload.jsonl (built in)";
 
-/// The project's workload for encoder-decoder models (`benches/seq2seq.jsonl`), built in.
-pub const DEFAULT_SEQ2SEQ_WORKLOAD: &str = include_str!("../../../benches/seq2seq.jsonl");
+/// The project's workload for encoder-decoder models (`crates/pocket-bench/seq2seq.jsonl`), built in.
+pub const DEFAULT_SEQ2SEQ_WORKLOAD: &str = include_str!("../seq2seq.jsonl");
 
 /// The name results give the built-in encoder-decoder workload.
-pub const DEFAULT_SEQ2SEQ_WORKLOAD_NAME: &str = "benches/seq2seq.jsonl (built in)";
+pub const DEFAULT_SEQ2SEQ_WORKLOAD_NAME: &str = "crates/pocket-bench/seq2seq.jsonl (built in)";
 
 /// What a prompt asks for; results are also summarised per kind, since speculation pays
 /// very differently on each.

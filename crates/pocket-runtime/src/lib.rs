@@ -41,8 +41,10 @@ pub use pipeline::{Input, Outcome, Prepared, Request, Sink};
 pub use prompt_cache::PromptCache;
 // What the daemon, the CLI and the benchmark need of the engines, so that they reach them only
 // through this crate: the device and weight-format choices, the architectures our graph
-// builds, llama.cpp as reference and baseline, and the parity check against it.
+// builds, llama.cpp as reference and baseline, and the parity check against it; the
+// encoder-decoder engine and its KV arithmetic for the seq2seq benchmark's KV report.
 pub use pocket_ggml::{DeviceChoice, LlamaCpp, SUPPORTED_ARCHITECTURES, WeightFormat, parity};
+pub use pocket_tract::{TractModel, kv_bytes_per_token};
 
 /// Longest draft a request asks for unless it says otherwise (`auto` chooses its own length
 /// up to this).

@@ -1,6 +1,6 @@
 //! Timing the kernels alone, against ggml's one-row kernel (for repacked Q4_K, its
-//! one-token kernel), on random data: what
-//! `cargo bench --bench kernels` prints, so that a board's owner can see them on the device.
+//! one-token kernel), on random data: what `cargo bench -p pocket-ggml --bench kernels`
+//! prints, so that a board's owner can see them on the device.
 
 use std::time::Instant;
 

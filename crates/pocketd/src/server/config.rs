@@ -380,7 +380,7 @@ mod tests {
 
     #[test]
     fn the_shipped_configuration_is_the_defaults() {
-        let shipped: Config = toml::from_str(include_str!("../../../systemd/pocketd.toml")).unwrap();
+        let shipped: Config = toml::from_str(include_str!("../../../../systemd/pocketd.toml")).unwrap();
         assert_eq!(shipped, Config::default(), "systemd/pocketd.toml and Config::default() disagree");
     }
 

@@ -120,6 +120,6 @@ pub fn models_dir(flag: Option<&Path>) -> PathBuf {
 
 /// The workspace root this crate was compiled in, canonicalised when it still exists.
 fn project_dir() -> PathBuf {
-    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
     dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf())
 }

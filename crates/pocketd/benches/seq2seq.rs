@@ -7,7 +7,7 @@
 //! Modes alternate per prompt; greedy output must be identical across modes (the report's
 //! `identical` column). The model comes from the models directory (`pocket pull
 //! flan-t5-small`); threads from `POCKET_BENCH_THREADS` (default: every core);
-//! `POCKET_BENCH_WORKLOAD` replaces `benches/seq2seq.jsonl`. Writes `target/bench/seq2seq.json`.
+//! `POCKET_BENCH_WORKLOAD` replaces `crates/pocket-bench/seq2seq.jsonl`. Writes `target/bench/seq2seq.json`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -15,20 +15,20 @@ use std::process::ExitCode;
 use pocket_bench::{self as bench, BenchConfig, RunMode, workload};
 use pocket_core::memory::Ledger;
 use pocket_core::{KvType, LayerPlan, Model, Rows, Session, SessionConfig, argmax};
-use pocket_tract::TractModel;
+use pocket_runtime::TractModel;
 
 fn main() -> ExitCode {
     bench::cargo_bench_main("seq2seq", run)
 }
 
 fn run() -> anyhow::Result<()> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
     let dir = pocket_models::models_dir(None);
     let found = pocket_models::resolve("flan-t5-small", &dir).map_err(|e| {
         anyhow::anyhow!("flan-t5-small is not available ({e}); run `pocket pull flan-t5-small` first")
     })?;
     let workload_path = std::env::var_os("POCKET_BENCH_WORKLOAD")
-        .map_or_else(|| root.join("benches/seq2seq.jsonl"), PathBuf::from);
+        .map_or_else(|| root.join("crates/pocket-bench/seq2seq.jsonl"), PathBuf::from);
     let prompts = workload::load(&workload_path)?;
     let mut config = BenchConfig::new(found.path.clone(), "flan-t5-small".into());
     config.workload = workload_path.display().to_string();
@@ -104,8 +104,8 @@ fn kv_report(root: &Path) -> anyhow::Result<()> {
         println!(
             "{:<7} {:>18.0} {:>20.0} {:>17} {:>11.4} {:>16.3e}",
             kv.name(),
-            pocket_tract::kv_bytes_per_token(kv, 2, 4, 16),
-            pocket_tract::kv_bytes_per_token(kv, 8, 6, 64),
+            pocket_runtime::kv_bytes_per_token(kv, 2, 4, 16),
+            pocket_runtime::kv_bytes_per_token(kv, 8, 6, 64),
             held,
             agreement,
             worst

@@ -15,7 +15,7 @@ fn main() -> ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
     let name = pocket_models::default_model();
     let dir = pocket_models::models_dir(None);
     let model = match pocket_models::resolve(name, &dir) {
@@ -27,11 +27,11 @@ fn run() -> anyhow::Result<()> {
             );
         }
     };
-    let workload_path = root.join("benches/workload.jsonl");
+    let workload_path = root.join("crates/pocket-bench/workload.jsonl");
     let prompts = workload::load(&workload_path)?;
 
     let mut config = BenchConfig::new(model.path.clone(), name.to_owned());
-    config.workload = "benches/workload.jsonl".into();
+    config.workload = "crates/pocket-bench/workload.jsonl".into();
     config.modes = vec![Mode::LlamaCpp.into(), Mode::Vanilla.into()];
     if let Some(t) = std::env::var("POCKET_BENCH_THREADS").ok().filter(|t| !t.is_empty()) {
         config.threads = t.parse().map_err(|e| anyhow::anyhow!("POCKET_BENCH_THREADS={t:?}: {e}"))?;

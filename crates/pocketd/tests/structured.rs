@@ -8,13 +8,12 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{Daemon, Setup};
+use common::{Daemon, Setup, root};
 use serde_json::json;
 
 fn python() -> String {
-    let python = std::env::var("POCKET_TEST_PYTHON").unwrap_or_else(|_| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pyenv/bin/python").to_string_lossy().into_owned()
-    });
+    let python = std::env::var("POCKET_TEST_PYTHON")
+        .unwrap_or_else(|_| root().join("target/pyenv/bin/python").to_string_lossy().into_owned());
     let ok = Command::new(&python)
         .args(["-c", "import openai, httpx, jsonschema"])
         .status()
@@ -27,8 +26,7 @@ fn python() -> String {
 }
 
 fn with_qwen(d: &Daemon) {
-    let qwen: PathBuf =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/store/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    let qwen: PathBuf = root().join("models/store/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
     assert!(qwen.is_file(), "run: pocket pull qwen2.5-coder-0.5b (missing {})", qwen.display());
     std::os::unix::fs::symlink(&qwen, d.dir.path().join("models/qwen.gguf")).unwrap();
 }
@@ -64,7 +62,7 @@ fn the_openai_client_completes_tool_call_round_trips_streamed_and_not() {
     for (model, choice) in [("smollm2", "required"), ("qwen", "required"), ("qwen", "get_weather")] {
         for stream in [false, true] {
             let mut c = Command::new(&python);
-            c.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/openai_tools.py")).args([
+            c.arg(root().join("examples/openai_tools.py")).args([
                 "--socket",
                 &d.socket.to_string_lossy(),
                 "--model",

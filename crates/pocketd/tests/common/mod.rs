@@ -10,16 +10,21 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// The workspace's root: the models directory, target/ and the examples are there.
+pub(crate) fn root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
 /// The default model's file in the project's models directory.
 pub(crate) fn smollm2() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/store/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let p = root().join("models/store/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(p.is_file(), "run: pocket pull smollm2-135m (missing {})", p.display());
     p
 }
 
 /// flan-t5-small's directory in the project's models directory (pulled by `scripts/test`).
 pub(crate) fn flan_t5() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/store/flan-t5-small");
+    let p = root().join("models/store/flan-t5-small");
     assert!(p.is_dir(), "run: pocket pull flan-t5-small (missing {})", p.display());
     p
 }
@@ -27,7 +32,7 @@ pub(crate) fn flan_t5() -> PathBuf {
 /// A tiny random-weight OLMo-2 GGUF (an architecture our graph does not build), written by
 /// pocket-ggml's test script into `target/synthetic/` on first use (`scripts/test` makes its venv).
 pub(crate) fn olmo2() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = root();
     let path = root.join("target/synthetic/olmo2-f16.gguf");
     if !path.is_file() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();

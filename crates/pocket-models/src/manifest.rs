@@ -10,11 +10,11 @@ use crate::{Error, Result};
 /// The built-in manifests, compiled in so that `pocket` knows them wherever it runs.
 /// The default model comes first; `pocket pull --list` shows them in this order.
 const BUILTIN: &[(&str, &str)] = &[
-    ("smollm2-135m.toml", include_str!("../smollm2-135m.toml")),
-    ("qwen2.5-coder-0.5b.toml", include_str!("../qwen2.5-coder-0.5b.toml")),
-    ("qwen2.5-coder-1.5b.toml", include_str!("../qwen2.5-coder-1.5b.toml")),
-    ("gemma3-270m.toml", include_str!("../gemma3-270m.toml")),
-    ("flan-t5-small.toml", include_str!("../flan-t5-small.toml")),
+    ("smollm2-135m.toml", include_str!("../../../models/smollm2-135m.toml")),
+    ("qwen2.5-coder-0.5b.toml", include_str!("../../../models/qwen2.5-coder-0.5b.toml")),
+    ("qwen2.5-coder-1.5b.toml", include_str!("../../../models/qwen2.5-coder-1.5b.toml")),
+    ("gemma3-270m.toml", include_str!("../../../models/gemma3-270m.toml")),
+    ("flan-t5-small.toml", include_str!("../../../models/flan-t5-small.toml")),
 ];
 
 /// The name of the built-in default model (the smallest useful one).

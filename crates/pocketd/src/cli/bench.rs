@@ -24,8 +24,8 @@ pub struct Args {
     compare: Option<Vec<PathBuf>>,
     #[command(flatten)]
     model: ModelArgs,
-    /// The workload, JSON Lines (default: the built-in `benches/workload.jsonl`, or
-    /// `benches/seq2seq.jsonl` for an encoder-decoder model). Lines of `"kind": "conversation"`
+    /// The workload, JSON Lines (default: the built-in `crates/pocket-bench/workload.jsonl`, or
+    /// `crates/pocket-bench/seq2seq.jsonl` for an encoder-decoder model). Lines of `"kind": "conversation"`
     /// (the format is in `crates/pocket-bench/README.md`) are replayed turn by turn through pocketd
     /// (`--socket`), with its prompt cache (`cache`) and without (`no-cache`); a workload of
     /// conversations only runs nothing in this process.

@@ -21,13 +21,17 @@ fn open(dir: &Path, cache: &Path) -> LoadedModel {
 }
 
 fn flan_t5(cache: &Path) -> LoadedModel {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/store/flan-t5-small");
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("models/store/flan-t5-small");
     assert!(dir.is_dir(), "run: pocket pull flan-t5-small (missing {})", dir.display());
     open(&dir, cache)
 }
 
 fn t5_tiny(cache: &Path) -> LoadedModel {
-    open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/pocket-tract/tests/fixtures/t5-tiny"), cache)
+    open(
+        &Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+            .join("crates/pocket-tract/tests/fixtures/t5-tiny"),
+        cache,
+    )
 }
 
 /// A cost curve on which every draft pays, remembered for `kv`, so that the drafters (auto
@@ -63,7 +67,10 @@ fn pocket_run_translates_with_flan_t5() {
             "2",
             "translate English to German: The house is wonderful.",
         ])
-        .env("POCKET_MODELS_DIR", Path::new(env!("CARGO_MANIFEST_DIR")).join("models/store"))
+        .env(
+            "POCKET_MODELS_DIR",
+            Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("models/store"),
+        )
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

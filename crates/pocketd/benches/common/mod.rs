@@ -84,7 +84,7 @@ impl Drop for Daemon {
 
 /// Where cargo benches write their results: `target/bench` in the workspace.
 pub fn out_dir() -> anyhow::Result<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
     let out = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| root.join("target"), |t| root.join(t))
         .join("bench");

@@ -278,8 +278,7 @@ fn sigterm_mid_generation_ends_the_stream_and_exits_cleanly() {
 
 #[test]
 fn models_load_and_unload_on_request_and_idle_ones_make_room() {
-    let qwen =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("models/store/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    let qwen = root().join("models/store/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
     assert!(qwen.is_file(), "run: pocket pull qwen2.5-coder-0.5b (missing {})", qwen.display());
     // Room for the process and either model, not both.
     let d = Daemon::start(Setup::default().with_budget("560MiB"));
@@ -608,7 +607,7 @@ fn the_pocket_client_asks_lists_and_reports_status() {
 #[test]
 fn the_openai_python_client_talks_over_the_socket() {
     let python = std::env::var("POCKET_TEST_PYTHON").unwrap_or_else(|_| {
-        let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pyenv/bin/python");
+        let venv = root().join("target/pyenv/bin/python");
         venv.to_string_lossy().into_owned()
     });
     let has_openai =
@@ -616,7 +615,7 @@ fn the_openai_python_client_talks_over_the_socket() {
     assert!(has_openai, "the openai client is needed: scripts/test installs it into target/pyenv ({python})");
     let d = Daemon::start(Setup::default());
     let o = Command::new(&python)
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/openai_client.py"))
+        .arg(root().join("examples/openai_client.py"))
         .arg("--socket")
         .arg(&d.socket)
         .output()
@@ -632,7 +631,7 @@ fn pocket(cache: &Path, args: &[&str]) -> Output {
     let o = Command::new(env!("CARGO_BIN_EXE_pocket"))
         .args(args)
         .env("POCKET_CACHE_DIR", cache)
-        .env("POCKET_MODELS_DIR", Path::new(env!("CARGO_MANIFEST_DIR")).join("models/store"))
+        .env("POCKET_MODELS_DIR", root().join("models/store"))
         .output()
         .expect("the pocket binary runs");
     assert!(o.status.success(), "pocket {args:?}: {}", String::from_utf8_lossy(&o.stderr));

@@ -110,7 +110,7 @@ fn run() -> anyhow::Result<()> {
             forced[i].1
         );
     }
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    let out = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("target/bench");
     std::fs::create_dir_all(&out)?;
     let report = json!({"model": name, "threads": threads, "kernels": model.kernels(), "schemas": rows,
         "mask_ms_per_token": mask_per_token * 1e3, "free_step_ms": free_per_token * 1e3,
