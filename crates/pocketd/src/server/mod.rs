@@ -7,6 +7,7 @@
 //! cancelled.
 
 pub mod accept;
+pub mod admission;
 pub mod bus_callers;
 pub mod config;
 pub mod connections;

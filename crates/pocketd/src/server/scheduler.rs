@@ -1,14 +1,10 @@
 //! The scheduler: both transports hand it a [`Job`] and get a [`Running`] generation back
 //! (or an error before anything was generated, so that HTTP can still choose the status).
 //!
-//! Admission is a semaphore of `parallel + queue` places (past them, 429) and `parallel`
-//! turns, handed out by priority, then arrival ([`super::turns`]). Requests with a turn
-//! generate at once, sharing each forward pass where the model allows (its engine batches
-//! them). A request with a turn gets its model (loaded on demand) and is prepared by the
-//! request pipeline ([`pocket_runtime::pipeline`]): rendered, tokenized and planned under what
-//! the budget has free; when the plan does not fit, idle models are unloaded (least recently
-//! used first) and, while other sessions run, it waits for one to end; when nothing else can
-//! free memory, it is refused with the numbers (503).
+//! Admission ([`super::admission`]) checks a job's settings, gives it a place and a turn
+//! (by priority, then arrival) and plans it under the budget, waiting for memory while other
+//! sessions run; requests with a turn generate at once, sharing each forward pass where the
+//! model allows (its engine batches them).
 //!
 //! Generation runs on a blocking thread, through the same pipeline ([`super::worker`]). Text
 //! goes back through a channel; when the receiver is gone (the client disconnected) or the
@@ -21,39 +17,26 @@
 //! for it.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use pocket_core::Threads;
 use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::spec::SpecMode;
-use pocket_core::{KvType, SessionConfig, StopConfig, Threads};
+use pocket_runtime::PromptCache;
 use pocket_runtime::learn::TuneSettings;
-use pocket_runtime::pipeline::{self, Prepared, Request};
 use pocket_runtime::prompt_cache::DiskOptions;
-use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine, PromptCache};
-use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
+use super::admission::{self, Admission, parallel_from_curve};
 use super::config::{Config, Parallel};
-use super::error::{ServeError, param_error};
+use super::error::ServeError;
 use super::job::{Job, Running};
 use super::learner::{Activity, IdleLearning, Learner};
 use super::metrics::Metrics;
-use super::registry::{Available, Registry, ServedModel};
-use super::turns::Turns;
+use super::registry::Registry;
 use super::worker::{GenerationContext, Worker, lock, session_statuses};
-
-/// Sessions at once, for `parallel = "auto"`, from a model's cost curve (a pass of `n` rows
-/// against one): the count whose shared pass gives the most tokens per second in all while it
-/// costs at most twice a pass of one (each request keeps at least half its speed alone), from 2
-/// to [`Parallel::MAX_AUTO`].
-pub fn parallel_from_curve(curve: &[pocket_core::cost::CostPoint]) -> usize {
-    curve
-        .iter()
-        .filter(|p| (2..=Parallel::MAX_AUTO).contains(&p.n) && p.relative > 0.0 && p.relative <= 2.0)
-        .max_by(|a, b| (a.n as f64 / a.relative).total_cmp(&(b.n as f64 / b.relative)))
-        .map_or(2, |p| p.n)
-}
 
 /// The scheduler, shared by the transports.
 pub struct Scheduler {
@@ -62,13 +45,9 @@ pub struct Scheduler {
     pub registry: Arc<Registry>,
     ledger: Ledger,
     _process: Option<Reservation>,
-    places: Arc<Semaphore>,
-    turns: Arc<Turns>,
-    queued: AtomicUsize,
-    /// Requests with a turn waiting for other requests to give memory back.
-    waiting_for_memory: AtomicUsize,
+    /// Places, turns and the wait for memory.
+    admission: Admission,
     next_id: AtomicU64,
-    stopping_notify: Notify,
     /// Counters for `/metrics`.
     pub metrics: Arc<Metrics>,
     /// What runs each generation; it holds the session table and the notice of a session's end.
@@ -81,13 +60,6 @@ pub struct Scheduler {
     learner: Arc<Learner>,
     prompt_cache: Option<Arc<PromptCache>>,
 }
-
-/// How long a request whose plan does not fit waits for running sessions to give memory
-/// back before it is refused.
-const MEMORY_WAIT: Duration = Duration::from_secs(30);
-
-/// While it waits, how often it looks again.
-const MEMORY_RECHECK: Duration = Duration::from_millis(200);
 
 impl Scheduler {
     /// A scheduler for `config`: its budget's ledger is made now, with this process's own
@@ -120,19 +92,12 @@ impl Scheduler {
             session_ended: Arc::new(Notify::new()),
         });
         Ok(Arc::new(Scheduler {
-            places: Arc::new(Semaphore::new(config.parallel.most() + config.queue)),
-            turns: Turns::new(match config.parallel {
-                Parallel::Auto => Parallel::UNMEASURED,
-                Parallel::Fixed(n) => n,
-            }),
+            admission: Admission::new(config.parallel, config.queue),
             config,
             registry: worker.registry.clone(),
             ledger,
             _process: process,
-            queued: AtomicUsize::new(0),
-            waiting_for_memory: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
-            stopping_notify: Notify::new(),
             metrics: worker.metrics.clone(),
             worker,
             started: Instant::now(),
@@ -223,15 +188,15 @@ impl Scheduler {
                 .cost_curve(self.threads.max(), self.config.kv)
                 .map_or(Parallel::UNMEASURED, |c| parallel_from_curve(&c)),
         };
-        if n != self.turns.capacity() {
+        if n != self.admission.parallel() {
             tracing::info!(parallel = n, model = %m.name, "requests that generate at once");
-            self.turns.set_capacity(n);
+            self.admission.set_parallel(n);
         }
     }
 
     /// Requests that may generate at once now.
     pub fn parallel(&self) -> usize {
-        self.turns.capacity()
+        self.admission.parallel()
     }
 
     /// Requests generating now.
@@ -241,13 +206,13 @@ impl Scheduler {
 
     /// Requests waiting for a turn.
     pub fn queued(&self) -> usize {
-        self.queued.load(Ordering::Relaxed)
+        self.admission.queued()
     }
 
     /// Take no new requests from now on.
     pub fn stop_accepting(&self) {
         self.activity.stopping.store(true, Ordering::SeqCst);
-        self.stopping_notify.notify_waiters();
+        self.admission.stop();
         self.activity.ended.notify_waiters();
     }
 
@@ -327,32 +292,23 @@ impl Scheduler {
         if self.is_stopping() {
             return Err(ServeError::ShuttingDown);
         }
-        let Admitted { found, spec, max_tokens, kv } = self.check(&job)?;
-        let place = self
-            .places
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| ServeError::QueueFull(self.config.parallel.most() + self.config.queue))?;
-        let queued_at = Instant::now();
+        let admitted = admission::check(&job, &self.config, &self.registry)?;
+        if admitted.spec != SpecMode::Off {
+            self.learner.want(&admitted.found.name, admitted.kv);
+        }
         self.follow_parallel();
-        let turn = {
-            let _waiting = Counted::new(&self.queued);
-            let stopping = self.stopping_notify.notified();
-            tokio::select! {
-                t = self.turns.acquire(job.options.priority) => t,
-                _ = stopping => return Err(ServeError::ShuttingDown),
-            }
-        };
+        let queued_at = Instant::now();
+        let (place, turn) = self.admission.wait_for_turn(job.options.priority).await?;
         // Learning gives the machine back before this request loads or plans anything.
         self.learner.stopped().await;
-        let model = self.registry.load(found).await?;
+        let request = admitted.request(&job, &self.config, self.threads);
+        let (spec, model) = (admitted.spec, self.registry.load(admitted.found).await?);
         let draft = match (&job.options.draft_model, spec) {
             (Some(d), SpecMode::Draft | SpecMode::Auto) => Some(self.registry.get(d).await?),
             _ => None,
         };
         tracing::info!(id = %id, client = %job.client, model = %model.name, %spec, "request");
-        let request = self.request(&job, spec, max_tokens, kv);
-        let prepared = self.prepare(&model, draft.as_ref(), &request, &id).await?;
+        let prepared = self.admission.prepare(&self.worker, &model, draft.as_ref(), &request, &id).await?;
 
         let cancel = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::unbounded_channel();
@@ -376,112 +332,6 @@ impl Scheduler {
             Err(_) => Err(ServeError::internal(Some(&id), "the generation thread ended before starting")),
         }
     }
-
-    /// What is refused before a request queues: settings out of range, an unknown model, a
-    /// speculation mode its engine does not offer.
-    fn check(&self, job: &Job) -> Result<Admitted, ServeError> {
-        job.options
-            .sampling
-            .validate()
-            .map_err(|e| param_error(pipeline::sampling_field(&e.to_string()), &e))?;
-        StopConfig { max_tokens: 1, stop: job.options.stop.clone() }
-            .validate()
-            .map_err(|e| param_error("stop", &e))?;
-        let model_name = job.model.clone().unwrap_or_else(|| self.config.default_model.clone());
-        let found = self.registry.find(&model_name)?;
-        let spec = spec_for(job.options.spec, self.config.spec, Engine::for_path(&found.path))?;
-        if spec == SpecMode::Draft && job.options.draft_model.is_none() {
-            return Err(ServeError::invalid("draft_model", "spec = draft needs a draft_model"));
-        }
-        let max_tokens =
-            job.options.max_tokens.unwrap_or(self.config.max_tokens).min(self.config.max_tokens) as usize;
-        if max_tokens == 0 {
-            return Err(ServeError::invalid("max_tokens", "max_tokens must be at least 1"));
-        }
-        let kv = job.options.kv.unwrap_or(self.config.kv);
-        if spec != SpecMode::Off {
-            self.learner.want(&found.name, kv);
-        }
-        Ok(Admitted { found, spec, max_tokens, kv })
-    }
-
-    /// The pipeline's request for `job`, with the daemon's settings where it has none.
-    fn request(&self, job: &Job, spec: SpecMode, max_tokens: usize, kv: KvType) -> Request {
-        Request {
-            input: job.input.clone(),
-            sampling: job.options.sampling.clone(),
-            stop: StopConfig { max_tokens, stop: job.options.stop.clone() },
-            spec,
-            session: SessionConfig {
-                kv,
-                n_ctx: self.config.ctx_size,
-                threads: self.threads,
-                priority: job.options.priority,
-                ..SessionConfig::default()
-            },
-            max_draft: DEFAULT_MAX_DRAFT,
-            planned: true,
-            prompt_cache: job.options.cache_prompt,
-            cache_hint: job.options.cache_key.clone(),
-            grammar: job.options.grammar.clone(),
-            logprobs: job.options.logprobs,
-            tools: job.options.tools.clone(),
-        }
-    }
-
-    /// Tokenize and plan `request`; when the budget is full, make room (parked
-    /// conversations, then idle models) or wait for a running request to give memory back,
-    /// for at most [`MEMORY_WAIT`].
-    async fn prepare(
-        self: &Arc<Self>,
-        model: &Arc<ServedModel>,
-        draft: Option<&Arc<ServedModel>>,
-        request: &Request,
-        id: &str,
-    ) -> Result<Prepared, ServeError> {
-        let deadline = Instant::now() + MEMORY_WAIT;
-        loop {
-            let (m, d, r, me) = (model.clone(), draft.cloned(), request.clone(), self.clone());
-            let result = tokio::task::spawn_blocking(move || {
-                pipeline::prepare(&m.model, d.as_ref().map(|d| &d.model), &r, &me.ledger)
-            })
-            .await
-            .map_err(|e| ServeError::internal(Some(id), format!("planning panicked: {e}")))?
-            .map_err(|e| ServeError::from_runtime(e, Some(id)));
-            let e = match result {
-                Err(e) if e.is_over_budget() => e,
-                other => return other,
-            };
-            let keep: Vec<&str> =
-                [Some(model.name.as_str()), draft.map(|d| d.name.as_str())].into_iter().flatten().collect();
-            if self.registry.evict_parked() || self.registry.evict_idle(&keep) {
-                continue;
-            }
-            // Memory comes back when another request with a turn ends — unless every other
-            // one is itself waiting for memory.
-            let ended = self.worker.session_ended.notified();
-            let waiting = self.waiting_for_memory.load(Ordering::SeqCst);
-            let others = self.turns.held().saturating_sub(1 + waiting);
-            if others == 0 || Instant::now() >= deadline {
-                return Err(e);
-            }
-            let _waiting = Counted::new(&self.waiting_for_memory);
-            // Requests that end before they start do not say so: look again soon.
-            let _ = tokio::time::timeout(
-                MEMORY_RECHECK.min(deadline.saturating_duration_since(Instant::now())),
-                ended,
-            )
-            .await;
-        }
-    }
-}
-
-/// What admission settled for a request before it queues.
-struct Admitted {
-    found: Available,
-    spec: SpecMode,
-    max_tokens: usize,
-    kv: KvType,
 }
 
 /// A request between its arrival and its end; while any is, the learner stays away.
@@ -504,64 +354,7 @@ impl Drop for InFlight {
     }
 }
 
-/// The speculation mode a request runs in: the one it asks for, refused where the model's
-/// engine offers no such drafter; else the daemon's default, or plain decoding where the
-/// default does not apply to this kind of model.
-fn spec_for(asked: Option<SpecMode>, default: SpecMode, engine: Engine) -> Result<SpecMode, ServeError> {
-    let offered = |mode: SpecMode| engine.drafters().contains(&mode);
-    match asked {
-        Some(mode) if offered(mode) => Ok(mode),
-        Some(mode) => {
-            Err(ServeError::invalid("spec", pocket_runtime::drafters::not_offered_by(mode, engine)))
-        }
-        None if offered(default) => Ok(default),
-        None => Ok(SpecMode::Off),
-    }
-}
-
 /// The id a request is known by (`pocketd-7`).
 fn request_id(id: u64) -> String {
     format!("pocketd-{id}")
-}
-
-/// Counts itself in a counter while alive.
-struct Counted<'a>(&'a AtomicUsize);
-
-impl<'a> Counted<'a> {
-    fn new(c: &'a AtomicUsize) -> Self {
-        c.fetch_add(1, Ordering::Relaxed);
-        Counted(c)
-    }
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use pocket_core::cost::CostPoint;
-
-    use super::*;
-
-    fn curve(points: &[(usize, f64)]) -> Vec<CostPoint> {
-        points.iter().map(|&(n, relative)| CostPoint { n, seconds: relative / 100.0, relative }).collect()
-    }
-
-    #[test]
-    fn parallel_follows_the_cost_curve() {
-        // Qwen2.5-Coder-0.5B on a 2-core CPU: 6 rows cost 1.75 passes of one, 7 more than two.
-        let qwen =
-            curve(&[(1, 1.0), (2, 1.12), (3, 1.38), (4, 1.36), (5, 1.6), (6, 1.75), (7, 2.01), (8, 2.42)]);
-        assert_eq!(parallel_from_curve(&qwen), 6);
-        // A GPU's flat curve: as many as a shared pass carries.
-        let flat = curve(&[(1, 1.0), (2, 1.01), (4, 1.03), (8, 1.1), (16, 1.4)]);
-        assert_eq!(parallel_from_curve(&flat), Parallel::MAX_AUTO);
-        // Nothing to share: two, so that a short request can start beside a long one.
-        let steep = curve(&[(1, 1.0), (2, 2.0), (4, 4.0)]);
-        assert_eq!(parallel_from_curve(&steep), 2);
-        assert_eq!(parallel_from_curve(&[]), 2);
-    }
 }
