@@ -2,9 +2,12 @@
 //! then every prompt in every mode, alternating.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pocket_core::cost::CostCurveConfig;
+use pocket_core::memory::Ledger;
 use pocket_core::spec::SpecMode;
 use pocket_core::{ModelKind, SessionConfig, Token};
 use pocket_runtime::WeightFormat;
@@ -148,24 +151,8 @@ pub fn run(
     prompts: &[Prompt],
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<BenchResults, Error> {
-    if config.modes.is_empty() {
-        return Err(Error::Invalid(format!("no modes to run; known modes: {}", Mode::KNOWN.join(", "))));
-    }
-    if prompts.is_empty() {
-        return Err(Error::Invalid("the workload has no prompts".into()));
-    }
-    if config.max_tokens_cap == Some(0) {
-        return Err(Error::Invalid("the max-tokens cap must be at least 1".into()));
-    }
-    if config.rounds == 0 {
-        return Err(Error::Invalid("rounds must be at least 1".into()));
-    }
     let through_daemon = config.modes.iter().any(|m| m.socket);
-    if through_daemon && config.socket.is_none() {
-        return Err(Error::Invalid(
-            "`socket:` modes run through pocketd: give its socket (--socket PATH)".into(),
-        ));
-    }
+    check_config(config, prompts, through_daemon)?;
     let file_sha256 = match &config.file_sha256 {
         Some(sha) => sha.clone(),
         None => sha256_model(&config.model_path)?,
@@ -173,158 +160,28 @@ pub fn run(
     // Held until the runs end: the process's own memory, reserved first under a budget.
     let (ledger, _process) = budget_ledger(config.memory_budget)?;
     let budgeted = config.memory_budget.is_some();
-    // Our engine's model in every weight format a mode asks for; the first mode's is the main
-    // one (prompts are tokenized and the session sized with it, and its curve is `cost_curve`).
-    let mut models: Vec<Target> = Vec::new();
-    for m in &config.modes {
-        if !models.iter().any(|t| t.weights == m.weights) {
-            let options = OpenOptions {
-                device: config.device.clone(),
-                weights: m.weights,
-                ledger: Some(ledger.clone()),
-                ..OpenOptions::default()
-            };
-            let model = Arc::new(LoadedModel::open(&config.model_path, &options)?);
-            models.push(Target { weights: m.weights, model, curve: Vec::new() });
-        }
-    }
+    let mut models = open_targets(config, &ledger)?;
     let main = models[0].model.clone();
     progress(Progress::Loaded { device: main.device() });
 
     let prepared = prepare(&main, prompts, config.max_tokens_cap)?;
     let session = session_config(config, &main, &prepared)?;
     let curve_config = main.model().cost_curve_config();
-
-    for t in &mut models {
-        // The report's curve, measured now; it is also what the modes draft with when nothing
-        // was measured before (it is measured the way `pocket tune` measures it).
-        if config.cost_curve {
-            if !config.wait_quiet.is_zero() {
-                wait_for_quiet(config.wait_quiet);
-            }
-            t.curve = learn::measure_curve(&t.model, session.threads.max(), session.kv, &ledger, &|| false)?;
-            let knowledge = t.model.knowledge();
-            if knowledge.cost_curve(session.threads.max(), session.kv).is_none() {
-                knowledge.remember_cost_curve(session.threads.max(), session.kv, t.curve.clone());
-            }
-        }
-        // What the speculative modes need, learned as `pocket tune` learns it: a `layerskip`
-        // mode needs a skip set whatever the curve says.
-        let modes: Vec<&RunMode> =
-            config.modes.iter().filter(|m| m.weights == t.weights && !m.socket).collect();
-        if !modes.iter().any(|m| m.mode.spec().is_some_and(|s| s != SpecMode::Off)) {
-            continue;
-        }
-        let mut settings = TuneSettings::new(session.threads.max(), session.kv);
-        if modes.iter().any(|m| m.mode == Mode::LayerSkip) {
-            settings.skip_search = SkipSearch::Always;
-        }
-        let tuned = learn::tune(&t.model, &settings, &ledger, &|| false, &mut |_| {})?;
-        progress(Progress::Learned {
-            weights: t.weights.name(),
-            measured_curve: tuned.measured_curve,
-            found_skip_set: tuned.found_skip_set,
-        });
-    }
-    if config.cost_curve {
-        progress(Progress::CostCurve);
-    }
-    let mut draft_models = Vec::new();
-    for m in &config.modes {
-        if let Mode::Draft(name) = &m.mode
-            && !m.socket
-            && !draft_models.iter().any(|(n, _)| n == name)
-        {
-            let dir = pocket_models::models_dir(config.models_dir.as_deref());
-            let path = pocket_models::resolve(name, &dir).map_err(|e| Error::Invalid(e.to_string()))?.path;
-            let options = OpenOptions {
-                device: config.device.clone(),
-                ledger: Some(ledger.clone()),
-                ..OpenOptions::default()
-            };
-            draft_models.push((name.clone(), Arc::new(LoadedModel::open(&path, &options)?)));
-        }
-    }
+    measure_and_tune(config, &mut models, &session, &ledger, progress)?;
+    let draft_models = open_draft_models(config, &ledger)?;
     if let Some(socket) = config.socket.as_deref().filter(|_| through_daemon) {
-        let daemon = modes::SocketRunner::check_daemon(
-            socket,
-            &config.model_name,
-            Some(config.threads),
-            config.start,
-        )?;
-        if let Some(seconds) = daemon.reloaded {
-            progress(Progress::DaemonReloaded { seconds });
-        }
+        check_pocketd(config, socket, progress)?;
     }
-    let mut runners = Vec::with_capacity(config.modes.len());
-    for m in &config.modes {
-        let t = models.iter().find(|t| t.weights == m.weights).expect("every mode's weights were loaded");
-        let cx = RunnerContext {
-            ledger: &ledger,
-            budgeted,
-            model: &t.model,
-            model_name: &config.model_name,
-            session: &session,
-            draft_models: &draft_models,
-            socket: config.socket.as_deref(),
-        };
-        runners.push(modes::open(m, cx)?);
-    }
-    let cost_curve: Vec<super::results::CostPoint> =
-        models[0].curve.iter().copied().map(Into::into).collect();
-    let cost_curves_by_weights: BTreeMap<String, Vec<super::results::CostPoint>> = models
-        .iter()
-        .filter(|t| !t.curve.is_empty())
-        .map(|t| (t.weights.name().to_owned(), t.curve.iter().copied().map(Into::into).collect()))
-        .collect();
+    let mut runners = open_runners(config, &models, &session, &ledger, budgeted, &draft_models)?;
+    let (cost_curve, cost_curves_by_weights) = report_curves(&models);
 
     if config.start == Start::Warm {
-        let short = prepared.iter().min_by_key(|p| p.tokens.len()).expect("prompts");
-        for r in &mut runners {
-            run_one(r.as_mut(), short, short.max_tokens.min(WARMUP_TOKENS))?;
-        }
+        warm_up(&mut runners, &prepared)?;
     }
 
     let total = config.rounds * prepared.len() * runners.len();
     progress(Progress::WarmedUp { runs: total });
-    // With other processes beside on purpose, waiting for a quiet machine would wait for ever:
-    // the wait is once, before they start.
-    if config.load > 0 && !config.wait_quiet.is_zero() {
-        wait_for_quiet(config.wait_quiet);
-    }
-    let load = Load::start(config.load)?;
-    let quiet = if config.load > 0 { Duration::ZERO } else { config.wait_quiet };
-    let mut runs = Vec::with_capacity(total);
-    let mut outputs = Vec::with_capacity(total);
-    let mut concurrency = None;
-    if config.concurrent > 1 {
-        let measured = Measured { runs: &mut runs, outputs: &mut outputs, total, quiet };
-        concurrency = Some(run_concurrently(
-            config.concurrent,
-            config.rounds,
-            &prepared,
-            &mut runners,
-            measured,
-            progress,
-        )?);
-    } else {
-        for round in 0..config.rounds {
-            for p in &prepared {
-                for r in &mut runners {
-                    let (rec, tokens) = measure_alone(r.as_mut(), p, round, quiet)?;
-                    runs.push(rec);
-                    outputs.push(tokens);
-                    progress(Progress::Run {
-                        index: runs.len(),
-                        of: total,
-                        record: runs.last().expect("just pushed"),
-                    });
-                }
-            }
-        }
-    }
-    drop(load);
-    compare_outputs(&mut runs, &outputs);
+    let (runs, concurrency) = measure_runs(config, &prepared, &mut runners, total, progress)?;
 
     let mode_names: Vec<String> = runners.iter().map(|r| r.name().to_owned()).collect();
     let summary = summarize(&runs, &mode_names);
@@ -343,23 +200,13 @@ pub fn run(
             weights_bytes: main.model().info().weights_bytes,
             engine: Some(main.engine().name().to_owned()),
         },
-        settings: Settings {
-            kv: config.kv.name().to_owned(),
-            memory_budget_bytes: budgeted.then(|| ledger.budget()),
-            seed: 0,
-            greedy: true,
-            n_ctx: session.n_ctx,
-            n_batch: session.n_batch,
-            max_tokens_cap: config.max_tokens_cap,
-            workload: config.workload.clone(),
-            cost_curve_context: if config.cost_curve { curve_config.context } else { 0 },
-            cost_curve_repetitions: if config.cost_curve { curve_config.repetitions } else { 0 },
-            rounds: config.rounds,
-            start: Some(config.start),
-            socket: config.socket.as_ref().filter(|_| through_daemon).map(|s| s.display().to_string()),
-            load: config.load,
-            concurrent: config.concurrent,
-        },
+        settings: settings(
+            config,
+            &session,
+            budgeted.then(|| ledger.budget()),
+            &curve_config,
+            through_daemon,
+        ),
         cost_curve,
         cost_curves_by_weights,
         runs,
@@ -367,6 +214,252 @@ pub fn run(
         concurrency,
         conversations: None,
     })
+}
+
+/// The errors in `config` and `prompts` that need nothing opened to find.
+fn check_config(config: &BenchConfig, prompts: &[Prompt], through_daemon: bool) -> Result<(), Error> {
+    if config.modes.is_empty() {
+        return Err(Error::Invalid(format!("no modes to run; known modes: {}", Mode::KNOWN.join(", "))));
+    }
+    if prompts.is_empty() {
+        return Err(Error::Invalid("the workload has no prompts".into()));
+    }
+    if config.max_tokens_cap == Some(0) {
+        return Err(Error::Invalid("the max-tokens cap must be at least 1".into()));
+    }
+    if config.rounds == 0 {
+        return Err(Error::Invalid("rounds must be at least 1".into()));
+    }
+    if through_daemon && config.socket.is_none() {
+        return Err(Error::Invalid(
+            "`socket:` modes run through pocketd: give its socket (--socket PATH)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Our engine's model in every weight format a mode asks for; the first mode's is the main
+/// one (prompts are tokenized and the session sized with it, and its curve is `cost_curve`).
+fn open_targets(config: &BenchConfig, ledger: &Ledger) -> Result<Vec<Target>, Error> {
+    let mut models: Vec<Target> = Vec::new();
+    for m in &config.modes {
+        if !models.iter().any(|t| t.weights == m.weights) {
+            let options = OpenOptions {
+                device: config.device.clone(),
+                weights: m.weights,
+                ledger: Some(ledger.clone()),
+                ..OpenOptions::default()
+            };
+            let model = Arc::new(LoadedModel::open(&config.model_path, &options)?);
+            models.push(Target { weights: m.weights, model, curve: Vec::new() });
+        }
+    }
+    Ok(models)
+}
+
+/// For each weight format: its cost curve, when the report asks for one, and what its
+/// speculative modes need, both as `pocket tune` would find them.
+fn measure_and_tune(
+    config: &BenchConfig,
+    models: &mut [Target],
+    session: &SessionConfig,
+    ledger: &Ledger,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<(), Error> {
+    for t in models {
+        // The report's curve, measured now; it is also what the modes draft with when nothing
+        // was measured before (it is measured the way `pocket tune` measures it).
+        if config.cost_curve {
+            if !config.wait_quiet.is_zero() {
+                wait_for_quiet(config.wait_quiet);
+            }
+            t.curve = learn::measure_curve(&t.model, session.threads.max(), session.kv, ledger, &|| false)?;
+            let knowledge = t.model.knowledge();
+            if knowledge.cost_curve(session.threads.max(), session.kv).is_none() {
+                knowledge.remember_cost_curve(session.threads.max(), session.kv, t.curve.clone());
+            }
+        }
+        // What the speculative modes need, learned as `pocket tune` learns it: a `layerskip`
+        // mode needs a skip set whatever the curve says.
+        let modes: Vec<&RunMode> =
+            config.modes.iter().filter(|m| m.weights == t.weights && !m.socket).collect();
+        if !modes.iter().any(|m| m.mode.spec().is_some_and(|s| s != SpecMode::Off)) {
+            continue;
+        }
+        let mut settings = TuneSettings::new(session.threads.max(), session.kv);
+        if modes.iter().any(|m| m.mode == Mode::LayerSkip) {
+            settings.skip_search = SkipSearch::Always;
+        }
+        let tuned = learn::tune(&t.model, &settings, ledger, &|| false, &mut |_| {})?;
+        progress(Progress::Learned {
+            weights: t.weights.name(),
+            measured_curve: tuned.measured_curve,
+            found_skip_set: tuned.found_skip_set,
+        });
+    }
+    if config.cost_curve {
+        progress(Progress::CostCurve);
+    }
+    Ok(())
+}
+
+/// The draft models the `draft:` modes of this process name, each opened once.
+fn open_draft_models(
+    config: &BenchConfig,
+    ledger: &Ledger,
+) -> Result<Vec<(String, Arc<LoadedModel>)>, Error> {
+    let mut draft_models = Vec::new();
+    for m in &config.modes {
+        if let Mode::Draft(name) = &m.mode
+            && !m.socket
+            && !draft_models.iter().any(|(n, _)| n == name)
+        {
+            let dir = pocket_models::models_dir(config.models_dir.as_deref());
+            let path = pocket_models::resolve(name, &dir).map_err(|e| Error::Invalid(e.to_string()))?.path;
+            let options = OpenOptions {
+                device: config.device.clone(),
+                ledger: Some(ledger.clone()),
+                ..OpenOptions::default()
+            };
+            draft_models.push((name.clone(), Arc::new(LoadedModel::open(&path, &options)?)));
+        }
+    }
+    Ok(draft_models)
+}
+
+/// Check that pocketd at `socket` serves the model as the `socket:` modes need it, and report
+/// it if it loaded the model again.
+fn check_pocketd(
+    config: &BenchConfig,
+    socket: &Path,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<(), Error> {
+    let daemon =
+        modes::SocketRunner::check_daemon(socket, &config.model_name, Some(config.threads), config.start)?;
+    if let Some(seconds) = daemon.reloaded {
+        progress(Progress::DaemonReloaded { seconds });
+    }
+    Ok(())
+}
+
+/// A runner for every mode, in the order of the modes.
+fn open_runners(
+    config: &BenchConfig,
+    models: &[Target],
+    session: &SessionConfig,
+    ledger: &Ledger,
+    budgeted: bool,
+    draft_models: &[(String, Arc<LoadedModel>)],
+) -> Result<Vec<Box<dyn Runner>>, Error> {
+    let mut runners = Vec::with_capacity(config.modes.len());
+    for m in &config.modes {
+        let t = models.iter().find(|t| t.weights == m.weights).expect("every mode's weights were loaded");
+        let cx = RunnerContext {
+            ledger,
+            budgeted,
+            model: &t.model,
+            model_name: &config.model_name,
+            session,
+            draft_models,
+            socket: config.socket.as_deref(),
+        };
+        runners.push(modes::open(m, cx)?);
+    }
+    Ok(runners)
+}
+
+/// The results' cost curves: the main model's, and every one measured by weight format.
+fn report_curves(
+    models: &[Target],
+) -> (Vec<super::results::CostPoint>, BTreeMap<String, Vec<super::results::CostPoint>>) {
+    let cost_curve: Vec<super::results::CostPoint> =
+        models[0].curve.iter().copied().map(Into::into).collect();
+    let cost_curves_by_weights: BTreeMap<String, Vec<super::results::CostPoint>> = models
+        .iter()
+        .filter(|t| !t.curve.is_empty())
+        .map(|t| (t.weights.name().to_owned(), t.curve.iter().copied().map(Into::into).collect()))
+        .collect();
+    (cost_curve, cost_curves_by_weights)
+}
+
+/// `--start warm`: one short, unrecorded run of the shortest prompt in every runner.
+fn warm_up(runners: &mut [Box<dyn Runner>], prepared: &[Prepared<'_>]) -> Result<(), Error> {
+    let short = prepared.iter().min_by_key(|p| p.tokens.len()).expect("prompts");
+    for r in runners {
+        run_one(r.as_mut(), short, short.max_tokens.min(WARMUP_TOKENS))?;
+    }
+    Ok(())
+}
+
+/// The measured runs, every prompt in every runner, round after round (alone, or also in
+/// groups under `--concurrent`), beside `--load`'s busy processes; their outputs compared.
+fn measure_runs(
+    config: &BenchConfig,
+    prepared: &[Prepared<'_>],
+    runners: &mut [Box<dyn Runner>],
+    total: usize,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<(Vec<RunRecord>, Option<ConcurrencyResults>), Error> {
+    // With other processes beside on purpose, waiting for a quiet machine would wait for ever:
+    // the wait is once, before they start.
+    if config.load > 0 && !config.wait_quiet.is_zero() {
+        wait_for_quiet(config.wait_quiet);
+    }
+    let load = Load::start(config.load)?;
+    let quiet = if config.load > 0 { Duration::ZERO } else { config.wait_quiet };
+    let mut runs = Vec::with_capacity(total);
+    let mut outputs = Vec::with_capacity(total);
+    let mut concurrency = None;
+    if config.concurrent > 1 {
+        let measured = Measured { runs: &mut runs, outputs: &mut outputs, total, quiet };
+        concurrency =
+            Some(run_concurrently(config.concurrent, config.rounds, prepared, runners, measured, progress)?);
+    } else {
+        for round in 0..config.rounds {
+            for p in prepared {
+                for r in runners.iter_mut() {
+                    let (rec, tokens) = measure_alone(r.as_mut(), p, round, quiet)?;
+                    runs.push(rec);
+                    outputs.push(tokens);
+                    progress(Progress::Run {
+                        index: runs.len(),
+                        of: total,
+                        record: runs.last().expect("just pushed"),
+                    });
+                }
+            }
+        }
+    }
+    drop(load);
+    compare_outputs(&mut runs, &outputs);
+    Ok((runs, concurrency))
+}
+
+/// The settings the runs were made with, as the results record them.
+fn settings(
+    config: &BenchConfig,
+    session: &SessionConfig,
+    memory_budget_bytes: Option<u64>,
+    curve_config: &CostCurveConfig,
+    through_daemon: bool,
+) -> Settings {
+    Settings {
+        kv: config.kv.name().to_owned(),
+        memory_budget_bytes,
+        seed: 0,
+        greedy: true,
+        n_ctx: session.n_ctx,
+        n_batch: session.n_batch,
+        max_tokens_cap: config.max_tokens_cap,
+        workload: config.workload.clone(),
+        cost_curve_context: if config.cost_curve { curve_config.context } else { 0 },
+        cost_curve_repetitions: if config.cost_curve { curve_config.repetitions } else { 0 },
+        rounds: config.rounds,
+        start: Some(config.start),
+        socket: config.socket.as_ref().filter(|_| through_daemon).map(|s| s.display().to_string()),
+        load: config.load,
+        concurrent: config.concurrent,
+    }
 }
 
 /// Render and tokenize every prompt with the pipeline (so every mode in this process gets the
