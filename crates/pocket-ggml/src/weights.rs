@@ -231,117 +231,31 @@ impl Weights {
         // Descriptions of converted matrices (type changed, shape kept) live here until they
         // are copied into their group's arena.
         let converted = Arena::new(wanted.len())?;
-
-        // Group the tensors by the buffer type each goes to.
-        let mut groups: Vec<Group> = Vec::new();
-        let mut placed: Vec<Option<Tensor>> = vec![None; wanted.len()];
-        for (i, w) in wanted.iter().enumerate() {
-            let Some(meta) = f.tensor(&w.file_name) else {
-                if w.required {
-                    return Err(Error::BadModel {
-                        path: f.path().to_owned(),
-                        reason: format!("tensor {} is missing", w.file_name),
-                    });
-                }
-                continue;
-            };
-            check_shape(f, &w.file_name, meta, &w.shape)?;
-            let (ty, ne) = (meta.ty(), meta.ne());
-            let target = if w.op == WeightOp::MulMat { format.target(ty, ne[0]) } else { ty };
-            let convert = target != ty;
-            let desc = if convert { converted.matrix(target, ne[0] as usize, ne[1] as usize)? } else { meta };
-            // The token embedding is only gathered from: it stays in host memory on every device.
-            let buft = if w.op == WeightOp::GetRows {
-                device.cpu_buffer_type()
-            } else {
-                device.weight_buft(desc, w.op)
-            };
-            match groups.iter_mut().find(|(b, c, _)| *b == buft && *c == convert) {
-                Some((_, _, list)) => list.push((i, desc)),
-                None => groups.push((buft, convert, vec![(i, desc)])),
-            }
-        }
+        let groups = group_by_buffer(f, &wanted, &converted, device, format)?;
 
         let total: u64 = groups
             .iter()
             .flat_map(|(_, _, list)| list.iter())
             .map(|&(i, _)| f.tensor_bytes(&wanted[i].file_name).map_or(0, |b| b.len() as u64))
             .sum();
+        let mut placer = Placer {
+            f,
+            wanted: &wanted,
+            progress,
+            placed: vec![None; wanted.len()],
+            copied_bytes: 0,
+            mapped_bytes: 0,
+            counted_tied: std::ptr::null(),
+            file_done: 0,
+            total,
+        };
         let mut arenas = Vec::new();
-        let mut copied_bytes = 0u64;
-        let mut mapped_bytes = 0u64;
-        let mut counted_tied: *const u8 = std::ptr::null();
-        // Bytes of the file placed so far, for `progress` (converted weights differ in size).
-        let mut file_done = 0u64;
         let cpu_buft = device.cpu_buffer_type();
-        for (buft, convert, list) in &groups {
-            let mut arena = Arena::new(list.len())?;
-            let mut tensors = Vec::with_capacity(list.len());
-            for &(i, desc) in list {
-                let t = arena.dup(desc, &wanted[i].file_name)?;
-                tensors.push((i, t));
-                placed[i] = Some(t);
-            }
-            // On the CPU, weights in plain host memory are used where they lie in the mapping.
-            let in_place = device.is_cpu() && *buft == cpu_buft && !convert;
-            if in_place {
-                let base = f.mmap().as_ptr() as usize;
-                let buffer = arena.wrap_host(HostMemory::File(Arc::clone(f.mmap())))?;
-                for &(i, t) in &tensors {
-                    let bytes = f.tensor_bytes(&wanted[i].file_name).expect("tensor exists");
-                    arena.place(t, buffer, bytes.as_ptr() as usize - base)?;
-                    // A tied embedding is two tensors over one range: count its bytes once.
-                    if !std::ptr::eq(bytes.as_ptr(), counted_tied) {
-                        mapped_bytes += bytes.len() as u64;
-                    }
-                    if wanted[i].file_name == "token_embd.weight" {
-                        counted_tied = bytes.as_ptr();
-                    }
-                    file_done += bytes.len() as u64;
-                    progress(file_done, total);
-                }
-            } else {
-                arena.alloc_in(*buft)?;
-                for &(i, t) in &tensors {
-                    let name = &wanted[i].file_name;
-                    let bytes = f.tensor_bytes(name).expect("tensor exists");
-                    if *convert {
-                        let meta = f.tensor(name).expect("tensor exists");
-                        let ne = t.ne();
-                        let mut failed = None;
-                        convert_matrix(
-                            meta.ty(),
-                            t.ty(),
-                            bytes,
-                            ne[0] as usize,
-                            ne[1] as usize,
-                            &mut |at, chunk| {
-                                // convert_matrix hands out consecutive chunks that tile the tensor.
-                                if let Err(e) = t.write_at(at, chunk) {
-                                    failed.get_or_insert(e);
-                                }
-                            },
-                        );
-                        if let Some(e) = failed {
-                            return Err(e);
-                        }
-                        copied_bytes += t.nbytes() as u64;
-                    } else {
-                        // Same type and shape as in the file; the buffer type repacks while
-                        // copying.
-                        t.write_at(0, bytes)?;
-                        copied_bytes += bytes.len() as u64;
-                    }
-                    file_done += bytes.len() as u64;
-                    progress(file_done, total);
-                    // Nothing reads the mapping's copy any more.
-                    f.drop_pages(bytes);
-                }
-            }
-            tracing::debug!(buffer = %buft_name(*buft), tensors = list.len(), in_place, "placed weights");
-            arenas.push(arena);
+        for group in &groups {
+            arenas.push(placer.place_group(device, cpu_buft, group)?);
         }
 
+        let Placer { placed, copied_bytes, mapped_bytes, .. } = placer;
         let handle = |i: usize| placed[i];
         let mut layers: Vec<LayerWeights> =
             (0..hp.n_layer).map(|_| LayerWeights { tensors: [None; Slot::ALL.len()] }).collect();
@@ -364,6 +278,152 @@ impl Weights {
             _arenas: arenas,
         })
     }
+}
+
+/// The wanted tensors that are in `f`, grouped by the buffer type each goes to (and whether it
+/// is converted to `format` on the way); a required tensor that is missing is an error.
+fn group_by_buffer(
+    f: &GgufFile,
+    wanted: &[Wanted],
+    converted: &Arena,
+    device: &Device,
+    format: WeightFormat,
+) -> Result<Vec<Group>> {
+    let mut groups: Vec<Group> = Vec::new();
+    for (i, w) in wanted.iter().enumerate() {
+        let Some(meta) = f.tensor(&w.file_name) else {
+            if w.required {
+                return Err(Error::BadModel {
+                    path: f.path().to_owned(),
+                    reason: format!("tensor {} is missing", w.file_name),
+                });
+            }
+            continue;
+        };
+        check_shape(f, &w.file_name, meta, &w.shape)?;
+        let (ty, ne) = (meta.ty(), meta.ne());
+        let target = if w.op == WeightOp::MulMat { format.target(ty, ne[0]) } else { ty };
+        let convert = target != ty;
+        let desc = if convert { converted.matrix(target, ne[0] as usize, ne[1] as usize)? } else { meta };
+        // The token embedding is only gathered from: it stays in host memory on every device.
+        let buft =
+            if w.op == WeightOp::GetRows { device.cpu_buffer_type() } else { device.weight_buft(desc, w.op) };
+        match groups.iter_mut().find(|(b, c, _)| *b == buft && *c == convert) {
+            Some((_, _, list)) => list.push((i, desc)),
+            None => groups.push((buft, convert, vec![(i, desc)])),
+        }
+    }
+    Ok(groups)
+}
+
+/// Placing the groups' tensors in their buffers: where each wanted tensor went, and the bytes
+/// counted so far.
+struct Placer<'a> {
+    f: &'a GgufFile,
+    wanted: &'a [Wanted],
+    /// Called with (bytes of the file placed so far, `total`).
+    progress: &'a mut dyn FnMut(u64, u64),
+    /// Each wanted tensor as placed (None: not in the file).
+    placed: Vec<Option<Tensor>>,
+    copied_bytes: u64,
+    mapped_bytes: u64,
+    /// Where the token embedding's bytes start once they are counted as mapped.
+    counted_tied: *const u8,
+    /// Bytes of the file placed so far, for `progress` (converted weights differ in size).
+    file_done: u64,
+    total: u64,
+}
+
+impl Placer<'_> {
+    /// Describe one group's tensors in an arena of their own and give them memory: their
+    /// bytes in the mapping where the CPU can use them in place, else a buffer of the group's
+    /// type that they are copied into.
+    fn place_group(
+        &mut self,
+        device: &Device,
+        cpu_buft: sys::ggml_backend_buffer_type_t,
+        (buft, convert, list): &Group,
+    ) -> Result<Arena> {
+        let mut arena = Arena::new(list.len())?;
+        let mut tensors = Vec::with_capacity(list.len());
+        for &(i, desc) in list {
+            let t = arena.dup(desc, &self.wanted[i].file_name)?;
+            tensors.push((i, t));
+            self.placed[i] = Some(t);
+        }
+        // On the CPU, weights in plain host memory are used where they lie in the mapping.
+        let in_place = device.is_cpu() && *buft == cpu_buft && !convert;
+        if in_place {
+            self.map_in_place(&mut arena, &tensors)?;
+        } else {
+            arena.alloc_in(*buft)?;
+            self.copy_out(&tensors, *convert)?;
+        }
+        tracing::debug!(buffer = %buft_name(*buft), tensors = list.len(), in_place, "placed weights");
+        Ok(arena)
+    }
+
+    /// Point `tensors` at their bytes in the file mapping, wrapped as a buffer of `arena`.
+    fn map_in_place(&mut self, arena: &mut Arena, tensors: &[(usize, Tensor)]) -> Result<()> {
+        let (f, wanted) = (self.f, self.wanted);
+        let base = f.mmap().as_ptr() as usize;
+        let buffer = arena.wrap_host(HostMemory::File(Arc::clone(f.mmap())))?;
+        for &(i, t) in tensors {
+            let bytes = f.tensor_bytes(&wanted[i].file_name).expect("tensor exists");
+            arena.place(t, buffer, bytes.as_ptr() as usize - base)?;
+            // A tied embedding is two tensors over one range: count its bytes once.
+            if !std::ptr::eq(bytes.as_ptr(), self.counted_tied) {
+                self.mapped_bytes += bytes.len() as u64;
+            }
+            if wanted[i].file_name == "token_embd.weight" {
+                self.counted_tied = bytes.as_ptr();
+            }
+            self.file_done += bytes.len() as u64;
+            (self.progress)(self.file_done, self.total);
+        }
+        Ok(())
+    }
+
+    /// Write `tensors` into their allocated buffer, `convert`ed or as they are in the file,
+    /// then release their pages of the mapping.
+    fn copy_out(&mut self, tensors: &[(usize, Tensor)], convert: bool) -> Result<()> {
+        let (f, wanted) = (self.f, self.wanted);
+        for &(i, t) in tensors {
+            let name = &wanted[i].file_name;
+            let bytes = f.tensor_bytes(name).expect("tensor exists");
+            if convert {
+                let meta = f.tensor(name).expect("tensor exists");
+                write_converted(meta, t, bytes)?;
+                self.copied_bytes += t.nbytes() as u64;
+            } else {
+                // Same type and shape as in the file; the buffer type repacks while
+                // copying.
+                t.write_at(0, bytes)?;
+                self.copied_bytes += bytes.len() as u64;
+            }
+            self.file_done += bytes.len() as u64;
+            (self.progress)(self.file_done, self.total);
+            // Nothing reads the mapping's copy any more.
+            f.drop_pages(bytes);
+        }
+        Ok(())
+    }
+}
+
+/// Write `bytes`, a matrix of `meta`'s type in the file, into `t`, converted to `t`'s type.
+fn write_converted(meta: Tensor, t: Tensor, bytes: &[u8]) -> Result<()> {
+    let ne = t.ne();
+    let mut failed = None;
+    convert_matrix(meta.ty(), t.ty(), bytes, ne[0] as usize, ne[1] as usize, &mut |at, chunk| {
+        // convert_matrix hands out consecutive chunks that tile the tensor.
+        if let Err(e) = t.write_at(at, chunk) {
+            failed.get_or_insert(e);
+        }
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    Ok(())
 }
 
 /// Whether the graph of `hp.arch`, whose layers have `layer_tensors` besides the attention
