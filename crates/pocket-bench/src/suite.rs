@@ -9,7 +9,7 @@ use std::time::Duration;
 use pocket_core::cost::CostCurveConfig;
 use pocket_core::memory::Ledger;
 use pocket_core::spec::SpecMode;
-use pocket_core::{ModelKind, SessionConfig, Token};
+use pocket_core::{ModelKind, SamplingConfig, SessionConfig, StopConfig, Token};
 use pocket_runtime::WeightFormat;
 use pocket_runtime::learn::{self, SkipSearch, TuneSettings};
 use pocket_runtime::pipeline::{self, Input};
@@ -234,6 +234,18 @@ fn check_config(config: &BenchConfig, prompts: &[Prompt], through_daemon: bool) 
         return Err(Error::Invalid(
             "`socket:` modes run through pocketd: give its socket (--socket PATH)".into(),
         ));
+    }
+    // Each mode's request as every entry point checks it: a drafter the model's engine lacks
+    // is refused here, before anything is loaded, in the words the daemon and `pocket run` use.
+    let engine = pocket_runtime::Engine::for_path(&config.model_path);
+    let (sampling, stop) = (SamplingConfig::default(), StopConfig { max_tokens: 1, stop: Vec::new() });
+    for m in &config.modes {
+        if let Some(spec) = m.mode.spec() {
+            let draft_model = matches!(m.mode, Mode::Draft(_));
+            let settings = pocket_runtime::Settings { spec, draft_model, sampling: &sampling, stop: &stop };
+            pocket_runtime::validate(&settings, Some(engine))
+                .map_err(|e| Error::Invalid(format!("mode {}: {e}", m.mode)))?;
+        }
     }
     Ok(())
 }

@@ -135,7 +135,7 @@ pub fn rows_select_the_tail_of_the_pass(s: &Subject) {
     assert_close("Rows::Tail against one token a pass", &tail, &one_by_one, s.tolerance);
 
     let mut d = s.session();
-    assert!(matches!(d.decode(rest, &plan, Rows::Tail(rest.len() + 1)), Err(Error::InvalidArgument(_))));
+    assert!(matches!(d.decode(rest, &plan, Rows::Tail(rest.len() + 1)), Err(Error::InvalidArgument { .. })));
     assert_eq!(d.len(), 0, "a refused decode holds nothing");
 }
 

@@ -11,8 +11,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// A request's arguments are invalid (bad option value, empty prompt, ...).
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    #[error("invalid argument: {message}")]
+    InvalidArgument {
+        /// The request field at fault (`temperature`, `stop`, `kv`, ...), where one is.
+        param: Option<&'static str>,
+        /// What was wrong and what is allowed.
+        message: String,
+    },
     /// The prompt plus the requested generation does not fit the session's context.
     #[error(
         "context overflow: {needed} tokens needed but the context holds {limit} \
@@ -62,9 +67,14 @@ pub enum Error {
 }
 
 impl Error {
-    /// An [`Error::InvalidArgument`] from anything printable.
+    /// An [`Error::InvalidArgument`] not tied to one request field.
     pub fn invalid(msg: impl fmt::Display) -> Self {
-        Error::InvalidArgument(msg.to_string())
+        Error::InvalidArgument { param: None, message: msg.to_string() }
+    }
+
+    /// An [`Error::InvalidArgument`] about the request field `param`.
+    pub fn invalid_field(param: &'static str, msg: impl fmt::Display) -> Self {
+        Error::InvalidArgument { param: Some(param), message: msg.to_string() }
     }
 
     /// An [`Error::Engine`] from anything printable.

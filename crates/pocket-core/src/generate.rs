@@ -541,54 +541,11 @@ fn last_row<'a>(logits: &Logits<'a>, info: &ModelInfo) -> Result<&'a [f32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ModelKind;
     use crate::spec::Draft;
-    use crate::testing::{FakeSession, V};
-
-    /// Token t is the letter 'a' + t; token 7 is the end token.
-    struct FakeTokenizer {
-        pieces: Vec<Vec<u8>>,
-    }
-
-    impl Default for FakeTokenizer {
-        fn default() -> Self {
-            FakeTokenizer { pieces: (0..V as u8).map(|t| vec![b'a' + t]).collect() }
-        }
-    }
-
-    impl Tokenizer for FakeTokenizer {
-        fn encode(&self, _text: &str, _add_special: bool) -> Result<Vec<Token>> {
-            unimplemented!("not needed by generate")
-        }
-
-        fn piece(&self, token: Token) -> Vec<u8> {
-            self.pieces[token as usize].clone()
-        }
-
-        fn is_end(&self, token: Token) -> bool {
-            token == 7
-        }
-
-        fn apply_chat_template(
-            &self,
-            _messages: &[crate::ChatMessage],
-            _add_assistant: bool,
-        ) -> Result<String> {
-            unimplemented!("not needed by generate")
-        }
-    }
+    use crate::testing::{FakeSession, FakeTokenizer, V};
 
     fn info() -> ModelInfo {
-        ModelInfo {
-            name: "fake".into(),
-            architecture: "fake".into(),
-            kind: ModelKind::Decoder,
-            n_layers: 4,
-            n_embd: 16,
-            n_vocab: V,
-            n_ctx_train: 64,
-            weights_bytes: 0,
-        }
+        crate::Model::info(&crate::testing::FakeModel::default()).clone()
     }
 
     fn request(prompt: &[Token], max_tokens: usize, stop: &[&str]) -> GenerateRequest {
@@ -718,15 +675,15 @@ mod tests {
 
         let mut s = FakeSession::new(4);
         let (g, _) = run(&mut s, &FakeTokenizer::default(), &request(&[], 10, &[]));
-        assert!(matches!(g, Err(Error::InvalidArgument(_))));
+        assert!(matches!(g, Err(Error::InvalidArgument { .. })));
 
         let mut bad = request(&[0], 10, &[""]);
         let (g, _) = run(&mut s, &FakeTokenizer::default(), &bad);
-        assert!(matches!(g, Err(Error::InvalidArgument(_))));
+        assert!(matches!(g, Err(Error::InvalidArgument { .. })));
         bad.stop.stop.clear();
         bad.sampling.top_p = 0.0;
         let (g, _) = run(&mut s, &FakeTokenizer::default(), &bad);
-        assert!(matches!(g, Err(Error::InvalidArgument(_))));
+        assert!(matches!(g, Err(Error::InvalidArgument { .. })));
         assert!(s.calls.is_empty());
     }
 

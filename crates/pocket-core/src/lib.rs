@@ -29,8 +29,8 @@ mod model;
 pub mod sampling;
 pub mod spec;
 pub mod stop;
-#[cfg(test)]
-mod testing;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod tokenizer;
 
 pub use constraint::Constraint;

@@ -96,10 +96,9 @@ impl FromStr for KvElement {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        KvElement::ALL
-            .into_iter()
-            .find(|t| t.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| Error::invalid(format!("unknown KV type {s:?}; use f32, f16, q8_0 or q4_0")))
+        KvElement::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(s)).ok_or_else(|| {
+            Error::invalid_field("kv", format!("unknown KV type {s:?}; use f32, f16, q8_0 or q4_0"))
+        })
     }
 }
 
@@ -194,13 +193,14 @@ impl FromStr for KvType {
 
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
-        let parse = |t: &str| {
-            t.trim().parse::<KvElement>().map_err(|_| {
-                Error::invalid(format!(
+        let parse =
+            |t: &str| {
+                t.trim().parse::<KvElement>().map_err(|_| {
+                Error::invalid_field("kv", format!(
                     "unknown KV type {s:?}; use f32, f16, q8_0 or q4_0, or keys/values such as q8_0/q4_0"
                 ))
             })
-        };
+            };
         match s.split_once('/') {
             Some((k, v)) => Ok(KvType::new(parse(k)?, parse(v)?)),
             None => parse(s).map(KvType::uniform),

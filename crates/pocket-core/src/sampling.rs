@@ -78,26 +78,30 @@ impl Default for SamplingConfig {
 }
 
 impl SamplingConfig {
-    /// Check every value against its allowed range; the error names each bad value.
+    /// Check every value against its allowed range; the error names each bad value, and its
+    /// `param` the first bad field.
     pub fn validate(&self) -> Result<()> {
-        let mut problems = Vec::new();
+        let mut problems: Vec<(&'static str, String)> = Vec::new();
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            problems.push(format!(
-                "temperature must be a finite number >= 0 (0 = greedy), not {}",
-                self.temperature
+            problems.push((
+                "temperature",
+                format!("temperature must be a finite number >= 0 (0 = greedy), not {}", self.temperature),
             ));
         }
         // Written so that NaN fails each check.
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            problems.push(format!("top_p must be in (0, 1] (1 = off), not {}", self.top_p));
+            problems.push(("top_p", format!("top_p must be in (0, 1] (1 = off), not {}", self.top_p)));
         }
         if !(self.min_p >= 0.0 && self.min_p < 1.0) {
-            problems.push(format!("min_p must be in [0, 1) (0 = off), not {}", self.min_p));
+            problems.push(("min_p", format!("min_p must be in [0, 1) (0 = off), not {}", self.min_p)));
         }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            problems.push(format!(
-                "repetition_penalty must be a finite number > 0 (1 = off), not {}",
-                self.repetition_penalty
+            problems.push((
+                "repetition_penalty",
+                format!(
+                    "repetition_penalty must be a finite number > 0 (1 = off), not {}",
+                    self.repetition_penalty
+                ),
             ));
         }
         // `contains` is false for NaN and the infinities.
@@ -105,17 +109,29 @@ impl SamplingConfig {
             [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)]
         {
             if !(-2.0..=2.0).contains(&value) {
-                problems.push(format!("{name} must be a finite number in [-2, 2] (0 = off), not {value}"));
+                problems.push((
+                    name,
+                    format!("{name} must be a finite number in [-2, 2] (0 = off), not {value}"),
+                ));
             }
         }
         for &(token, bias) in &self.logit_bias {
             if !(-100.0..=100.0).contains(&bias) {
-                problems.push(format!(
-                    "logit_bias for token {token} must be a finite number in [-100, 100], not {bias}"
+                problems.push((
+                    "logit_bias",
+                    format!(
+                        "logit_bias for token {token} must be a finite number in [-100, 100], not {bias}"
+                    ),
                 ));
             }
         }
-        if problems.is_empty() { Ok(()) } else { Err(Error::invalid(problems.join("; "))) }
+        match problems.first() {
+            None => Ok(()),
+            Some(&(param, _)) => {
+                let message = problems.iter().map(|(_, m)| m.as_str()).collect::<Vec<_>>().join("; ");
+                Err(Error::invalid_field(param, message))
+            }
+        }
     }
 
     /// Whether sampling always picks the argmax of the adjusted logits (see
@@ -798,7 +814,7 @@ mod tests {
     #[test]
     fn invalid_configs_are_errors_naming_the_range() {
         let bad = |c: SamplingConfig| match c.validate() {
-            Err(Error::InvalidArgument(msg)) => msg,
+            Err(Error::InvalidArgument { message: msg, .. }) => msg,
             other => panic!("expected an error, got {other:?}"),
         };
         let d = SamplingConfig::default();
@@ -811,6 +827,9 @@ mod tests {
         assert!(bad(SamplingConfig { repetition_penalty: 0.0, ..d.clone() }).contains("> 0"));
         let both = bad(SamplingConfig { top_p: 2.0, min_p: 2.0, ..d.clone() });
         assert!(both.contains("top_p") && both.contains("min_p"), "{both}");
+        // The error's field is the first bad one, named by the data rather than the text.
+        let first = SamplingConfig { top_p: 2.0, min_p: 2.0, ..d.clone() }.validate().unwrap_err();
+        assert!(matches!(first, Error::InvalidArgument { param: Some("top_p"), .. }), "{first:?}");
         assert!(Sampler::new(SamplingConfig { top_p: f32::NAN, ..d.clone() }).is_err());
         assert!(d.validate().is_ok() && d.is_greedy() && !d.adjusts_logits());
     }
@@ -818,7 +837,7 @@ mod tests {
     #[test]
     fn invalid_penalties_and_biases_are_errors_naming_the_field_and_range() {
         let bad = |c: SamplingConfig| match c.validate() {
-            Err(Error::InvalidArgument(msg)) => msg,
+            Err(Error::InvalidArgument { message: msg, .. }) => msg,
             other => panic!("expected an error, got {other:?}"),
         };
         let d = SamplingConfig::default();

@@ -66,9 +66,10 @@ impl StopConfig {
     /// Check the stop strings: an empty one would match before any text.
     pub fn validate(&self) -> Result<()> {
         if let Some(i) = self.stop.iter().position(String::is_empty) {
-            return Err(Error::invalid(format!(
-                "stop string {i} is empty; stop strings must have at least one character"
-            )));
+            return Err(Error::invalid_field(
+                "stop",
+                format!("stop string {i} is empty; stop strings must have at least one character"),
+            ));
         }
         Ok(())
     }
@@ -321,7 +322,9 @@ mod tests {
     #[test]
     fn empty_stop_strings_are_rejected() {
         let config = StopConfig { max_tokens: 5, stop: strings(&["a", ""]) };
-        assert!(matches!(config.validate(), Err(Error::InvalidArgument(m)) if m.contains("1")));
+        assert!(
+            matches!(config.validate(), Err(Error::InvalidArgument { message: m, .. }) if m.contains("1"))
+        );
         assert!(StopConfig::default().validate().is_ok());
         // The stream itself ignores them rather than stopping at once.
         assert_eq!(run(&mut TextStream::new(&strings(&[""])), &[b"ab"]).0, "ab");

@@ -1,33 +1,49 @@
-//! A fake [`Session`] for the unit tests of the generation loop and the cost curve.
+//! A deterministic fake model, for unit tests of what runs above the engines (the generation
+//! loop, the drafters, the request pipeline, the daemon's adapters) without a model file.
+//! Built for pocket-core's own tests and, with the `testing` feature, for other crates'.
+//!
+//! The model has [`V`] tokens, `a` to `h`; token 7 (`h`) ends the text. After token `t` its
+//! most likely next token is `(t + 1) % V`, so greedy decoding from `a` says `bcdefg` and
+//! stops; every speculation mode must give exactly that.
 
-use crate::{LayerPlan, Logits, Result, Rows, Session, SessionConfig, Token};
+use crate::memory::Ledger;
+use crate::model::Footprint;
+use crate::spec::SpecMode;
+use crate::{
+    ChatMessage, LayerPlan, Logits, Model, ModelInfo, ModelKind, Result, Rows, Session, SessionConfig, Token,
+    Tokenizer,
+};
 
 /// Vocabulary size of [`FakeSession`].
-pub(crate) const V: usize = 8;
+pub const V: usize = 8;
 
 /// One `decode` call: the position it started at, its tokens, the rows asked for, and
 /// whether the plan was the full model.
-pub(crate) type Call = (usize, Vec<Token>, Rows, bool);
+pub type Call = (usize, Vec<Token>, Rows, bool);
 
 /// A model whose argmax after token t is (t + 1) % V, with `bias` added to some logits;
 /// records every decode.
-pub(crate) struct FakeSession {
-    pub(crate) config: SessionConfig,
-    pub(crate) tokens: Vec<Token>,
+pub struct FakeSession {
+    /// The session's configuration.
+    pub config: SessionConfig,
+    /// The tokens it holds.
+    pub tokens: Vec<Token>,
     logits: Vec<f32>,
-    pub(crate) bias: Vec<(Token, f32)>,
-    pub(crate) calls: Vec<Call>,
+    /// Added to every row's logits.
+    pub bias: Vec<(Token, f32)>,
+    /// Every decode, in order.
+    pub calls: Vec<Call>,
 }
 
 impl FakeSession {
-    pub(crate) fn new(n_ctx: usize) -> Self {
-        FakeSession {
-            config: SessionConfig { n_ctx, ..SessionConfig::default() },
-            tokens: Vec::new(),
-            logits: vec![0.0; V],
-            bias: Vec::new(),
-            calls: Vec::new(),
-        }
+    /// An empty session with a context of `n_ctx` tokens.
+    pub fn new(n_ctx: usize) -> Self {
+        Self::with_config(SessionConfig { n_ctx, ..SessionConfig::default() })
+    }
+
+    /// An empty session configured as `config` says.
+    pub fn with_config(config: SessionConfig) -> Self {
+        FakeSession { config, tokens: Vec::new(), logits: vec![0.0; V], bias: Vec::new(), calls: Vec::new() }
     }
 }
 
@@ -71,5 +87,97 @@ impl Session for FakeSession {
 
     fn kv_bytes(&self) -> u64 {
         0
+    }
+}
+
+/// Token t is the letter `a` + t; token 7 (`h`) is the end token. Text of other characters
+/// does not encode; a chat renders as its messages' contents, one after another.
+#[derive(Debug, Clone)]
+pub struct FakeTokenizer {
+    /// Each token's bytes (a test may make some of them parts of one character).
+    pub pieces: Vec<Vec<u8>>,
+}
+
+impl Default for FakeTokenizer {
+    fn default() -> Self {
+        FakeTokenizer { pieces: (0..V as u8).map(|t| vec![b'a' + t]).collect() }
+    }
+}
+
+impl Tokenizer for FakeTokenizer {
+    fn encode(&self, text: &str, _add_special: bool) -> Result<Vec<Token>> {
+        text.bytes()
+            .map(|b| match b {
+                b'a'..=b'h' => Ok(Token::from(b - b'a')),
+                _ => Err(crate::Error::Tokenizer(format!("the fake model has no token for {:?}", b as char))),
+            })
+            .collect()
+    }
+
+    fn piece(&self, token: Token) -> Vec<u8> {
+        self.pieces.get(token as usize).cloned().unwrap_or_default()
+    }
+
+    fn is_end(&self, token: Token) -> bool {
+        token == 7
+    }
+
+    fn apply_chat_template(&self, messages: &[ChatMessage], _add_assistant: bool) -> Result<String> {
+        Ok(messages.iter().map(|m| m.content.as_str()).collect())
+    }
+}
+
+/// The fake decoder: [`FakeSession`]s and a [`FakeTokenizer`], with a small footprint so that
+/// memory planning has numbers to work with.
+#[derive(Debug, Clone)]
+pub struct FakeModel {
+    info: ModelInfo,
+    tokenizer: FakeTokenizer,
+}
+
+impl Default for FakeModel {
+    fn default() -> Self {
+        FakeModel {
+            info: ModelInfo {
+                name: "fake".into(),
+                architecture: "fake".into(),
+                kind: ModelKind::Decoder,
+                n_layers: 4,
+                n_embd: 16,
+                n_vocab: V,
+                n_ctx_train: 64,
+                weights_bytes: 0,
+            },
+            tokenizer: FakeTokenizer::default(),
+        }
+    }
+}
+
+impl Model for FakeModel {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn drafters(&self) -> &'static [SpecMode] {
+        &[SpecMode::Off, SpecMode::Auto, SpecMode::Suffix]
+    }
+
+    fn tokenizer(&self) -> &dyn Tokenizer {
+        &self.tokenizer
+    }
+
+    fn footprint(&self, _config: &SessionConfig) -> Result<Footprint> {
+        Ok(Footprint {
+            weights_anon_bytes: 0,
+            weights_mapped_bytes: 0,
+            kv_bytes_per_token: 64,
+            kv_block_tokens: 16,
+            compute_bytes: 1024,
+            logits_row_bytes: (V * 4) as u64,
+        })
+    }
+
+    fn session_in(&self, config: &SessionConfig, _ledger: &Ledger) -> Result<Box<dyn Session>> {
+        Ok(Box::new(FakeSession::with_config(config.clone())))
     }
 }

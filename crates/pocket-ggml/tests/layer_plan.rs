@@ -132,7 +132,7 @@ fn rejecting_drafts_then_verifying_reproduces_plain_decoding() {
     spec.decode(&more[..2], &draft, Rows::Last).unwrap();
     spec.truncate(prompt.len()).unwrap();
     let err = spec.decode(&more[4..5], &plan, Rows::Tail(2)).unwrap_err();
-    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
     let got = collect(&spec.decode(&more[4..5], &plan, Rows::Last).unwrap());
     let mut plain = session(&model, &config(128));
     plain.decode(&prompt, &plan, Rows::Last).unwrap();

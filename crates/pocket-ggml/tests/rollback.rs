@@ -118,7 +118,7 @@ fn truncating_beyond_the_length_is_an_error_that_changes_nothing() {
     let mut s = session(&model, &config(64));
     s.decode(&prompt, &plan, Rows::None).unwrap();
     let err = s.truncate(6).unwrap_err();
-    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("5") && msg.contains("6"), "the message names both lengths: {msg}");
     assert_eq!(s.tokens(), &prompt[..]);

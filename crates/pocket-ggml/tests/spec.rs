@@ -117,7 +117,7 @@ fn identical_for_every_drafter(model: &GgmlModel) {
         ];
         for mut d in drafters {
             let (spec, mut session) = run(model, &prompt, &greedy, Some(d.as_mut()));
-            let what = format!("{} on {kind} with {}", model.info().name, d.describe());
+            let what = format!("{} on {kind} with {}", model.info().name, d.report());
             assert_eq!(spec.tokens, plain.tokens, "{what}: {:?} vs {:?}", spec.text, plain.text);
             assert_eq!(spec.stop, plain.stop, "{what}");
             assert!(spec.spec.drafted > 0, "{what}: nothing was drafted");

@@ -11,8 +11,8 @@
 use pocket_core::cost::CostModel;
 use pocket_core::memory::Ledger;
 use pocket_core::spec::{
-    AutoConfig, AutoDrafter, DraftModelDrafter, Drafter, InputCopyDrafter, LayerSkipConfig, LayerSkipDrafter,
-    SkipSet, SpecMode, SuffixDrafter,
+    AutoConfig, AutoDrafter, DraftModelDrafter, Drafter, DrafterReport, InputCopyDrafter, LayerSkipConfig,
+    LayerSkipDrafter, SkipSet, SpecMode, SuffixDrafter,
 };
 use pocket_core::{Model, SessionConfig, Token};
 
@@ -102,7 +102,9 @@ pub fn build(mode: SpecMode, setup: &Setup<'_>) -> Result<Option<Built>> {
             .map(|d| DraftModelDrafter::new_in(setup.model, d, setup.config, max_draft, setup.ledger))
             .transpose()
             .map_err(|e| match e {
-                pocket_core::Error::InvalidArgument(m) => Error::invalid("draft_model", m),
+                pocket_core::Error::InvalidArgument { param, message } => {
+                    Error::Invalid { param: param.or(Some("draft_model")), message }
+                }
                 other => other.into(),
             })
     };
@@ -151,12 +153,11 @@ pub fn build(mode: SpecMode, setup: &Setup<'_>) -> Result<Option<Built>> {
     }))
 }
 
-/// What a finished request's drafter did, in a line for reports: `None` for plain decoding
-/// asked for (`off`).
-pub fn describe(mode: SpecMode, built: Option<&mut Built>) -> Option<String> {
+/// What a finished request's drafter did: `None` for plain decoding asked for (`off`).
+pub fn report(mode: SpecMode, built: Option<&mut Built>) -> Option<DrafterReport> {
     match (mode, built) {
-        (_, Some(b)) => Some(b.as_drafter().describe()),
-        (SpecMode::Auto, None) => Some("auto (plain: not measured on this device yet)".to_owned()),
+        (_, Some(b)) => Some(b.as_drafter().report()),
+        (SpecMode::Auto, None) => Some(DrafterReport::AutoUnmeasured),
         _ => None,
     }
 }

@@ -200,6 +200,12 @@ impl LoadedModel {
         Ok(Self::new(model, Engine::LlamaCpp, path, &device, "llama.cpp", WeightFormat::AsStored, options))
     }
 
+    /// A model made by the caller rather than opened from a file (a test's fake model, with
+    /// pocket-core's `testing` feature): served as if `engine` had opened it from `path`.
+    pub fn from_model(model: Arc<dyn Model>, engine: Engine, path: &Path, options: &OpenOptions) -> Self {
+        Self::new(model, engine, path, "cpu", "none", WeightFormat::AsStored, options)
+    }
+
     fn new(
         model: Arc<dyn Model>,
         engine: Engine,

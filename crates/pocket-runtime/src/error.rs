@@ -124,15 +124,20 @@ impl Error {
 }
 
 impl From<pocket_core::Error> for Error {
+    /// An invalid argument becomes [`Error::Invalid`] with its field and message as they are;
+    /// every other core error is kept whole.
     fn from(e: pocket_core::Error) -> Self {
-        Error::Core(e)
+        match e {
+            pocket_core::Error::InvalidArgument { param, message } => Error::Invalid { param, message },
+            other => Error::Core(other),
+        }
     }
 }
 
 impl From<pocket_ggml::Error> for Error {
     fn from(e: pocket_ggml::Error) -> Self {
         match e {
-            pocket_ggml::Error::Core(core) => Error::Core(core),
+            pocket_ggml::Error::Core(core) => core.into(),
             other => Error::Ggml(other),
         }
     }
@@ -141,7 +146,7 @@ impl From<pocket_ggml::Error> for Error {
 impl From<pocket_tract::Error> for Error {
     fn from(e: pocket_tract::Error) -> Self {
         match e {
-            pocket_tract::Error::Core(core) => Error::Core(core),
+            pocket_tract::Error::Core(core) => core.into(),
             other => Error::Tract(other),
         }
     }
@@ -172,6 +177,12 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::BadModel);
         let e = Error::invalid("spec", "no");
         assert_eq!((e.kind(), e.param()), (ErrorKind::Invalid, Some("spec")));
+        // A core error's field and message arrive as they are, from whichever engine.
+        let e = Error::from(pocket_ggml::Error::Core(pocket_core::Error::invalid_field("kv", "no q2 cache")));
+        assert_eq!(
+            (e.kind(), e.param(), e.to_string().as_str()),
+            (ErrorKind::Invalid, Some("kv"), "no q2 cache")
+        );
         // Where the operator keeps models stays on the server.
         let path = std::path::PathBuf::from("/var/lib/pocketd/models/bad.gguf");
         let e = Error::from(pocket_ggml::Error::Corrupt { path, reason: "a count past the end".into() });

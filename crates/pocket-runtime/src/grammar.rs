@@ -250,7 +250,7 @@ impl std::fmt::Debug for GrammarConstraint {
 
 impl GrammarConstraint {
     fn error(&self, what: &str, e: impl std::fmt::Display) -> pocket_core::Error {
-        pocket_core::Error::InvalidArgument(format!("the output grammar failed {what}: {e}"))
+        pocket_core::Error::invalid_field("response_format", format!("the output grammar failed {what}: {e}"))
     }
 }
 

@@ -32,6 +32,7 @@ pub mod pipeline;
 pub mod process;
 pub mod prompt_cache;
 pub mod tools;
+mod validate;
 pub mod weight_choice;
 
 pub use engine::{Engine, LoadedModel, OpenOptions, is_onnx};
@@ -39,6 +40,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use knowledge::{GOOD_KV_AGREEMENT, Knowledge, Known, cache_dir};
 pub use pipeline::{Input, Outcome, Prepared, Request, Sink};
 pub use prompt_cache::PromptCache;
+pub use validate::{Settings, validate};
 // What the daemon, the CLI and the benchmark need of the engines, so that they reach them only
 // through this crate: the device and weight-format choices, the architectures our graph
 // builds, llama.cpp as reference and baseline, and the parity check against it; the

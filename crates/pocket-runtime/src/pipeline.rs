@@ -11,7 +11,7 @@ use std::ops::ControlFlow;
 use std::time::Instant;
 
 use pocket_core::memory::{self, Ledger, ModelCosts, Plan, PlanRequest};
-use pocket_core::spec::SpecMode;
+use pocket_core::spec::{DrafterReport, SpecMode};
 use pocket_core::{
     ChatMessage, Constraint, Event, GenerateRequest, Generation, Guide, ModelKind, Role, SamplingConfig,
     SessionConfig, StopConfig, Token, ToolCall, generate_guided,
@@ -21,7 +21,7 @@ use crate::drafters::{self, Setup};
 use crate::grammar::{GRAMMAR_STATE_BYTES, Grammar, GrammarConstraint};
 use crate::prompt_cache::{Adoption, PrefixKey};
 use crate::tools::{self, Tools};
-use crate::{DEFAULT_MAX_DRAFT, Error, LoadedModel, Result};
+use crate::{DEFAULT_MAX_DRAFT, Error, LoadedModel, Result, Settings, validate};
 
 /// What a request gives the model.
 #[derive(Debug, Clone, PartialEq)]
@@ -168,8 +168,9 @@ pub struct Outcome {
     pub generation: Generation,
     /// The speculation it ran with.
     pub spec: SpecMode,
-    /// What the drafter did, in a line (`None` for plain decoding asked for).
-    pub drafter: Option<String>,
+    /// What the drafter did (`None` for plain decoding asked for); its `Display` is the line
+    /// reports show.
+    pub drafter: Option<DrafterReport>,
     /// What the planner gave it, when it was planned.
     pub plan: Option<Plan>,
     /// Bytes of KV cache the session held at the end.
@@ -266,29 +267,15 @@ pub fn prepare(
     let target = model.model();
     let info = target.info();
     let spec = request.spec;
-    if !model.offers(spec) {
-        return Err(Error::invalid("spec", drafters::not_offered(spec, target)));
-    }
-    if draft.is_some() && !model.offers(SpecMode::Draft) {
-        return Err(Error::invalid(
-            "draft_model",
-            format!("{} takes no draft model; {}", info.name, drafters::not_offered(SpecMode::Draft, target)),
-        ));
-    }
-    if spec == SpecMode::Draft && draft.is_none() {
-        return Err(Error::invalid("draft_model", "spec = draft needs a draft model"));
-    }
-    request.sampling.validate().map_err(|e| {
-        let field = sampling_field(&e.to_string());
-        param_error(field, e)
-    })?;
+    let settings =
+        Settings { spec, draft_model: draft.is_some(), sampling: &request.sampling, stop: &request.stop };
+    validate(&settings, Some(model.engine()))?;
     if let Some(&(t, _)) = request.sampling.logit_bias.iter().find(|(t, _)| *t as usize >= info.n_vocab) {
         return Err(Error::invalid(
             "logit_bias",
             format!("logit_bias names token {t}; {} has tokens 0 to {}", info.name, info.n_vocab - 1),
         ));
     }
-    request.stop.validate().map_err(|e| param_error("stop", e))?;
 
     request.tools.validate()?;
     let tool_grammar = request.tools.grammar();
@@ -387,22 +374,6 @@ pub fn prepare(
             Vec::new()
         },
     })
-}
-
-/// The sampling field a validation message is about (each message starts with its name).
-pub fn sampling_field(message: &str) -> &'static str {
-    let message = message.strip_prefix("invalid argument: ").unwrap_or(message);
-    ["top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias"]
-        .into_iter()
-        .find(|f| message.starts_with(f))
-        .unwrap_or("temperature")
-}
-
-fn param_error(param: &'static str, e: pocket_core::Error) -> Error {
-    match e {
-        pocket_core::Error::InvalidArgument(message) => Error::invalid(param, message),
-        other => other.into(),
-    }
 }
 
 /// Generate what `prepared` asks for with `model` (and `draft`, if the plan kept it), its
@@ -506,7 +477,7 @@ pub fn run(
     }
     Ok(Outcome {
         spec: p.spec,
-        drafter: drafters::describe(p.spec, built.as_mut()),
+        drafter: drafters::report(p.spec, built.as_mut()),
         plan: p.plan.clone(),
         kv_bytes,
         session_bytes,
@@ -515,4 +486,86 @@ pub fn run(
         tool_calls,
         generation,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use pocket_core::testing::FakeModel;
+
+    use super::*;
+    use crate::{Engine, ErrorKind, OpenOptions};
+
+    /// pocket-core's fake decoder, served as our graph would serve a file (greedy from `a`, it
+    /// says `bcdefg` and ends).
+    fn fake() -> LoadedModel {
+        let options = OpenOptions { cache_dir: Some(std::env::temp_dir()), ..OpenOptions::default() };
+        LoadedModel::from_model(
+            Arc::new(FakeModel::default()),
+            Engine::Ggml,
+            Path::new("fake.gguf"),
+            &options,
+        )
+    }
+
+    fn text(prompt: &str) -> Request {
+        Request { prompt_cache: false, ..Request::new(Input::Text(prompt.into())) }
+    }
+
+    /// Prepare and run `request`; the outcome and the text as it streamed.
+    fn generate(model: &LoadedModel, request: &Request, ledger: &Ledger) -> Result<(Outcome, String)> {
+        let prepared = prepare(model, None, request, ledger)?;
+        let mut streamed = String::new();
+        let mut sink = OnEvent::new(|e: pocket_core::Event<'_>| {
+            streamed.push_str(e.text);
+            ControlFlow::Continue(())
+        });
+        let outcome = run(model, None, &prepared, ledger, &mut sink)?;
+        Ok((outcome, streamed))
+    }
+
+    #[test]
+    fn a_request_runs_through_prepare_and_run_and_every_drafter_gives_the_plain_tokens() {
+        let model = fake();
+        let ledger = Ledger::unlimited();
+        let (plain, streamed) = generate(&model, &text("a"), &ledger).unwrap();
+        assert_eq!((plain.content.as_str(), streamed.as_str()), ("bcdefg", "bcdefg"));
+        assert_eq!(plain.generation.stop, pocket_core::StopReason::Eos);
+        for spec in [SpecMode::Suffix, SpecMode::Auto] {
+            let (o, _) = generate(&model, &Request { spec, ..text("abcdefgabc") }, &ledger).unwrap();
+            let (off, _) = generate(&model, &text("abcdefgabc"), &ledger).unwrap();
+            assert_eq!(o.generation.tokens, off.generation.tokens, "{spec}");
+        }
+        // The session's memory is back when the request ends.
+        assert_eq!(ledger.used(), 0);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_by_field_before_anything_runs() {
+        let model = fake();
+        let ledger = Ledger::unlimited();
+        let refused = |request: Request| prepare(&model, None, &request, &ledger).unwrap_err();
+        let hot = SamplingConfig { top_p: 2.0, ..SamplingConfig::default() };
+        assert_eq!(refused(Request { sampling: hot, ..text("a") }).param(), Some("top_p"));
+        let e = refused(Request { spec: SpecMode::InputCopy, ..text("a") });
+        assert_eq!((e.kind(), e.param()), (ErrorKind::Invalid, Some("spec")));
+        let stop = StopConfig { max_tokens: 4, stop: vec![String::new()] };
+        assert_eq!(refused(Request { stop, ..text("a") }).param(), Some("stop"));
+        let e = refused(text("xyz"));
+        assert_eq!(e.kind(), ErrorKind::Invalid, "{e}");
+        assert_eq!(ledger.used(), 0);
+    }
+
+    #[test]
+    fn a_prompt_past_the_context_and_a_budget_too_small_are_refused_with_their_numbers() {
+        let model = fake();
+        let small = SessionConfig { n_ctx: 4, ..SessionConfig::default() };
+        let long = Request { session: small, ..text("abcdefgabcdefg") };
+        let e = prepare(&model, None, &long, &Ledger::unlimited()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
+        let e = prepare(&model, None, &text("abc"), &Ledger::new(16)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::OverBudget, "{e}");
+    }
 }

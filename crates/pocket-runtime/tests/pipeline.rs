@@ -4,7 +4,7 @@
 mod common;
 
 use pocket_core::memory::Ledger;
-use pocket_core::spec::SpecMode;
+use pocket_core::spec::{DrafterReport, SpecMode};
 use pocket_core::{ChatMessage, Role, SessionConfig};
 use pocket_runtime::learn::{self, TuneSettings};
 use pocket_runtime::pipeline::{self, Input, Request};
@@ -58,7 +58,7 @@ fn auto_decodes_plainly_until_the_device_is_measured_and_then_drafts_losslessly(
     let plain = run(&model, &request(text, SpecMode::Off));
     assert_eq!(plain.drafter, None);
     let untuned = run(&model, &request(text, SpecMode::Auto));
-    assert_eq!(untuned.drafter.as_deref(), Some("auto (plain: not measured on this device yet)"));
+    assert_eq!(untuned.drafter, Some(DrafterReport::AutoUnmeasured));
     assert_eq!(untuned.generation.spec.passes, plain.generation.spec.passes, "no drafts at all");
     assert_eq!(untuned.generation.tokens, plain.generation.tokens);
 
@@ -77,7 +77,7 @@ fn auto_decodes_plainly_until_the_device_is_measured_and_then_drafts_losslessly(
 
     let auto = run(&model, &request(text, SpecMode::Auto));
     let drafter = auto.drafter.unwrap();
-    assert!(drafter.starts_with("auto (") && !drafter.contains("not measured"), "{drafter}");
+    assert!(matches!(drafter, DrafterReport::Auto(_)), "{drafter}");
     assert_eq!(auto.generation.tokens, plain.generation.tokens, "greedy output is plain decoding's");
 }
 

@@ -97,16 +97,16 @@ fn session_misuse_is_an_error() {
     let plan = LayerPlan::full(model.info().n_layers).unwrap();
     let mut s = model.session(&config(KvType::F32)).unwrap();
     let e = s.decode(&[0], &plan, Rows::Last).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("encode")), "{e}");
-    assert!(matches!(s.encode(&[]).unwrap_err(), Error::InvalidArgument(_)));
+    assert!(matches!(e, Error::InvalidArgument { message: ref m, .. } if m.contains("encode")), "{e}");
+    assert!(matches!(s.encode(&[]).unwrap_err(), Error::InvalidArgument { .. }));
     let long = vec![5; 200];
     assert!(matches!(s.encode(&long).unwrap_err(), Error::ContextOverflow { needed: 200, limit: 128, .. }));
     s.encode(&[37, 629, 1]).unwrap();
-    assert!(matches!(s.decode(&[40_000], &plan, Rows::Last).unwrap_err(), Error::InvalidArgument(_)));
+    assert!(matches!(s.decode(&[40_000], &plan, Rows::Last).unwrap_err(), Error::InvalidArgument { .. }));
     let skipping = plan.without(0..1).unwrap();
     assert!(matches!(s.decode(&[0], &skipping, Rows::Last).unwrap_err(), Error::Unsupported(_)));
-    assert!(matches!(s.decode(&[0, 1], &plan, Rows::Tail(3)).unwrap_err(), Error::InvalidArgument(_)));
-    assert!(matches!(s.truncate(5).unwrap_err(), Error::InvalidArgument(_)));
+    assert!(matches!(s.decode(&[0, 1], &plan, Rows::Tail(3)).unwrap_err(), Error::InvalidArgument { .. }));
+    assert!(matches!(s.truncate(5).unwrap_err(), Error::InvalidArgument { .. }));
     let too_many = vec![0; 129];
     assert!(matches!(s.decode(&too_many, &plan, Rows::Last).unwrap_err(), Error::ContextOverflow { .. }));
     // The session still works.

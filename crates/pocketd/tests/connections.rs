@@ -153,7 +153,7 @@ fn a_peer_whose_every_connection_is_busy_gets_a_fast_503_and_loses_nothing() {
     eprintln!("refused in {:?}", start.elapsed());
     assert_eq!(code, 503, "{body}");
     let e: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(e["error"]["code"], "TooManyConnections", "{e}");
+    assert_eq!(e["error"]["code"], "too_many_connections", "{e}");
     assert!(e["error"]["message"].as_str().unwrap().contains("max_connections_per_peer"), "{e}");
     // The streams go on.
     for s in &mut streams {

@@ -108,15 +108,28 @@ fn bad_requests_get_openai_shaped_errors_with_the_right_status() {
         Some(br#"{"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}"#),
     );
     check(code, &body, 404, "not_found_error", "smollm2.gguf");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (&v["error"]["code"], &v["error"]["param"]),
+        (&json!("model_not_found"), &json!("model")),
+        "{v}"
+    );
     let (code, body) =
         d.curl("POST", "/v1/completions", Some(br#"{"model": "../../etc/passwd", "prompt": "hi"}"#));
     check(code, &body, 400, "invalid_request_error", "paths are not accepted");
     let long = "word ".repeat(400);
     let (code, body) =
         d.curl("POST", "/v1/completions", Some(json!({"prompt": long}).to_string().as_bytes()));
-    check(code, &body, 413, "invalid_request_error", "context holds 128");
+    check(code, &body, 400, "invalid_request_error", "context holds 128");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
     let (code, body) = d.curl("POST", "/v1/completions", Some(br#"{"prompt": "hi", "temperature": -1}"#));
     check(code, &body, 400, "invalid_request_error", "temperature");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((&v["error"]["code"], &v["error"]["param"]), (&json!("invalid_value"), &json!("temperature")));
+    let (code, body) = d.curl("POST", "/v1/completions", Some(br#"{"prompt": "hi", "top_p": 7}"#));
+    check(code, &body, 400, "invalid_request_error", "top_p");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["error"]["param"], "top_p", "{body}");
     let (code, body) = d.curl("POST", "/v1/completions", Some(br#"{"prompt": "hi", "spec": "warp"}"#));
     check(code, &body, 400, "invalid_request_error", "speculation mode");
     let (code, body) = d.curl("POST", "/v1/completions", Some(br#"{"prompt": "hi", "max_tokens": 0}"#));
@@ -131,7 +144,7 @@ fn bad_requests_get_openai_shaped_errors_with_the_right_status() {
     let (code, body) = d.curl("GET", "/v2/nothing", None);
     check(code, &body, 404, "not_found_error", "no such endpoint");
     let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!((&v["error"]["code"], &v["error"]["param"]), (&json!("UnknownEndpoint"), &Value::Null), "{v}");
+    assert_eq!((&v["error"]["code"], &v["error"]["param"]), (&json!("unknown_url"), &Value::Null), "{v}");
     // The daemon is still serving after all that.
     let (code, r) = d.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 2}));
     assert_eq!(code, 200, "{r}");
@@ -143,7 +156,7 @@ fn a_budget_that_cannot_hold_the_model_is_a_503_with_the_numbers() {
     let d = Daemon::start(Setup::default().with_budget("80MiB"));
     let (code, r) = d.post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 2}));
     assert_eq!(code, 503, "{r}");
-    assert_eq!(r["error"]["code"], "OverBudget");
+    assert_eq!(r["error"]["code"], "over_memory_budget");
     let m = r["error"]["message"].as_str().unwrap();
     assert!(m.contains("MiB") && m.contains("budget"), "{m}");
 }

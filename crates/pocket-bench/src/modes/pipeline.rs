@@ -138,7 +138,7 @@ impl PipelineRunner {
             drafted: g.spec.drafted as u64,
             accepted: g.spec.accepted as u64,
             draft_steps: g.spec.drafts as u64,
-            drafter: outcome.drafter,
+            drafter: outcome.drafter.map(|d| d.to_string()),
             generation_memory_bytes: self.ledger.peak(),
             plan: outcome.plan.filter(|_| self.budgeted),
         })

@@ -79,9 +79,12 @@ impl FromStr for Threads {
         match s.parse::<usize>() {
             Ok(0) => Ok(Threads::Auto),
             Ok(n) => Ok(Threads::Fixed(n)),
-            Err(_) => Err(Error::invalid(format!(
-                "threads {s:?} is neither \"auto\" nor a count: use \"auto\" (follow the free cores) or a number such as 2"
-            ))),
+            Err(_) => Err(Error::invalid_field(
+                "threads",
+                format!(
+                    "threads {s:?} is neither \"auto\" nor a count: use \"auto\" (follow the free cores) or a number such as 2"
+                ),
+            )),
         }
     }
 }

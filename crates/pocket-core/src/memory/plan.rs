@@ -177,7 +177,7 @@ impl SessionCosts for ModelCosts<'_> {
     fn target(&mut self, kv: KvType, n_batch: usize, max_rows: usize) -> Result<Option<Footprint>> {
         match self.target.footprint(&self.config(kv, n_batch, max_rows)) {
             Ok(f) => Ok(Some(f)),
-            Err(Error::InvalidArgument(_)) => Ok(None),
+            Err(Error::InvalidArgument { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -244,11 +244,14 @@ pub fn plan(ledger: &Ledger, request: &PlanRequest, costs: &mut dyn SessionCosts
     let mut memo = Memo { costs, target: HashMap::new(), draft: HashMap::new() };
     let batches = prefill_batches(request.n_batch);
     if memo.target(request.kv, batches[0], request.max_draft + 1)?.is_none() {
-        return Err(Error::invalid(format!("the engine offers no {} KV cache for this model", request.kv)));
+        return Err(Error::invalid_field(
+            "kv",
+            format!("the engine offers no {} KV cache for this model", request.kv),
+        ));
     }
     let has_draft = memo.draft(request.kv, batches[0])?.is_some();
     if request.spec == SpecMode::Draft && !has_draft {
-        return Err(Error::invalid("draft speculation needs a draft model"));
+        return Err(Error::invalid_field("draft_model", "draft speculation needs a draft model"));
     }
     // The drafters to try, most wanted first: the one asked for, then without the draft
     // model's memory, then none.
@@ -538,13 +541,13 @@ mod tests {
     fn bad_requests_are_invalid_arguments() {
         assert!(matches!(
             plan(&Ledger::new(1 << 30), &request(SpecMode::Draft), &mut costs(false)),
-            Err(Error::InvalidArgument(_))
+            Err(Error::InvalidArgument { .. })
         ));
         let mut only_q8 = costs(false);
         only_q8.kv_types.retain(|(k, _)| *k == KvType::Q8_0);
         assert!(matches!(
             plan(&Ledger::new(1 << 30), &request(SpecMode::Off), &mut only_q8),
-            Err(Error::InvalidArgument(_))
+            Err(Error::InvalidArgument { .. })
         ));
     }
 }

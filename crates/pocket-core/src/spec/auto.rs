@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::acceptance::AcceptanceEstimate;
 use super::input_copy::InputCopyDrafter;
 use super::suffix_drafter::SuffixDrafter;
-use super::{Draft, DraftModelDrafter, Drafter, LayerSkipDrafter, MAX_DRAFT};
+use super::{Draft, DraftModelDrafter, Drafter, DrafterReport, LayerSkipDrafter, MAX_DRAFT};
 use crate::cost::CostModel;
 use crate::{Result, Session, Token};
 
@@ -266,14 +266,11 @@ impl Drafter for AutoDrafter {
         }
     }
 
-    fn describe(&self) -> String {
-        let total: usize = self.counts.iter().sum();
-        let parts: Vec<String> = self
-            .choices()
-            .filter(|&(_, n)| n > 0)
-            .map(|(c, n)| format!("{c} {:.0}%", 100.0 * n as f64 / total.max(1) as f64))
-            .collect();
-        format!("auto ({})", parts.join(", "))
+    fn report(&self) -> DrafterReport {
+        let total = self.counts.iter().sum::<usize>().max(1) as f64;
+        DrafterReport::Auto(
+            self.choices().filter(|&(_, n)| n > 0).map(|(c, n)| (c, n as f64 / total)).collect(),
+        )
     }
 }
 
@@ -306,7 +303,7 @@ mod tests {
         let (draft, choice) = step(&mut auto, &[0, 100, 101, 102, 103]);
         assert_eq!(choice, Choice::InputCopy);
         assert!(draft.len() >= 3 && draft[..] == source[4..4 + draft.len()], "{draft:?}");
-        assert!(auto.describe().contains("inputcopy 100%"), "{}", auto.describe());
+        assert_eq!(auto.report().share(Choice::InputCopy), 1.0, "{}", auto.report());
         // A decoder-only auto drafter knows no source: nothing repeats, nothing is drafted.
         let mut plain = AutoDrafter::new(AutoConfig::new(CostModel::linear(0.1)), None, None);
         assert_eq!(step(&mut plain, &[0, 100, 101, 102, 103]), (Vec::new(), Choice::Plain));

@@ -65,23 +65,29 @@ impl DraftModelDrafter {
 pub fn check_same_vocabulary(target: &dyn Model, draft: &dyn Model) -> Result<()> {
     let (ti, di) = (target.info(), draft.info());
     if ti.n_vocab != di.n_vocab {
-        return Err(Error::invalid(format!(
-            "draft model {} has a vocabulary of {} tokens and {} has {}; a draft model must share the \
+        return Err(Error::invalid_field(
+            "draft_model",
+            format!(
+                "draft model {} has a vocabulary of {} tokens and {} has {}; a draft model must share the \
              target's vocabulary",
-            di.name, di.n_vocab, ti.name, ti.n_vocab
-        )));
+                di.name, di.n_vocab, ti.name, ti.n_vocab
+            ),
+        ));
     }
     let (tt, dt) = (target.tokenizer(), draft.tokenizer());
     for t in 0..ti.n_vocab as Token {
         if tt.piece(t) != dt.piece(t) || tt.is_end(t) != dt.is_end(t) {
-            return Err(Error::invalid(format!(
-                "draft model {} and {} differ at token {t} ({:?} vs {:?}); a draft model must share the \
+            return Err(Error::invalid_field(
+                "draft_model",
+                format!(
+                    "draft model {} and {} differ at token {t} ({:?} vs {:?}); a draft model must share the \
                  target's vocabulary",
-                di.name,
-                ti.name,
-                String::from_utf8_lossy(&dt.piece(t)),
-                String::from_utf8_lossy(&tt.piece(t)),
-            )));
+                    di.name,
+                    ti.name,
+                    String::from_utf8_lossy(&dt.piece(t)),
+                    String::from_utf8_lossy(&tt.piece(t)),
+                ),
+            ));
         }
     }
     Ok(())

@@ -32,6 +32,7 @@ mod draft_model;
 mod edit_tracker;
 mod input_copy;
 mod layerskip;
+mod report;
 mod search;
 mod suffix;
 mod suffix_drafter;
@@ -46,6 +47,7 @@ pub use auto::{AutoConfig, AutoDrafter, Choice};
 pub use draft_model::{DraftModelDrafter, check_same_vocabulary};
 pub use input_copy::InputCopyDrafter;
 pub use layerskip::{LayerSkipConfig, LayerSkipDrafter, SkipSet};
+pub use report::DrafterReport;
 pub use search::{SearchConfig, SkipSearch};
 pub use suffix::{Match, SuffixAutomaton};
 pub use suffix_drafter::SuffixDrafter;
@@ -98,9 +100,10 @@ pub trait Drafter: Send {
         Ok(())
     }
 
-    /// A one-line account of what the drafter did, for reports (by default its name).
-    fn describe(&self) -> String {
-        self.name().to_string()
+    /// What the drafter did (by default: it was itself throughout); its `Display` is the
+    /// line reports show.
+    fn report(&self) -> DrafterReport {
+        DrafterReport::Single(self.name().to_string())
     }
 }
 
@@ -158,9 +161,12 @@ impl FromStr for SpecMode {
 
     fn from_str(s: &str) -> Result<Self> {
         SpecMode::ALL.into_iter().find(|m| m.name().eq_ignore_ascii_case(s)).ok_or_else(|| {
-            crate::Error::invalid(format!(
-                "unknown speculation mode {s:?}; use off, auto, suffix, inputcopy, layerskip or draft"
-            ))
+            crate::Error::invalid_field(
+                "spec",
+                format!(
+                    "unknown speculation mode {s:?}; use off, auto, suffix, inputcopy, layerskip or draft"
+                ),
+            )
         })
     }
 }

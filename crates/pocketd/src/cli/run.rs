@@ -9,11 +9,10 @@ use pocket_core::memory::{BudgetSpec, Plan};
 use pocket_core::spec::{SpecMode, SpecStats};
 use pocket_core::{ChatMessage, KvType, SamplingConfig, SessionConfig, StopConfig, Threads, Token};
 use pocket_runtime::WeightFormat;
-use pocket_runtime::drafters::not_offered_by;
 use pocket_runtime::pipeline::{self, Input, OnEvent, Request};
 use pocket_runtime::process::{MemStats, PeakSampler, budget_ledger};
 use pocket_runtime::weight_choice::{WeightsEstimate, auto_weights, candidates};
-use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine, LoadedModel};
+use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine, LoadedModel, Settings};
 use serde::Serialize;
 
 use super::common::{ModelArgs, WeightChoice};
@@ -233,21 +232,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// Bad flags, refused before the model is loaded: the speculation mode (and the stop
 /// settings) to run with.
 fn checked(args: &Args) -> anyhow::Result<(SpecMode, StopConfig)> {
-    args.sampling.config().validate()?;
     let spec = args.spec.spec;
-    if spec == SpecMode::Draft && args.spec.draft_model.is_none() {
-        anyhow::bail!("--spec draft needs a draft model: add --draft-model NAME");
-    }
     let stop = StopConfig { max_tokens: args.max_tokens, stop: args.stop.clone() };
-    stop.validate()?;
+    let sampling = args.sampling.config();
+    let settings =
+        Settings { spec, draft_model: args.spec.draft_model.is_some(), sampling: &sampling, stop: &stop };
+    // What holds for every model first, so that a bad flag is named before a bad model.
+    pocket_runtime::validate(&settings, None).map_err(flag_error)?;
     let engine = Engine::for_path(&args.model.resolve()?);
-    if !engine.drafters().contains(&spec) {
-        anyhow::bail!("{}", not_offered_by(spec, engine));
-    }
-    if args.spec.draft_model.is_some() && !engine.drafters().contains(&SpecMode::Draft) {
-        anyhow::bail!("--draft-model: {}", not_offered_by(SpecMode::Draft, engine));
-    }
+    pocket_runtime::validate(&settings, Some(engine)).map_err(flag_error)?;
     Ok((spec, stop))
+}
+
+/// A refused setting, with the flag that sets its field (`top_p` is `--top-p`).
+fn flag_error(e: pocket_runtime::Error) -> anyhow::Error {
+    match e.param() {
+        Some("repetition_penalty") => anyhow::anyhow!("{e} (--repeat-penalty)"),
+        Some(param) => anyhow::anyhow!("{e} (--{})", param.replace('_', "-")),
+        None => e.into(),
+    }
 }
 
 /// The model in the weight format asked for (with `--weights auto`, the one its measured cost
@@ -367,7 +370,7 @@ fn report<'a>(
         plan: outcome.plan.as_ref().filter(|_| budget.is_some()),
         spec: SpecReport {
             mode: outcome.spec,
-            drafter: outcome.drafter.clone().unwrap_or_else(|| "none".into()),
+            drafter: outcome.drafter.as_ref().map_or_else(|| "none".into(), ToString::to_string),
             stats: g.spec,
             acceptance: g.spec.acceptance(),
             mean_accepted_len: g.spec.mean_accepted_len(),

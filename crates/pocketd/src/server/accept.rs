@@ -120,7 +120,7 @@ async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, refusal: Refus
         "message": refusal.to_string(),
         "type": "service_unavailable_error",
         "param": null,
-        "code": "TooManyConnections",
+        "code": "too_many_connections",
     }})
     .to_string();
     let response = format!(

@@ -14,12 +14,13 @@ use std::time::{Duration, Instant};
 
 use pocket_core::spec::SpecMode;
 use pocket_core::{KvType, SessionConfig, StopConfig, Threads};
+use pocket_runtime::Settings;
 use pocket_runtime::pipeline::{self, Prepared, Request};
 use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::config::{Config, Parallel};
-use super::error::{ServeError, param_error};
+use super::error::ServeError;
 use super::job::Job;
 use super::registry::{Available, Registry, ServedModel};
 use super::turns::{Turn, Turns};
@@ -165,23 +166,22 @@ pub(super) struct Admitted {
     pub(super) kv: KvType,
 }
 
-/// What is refused before a request queues: settings out of range, an unknown model, a
-/// speculation mode its engine does not offer.
+/// What is refused before a request queues: an unknown model, and the settings
+/// [`pocket_runtime::validate`] refuses (out of range, a speculation mode the model's engine
+/// does not offer).
 pub(super) fn check(job: &Job, config: &Config, registry: &Registry) -> Result<Admitted, ServeError> {
-    job.options.sampling.validate().map_err(|e| param_error(pipeline::sampling_field(&e.to_string()), &e))?;
-    StopConfig { max_tokens: 1, stop: job.options.stop.clone() }
-        .validate()
-        .map_err(|e| param_error("stop", &e))?;
     let model_name = job.model.clone().unwrap_or_else(|| config.default_model.clone());
     let found = registry.find(&model_name)?;
-    let spec = spec_for(job.options.spec, config.spec, Engine::for_path(&found.path))?;
-    if spec == SpecMode::Draft && job.options.draft_model.is_none() {
-        return Err(ServeError::invalid("draft_model", "spec = draft needs a draft_model"));
-    }
+    let engine = Engine::for_path(&found.path);
+    let spec = spec_for(job.options.spec, config.spec, engine);
     let max_tokens = job.options.max_tokens.unwrap_or(config.max_tokens).min(config.max_tokens) as usize;
-    if max_tokens == 0 {
-        return Err(ServeError::invalid("max_tokens", "max_tokens must be at least 1"));
-    }
+    let settings = Settings {
+        spec,
+        draft_model: job.options.draft_model.is_some(),
+        sampling: &job.options.sampling,
+        stop: &StopConfig { max_tokens, stop: job.options.stop.clone() },
+    };
+    pocket_runtime::validate(&settings, Some(engine)).map_err(|e| ServeError::from_runtime(e, None))?;
     let kv = job.options.kv.unwrap_or(config.kv);
     Ok(Admitted { found, spec, max_tokens, kv })
 }
@@ -212,18 +212,14 @@ impl Admitted {
     }
 }
 
-/// The speculation mode a request runs in: the one it asks for, refused where the model's
-/// engine offers no such drafter; else the daemon's default, or plain decoding where the
-/// default does not apply to this kind of model.
-fn spec_for(asked: Option<SpecMode>, default: SpecMode, engine: Engine) -> Result<SpecMode, ServeError> {
-    let offered = |mode: SpecMode| engine.drafters().contains(&mode);
+/// The speculation mode a request runs in: the one it asks for (which [`check`] refuses
+/// where the model's engine offers no such drafter); else the daemon's default, or plain
+/// decoding where the default does not apply to this kind of model.
+fn spec_for(asked: Option<SpecMode>, default: SpecMode, engine: Engine) -> SpecMode {
     match asked {
-        Some(mode) if offered(mode) => Ok(mode),
-        Some(mode) => {
-            Err(ServeError::invalid("spec", pocket_runtime::drafters::not_offered_by(mode, engine)))
-        }
-        None if offered(default) => Ok(default),
-        None => Ok(SpecMode::Off),
+        Some(mode) => mode,
+        None if engine.drafters().contains(&default) => default,
+        None => SpecMode::Off,
     }
 }
 
@@ -306,15 +302,11 @@ mod tests {
     }
 
     #[test]
-    fn a_speculation_mode_the_engine_lacks_is_refused_by_name_and_the_default_falls_back() {
+    fn a_default_speculation_mode_the_engine_lacks_falls_back_to_plain_decoding() {
         let onnx = Engine::Tract;
-        let refused = spec_for(Some(SpecMode::LayerSkip), SpecMode::Auto, onnx).unwrap_err();
-        assert!(
-            matches!(&refused, ServeError::InvalidArgument { param: Some(param), .. } if param == "spec"),
-            "{refused:?}"
-        );
-        // A default the engine does not offer means plain decoding, not an error.
-        assert_eq!(spec_for(None, SpecMode::LayerSkip, onnx).unwrap(), SpecMode::Off);
-        assert_eq!(spec_for(None, SpecMode::Auto, Engine::Ggml).unwrap(), SpecMode::Auto);
+        assert_eq!(spec_for(None, SpecMode::LayerSkip, onnx), SpecMode::Off);
+        assert_eq!(spec_for(None, SpecMode::Auto, Engine::Ggml), SpecMode::Auto);
+        // One asked for is kept, for the shared check to refuse by name.
+        assert_eq!(spec_for(Some(SpecMode::LayerSkip), SpecMode::Auto, onnx), SpecMode::LayerSkip);
     }
 }

@@ -88,7 +88,7 @@ impl From<ServeError> for PocketError {
             ServeError::UnknownEndpoint(_) => PocketError::InvalidArgument(m),
             ServeError::OverBudget { .. } => PocketError::OverBudget(m),
             ServeError::QueueFull(_) | ServeError::CallerLimit(_) => PocketError::QueueFull(m),
-            ServeError::TooLarge(_) => PocketError::TooLarge(m),
+            ServeError::ContextLength(_) | ServeError::TooLarge(_) => PocketError::TooLarge(m),
             ServeError::Busy(_) => PocketError::Busy(m),
             ServeError::ShuttingDown => PocketError::ShuttingDown(m),
             ServeError::Cancelled => PocketError::Cancelled(m),
@@ -618,7 +618,7 @@ async fn stream_job(
                 set(if cancelled { JobState::Cancelled } else { JobState::Finished });
                 if cancelled {
                     let e = ServeError::Cancelled;
-                    JobObject::failed(&emitter, &format!("org.pocketd.Error.{}", e.code()), &e.to_string())
+                    JobObject::failed(&emitter, &format!("org.pocketd.Error.{}", e.name()), &e.to_string())
                         .await?;
                 } else {
                     JobObject::finished(&emitter, &f.text, stats(&f)).await?;
@@ -627,7 +627,7 @@ async fn stream_job(
             }
             Piece::Failed(e) => {
                 set(JobState::Failed);
-                JobObject::failed(&emitter, &format!("org.pocketd.Error.{}", e.code()), &e.to_string())
+                JobObject::failed(&emitter, &format!("org.pocketd.Error.{}", e.name()), &e.to_string())
                     .await?;
                 break;
             }

@@ -19,7 +19,10 @@ pub enum ServeError {
     /// No endpoint at that path (HTTP only).
     #[error("{0}")]
     UnknownEndpoint(String),
-    /// The prompt does not fit the context (or the body is larger than allowed).
+    /// The prompt does not fit the context.
+    #[error("{0}")]
+    ContextLength(String),
+    /// The request's body is larger than allowed.
     #[error("{0}")]
     TooLarge(String),
     /// Every turn and every place in the queue is taken.
@@ -65,12 +68,6 @@ pub enum ServeError {
 use pocket_core::memory::format_size;
 use pocket_runtime::ErrorKind;
 
-/// A core error about the request field `param`, as its 400.
-pub fn param_error(param: &str, e: &pocket_core::Error) -> ServeError {
-    let text = e.to_string();
-    ServeError::invalid(param, text.strip_prefix("invalid argument: ").unwrap_or(&text))
-}
-
 impl ServeError {
     /// An [`ServeError::InvalidArgument`] about the field `param`.
     pub fn invalid(param: &str, message: impl Into<String>) -> Self {
@@ -95,17 +92,15 @@ impl ServeError {
     }
 
     /// Classify a failure of the request pipeline by its kind, keeping its data: a context
-    /// overflow is 413, a budget that cannot fit is 503 with its numbers, a bad setting names
-    /// its field, an engine failure is internal (logged under `request`).
+    /// overflow is OpenAI's 400 `context_length_exceeded`, a budget that cannot fit is 503 with
+    /// its numbers, a bad setting names its field, an engine failure is internal (logged under
+    /// `request`).
     pub fn from_runtime(e: pocket_runtime::Error, request: Option<&str>) -> Self {
         match e.kind() {
             ErrorKind::Invalid => {
-                let param = e.param().map(str::to_owned);
-                let text = e.to_string();
-                let message = text.strip_prefix("invalid argument: ").unwrap_or(&text).to_owned();
-                ServeError::InvalidArgument { message, param }
+                ServeError::InvalidArgument { param: e.param().map(str::to_owned), message: e.to_string() }
             }
-            ErrorKind::TooLarge => ServeError::TooLarge(e.to_string()),
+            ErrorKind::TooLarge => ServeError::ContextLength(e.to_string()),
             ErrorKind::OverBudget => match e.core() {
                 Some(pocket_core::Error::OverBudget { what, needed, available, budget }) => {
                     ServeError::OverBudget {
@@ -145,6 +140,9 @@ impl ServeError {
         match self {
             ServeError::InvalidArgument { .. } => 400,
             ServeError::UnknownModel(_) | ServeError::UnknownEndpoint(_) => 404,
+            // OpenAI's status for a prompt over the context, which clients map to their
+            // context-window errors.
+            ServeError::ContextLength(_) => 400,
             ServeError::Busy(_) => 409,
             ServeError::TooLarge(_) => 413,
             ServeError::QueueFull(_) | ServeError::CallerLimit(_) => 429,
@@ -157,7 +155,9 @@ impl ServeError {
     /// OpenAI's error `type` for this error.
     pub fn kind(&self) -> &'static str {
         match self {
-            ServeError::InvalidArgument { .. } | ServeError::TooLarge(_) => "invalid_request_error",
+            ServeError::InvalidArgument { .. } | ServeError::ContextLength(_) | ServeError::TooLarge(_) => {
+                "invalid_request_error"
+            }
             ServeError::UnknownModel(_) | ServeError::UnknownEndpoint(_) => "not_found_error",
             ServeError::Busy(_) => "conflict_error",
             ServeError::QueueFull(_) | ServeError::CallerLimit(_) => "rate_limit_error",
@@ -167,14 +167,32 @@ impl ServeError {
         }
     }
 
-    /// A short machine-readable code (OpenAI's `code`, and the last part of the D-Bus error
-    /// name).
-    pub fn code(&self) -> &'static str {
+    /// OpenAI's machine-readable `code` (`model_not_found`, `context_length_exceeded`, ...);
+    /// pocketd's own conditions in the same style.
+    pub fn openai_code(&self) -> &'static str {
+        match self {
+            ServeError::InvalidArgument { .. } => "invalid_value",
+            ServeError::UnknownModel(_) => "model_not_found",
+            ServeError::UnknownEndpoint(_) => "unknown_url",
+            ServeError::ContextLength(_) => "context_length_exceeded",
+            ServeError::TooLarge(_) => "request_too_large",
+            ServeError::QueueFull(_) | ServeError::CallerLimit(_) => "rate_limit_exceeded",
+            ServeError::OverBudget { .. } => "over_memory_budget",
+            ServeError::Busy(_) => "model_busy",
+            ServeError::ShuttingDown => "shutting_down",
+            ServeError::Cancelled => "cancelled",
+            ServeError::Internal { .. } => "server_error",
+        }
+    }
+
+    /// The name of the condition in pocketd's own terms: the last part of the D-Bus error name
+    /// and the `code` label of the failed-requests metric.
+    pub fn name(&self) -> &'static str {
         match self {
             ServeError::InvalidArgument { .. } => "InvalidArgument",
             ServeError::UnknownModel(_) => "UnknownModel",
             ServeError::UnknownEndpoint(_) => "UnknownEndpoint",
-            ServeError::TooLarge(_) => "TooLarge",
+            ServeError::ContextLength(_) | ServeError::TooLarge(_) => "TooLarge",
             ServeError::QueueFull(_) | ServeError::CallerLimit(_) => "QueueFull",
             ServeError::OverBudget { .. } => "OverBudget",
             ServeError::Busy(_) => "Busy",
@@ -196,9 +214,17 @@ impl ServeError {
                 message: self.to_string(),
                 kind: self.kind().to_owned(),
                 param,
-                code: Some(self.code().to_owned()),
+                code: Some(self.openai_code().to_owned()),
             },
         }
+    }
+}
+
+/// A core error before any request ran (a setting that does not parse, say): its kind as
+/// [`ServeError::from_runtime`] sees it, its field as it names it.
+impl From<pocket_core::Error> for ServeError {
+    fn from(e: pocket_core::Error) -> Self {
+        ServeError::from_runtime(e.into(), None)
     }
 }
 
@@ -220,7 +246,8 @@ mod tests {
         assert!(matches!(s, ServeError::OverBudget { needed, .. } if needed == 10 << 20));
         assert!(s.to_string().contains("10.0 MiB"), "{s}");
         let e = pocket_core::Error::ContextOverflow { needed: 5000, limit: 4096, prompt: 4999 };
-        assert_eq!(ServeError::from_runtime(e.into(), None).http_status(), 413);
+        let s = ServeError::from_runtime(e.into(), None);
+        assert_eq!((s.http_status(), s.openai_code()), (400, "context_length_exceeded"));
         let e = pocket_core::Error::engine("ggml fell over at /home/secret/model.gguf");
         let s = ServeError::from_runtime(e.into(), Some("pocketd-7"));
         assert_eq!(s.http_status(), 500);
@@ -237,6 +264,6 @@ mod tests {
         let body = ServeError::invalid("temperature", "temperature must be in [0, 2]").to_openai();
         assert_eq!(body.error.param.as_deref(), Some("temperature"));
         assert_eq!(body.error.kind, "invalid_request_error");
-        assert_eq!(body.error.code.as_deref(), Some("InvalidArgument"));
+        assert_eq!(body.error.code.as_deref(), Some("invalid_value"));
     }
 }

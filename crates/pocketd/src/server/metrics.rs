@@ -69,7 +69,7 @@ impl Metrics {
 
     /// Count a failed request.
     pub fn failed(&self, e: &ServeError) {
-        self.with(|c| *c.requests_failed.entry(e.code()).or_default() += 1);
+        self.with(|c| *c.requests_failed.entry(e.name()).or_default() += 1);
     }
 
     /// Everything, in Prometheus's text exposition format: these counters, the gauges of

@@ -7,7 +7,7 @@ use pocket_core::{KvType, SamplingConfig};
 use pocket_runtime::grammar::Grammar;
 use pocket_runtime::tools::{ToolChoice, Tools};
 
-use super::error::{ServeError, param_error};
+use super::error::ServeError;
 use super::job::{JobOptions, check_priority, tool_choice};
 
 /// The most alternatives `top_logprobs` (or a completion's `logprobs`) may ask for, as OpenAI.
@@ -66,14 +66,8 @@ impl JobOptions {
                 })
                 .collect::<Result<_, _>>()?;
         }
-        let spec = o
-            .spec
-            .as_deref()
-            .map(|s| s.parse::<SpecMode>())
-            .transpose()
-            .map_err(|e| param_error("spec", &e))?;
-        let kv =
-            o.kv.as_deref().map(|s| s.parse::<KvType>()).transpose().map_err(|e| param_error("kv", &e))?;
+        let spec = o.spec.as_deref().map(|s| s.parse::<SpecMode>()).transpose()?;
+        let kv = o.kv.as_deref().map(|s| s.parse::<KvType>()).transpose()?;
         let grammar = match (&o.response_format, &o.grammar) {
             (Some(f), Some(_)) if *f != ResponseFormat::Text => {
                 return Err(ServeError::invalid(
