@@ -274,7 +274,7 @@ fn draw_cost_curves(area: &Area<'_>, curves: &[Curve<'_>], context: usize) -> Dr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::tests::sample;
+    use crate::results_sample::sample;
 
     #[test]
     fn renders_bars_labels_and_the_cost_curve() {

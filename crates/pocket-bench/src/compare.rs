@@ -246,7 +246,7 @@ pub fn table(c: &Comparison) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::tests::sample;
+    use crate::results_sample::sample;
 
     fn sides() -> (Side, Side) {
         let a = Side { label: "workstation".into(), results: sample() };

@@ -42,6 +42,8 @@ mod median;
 pub mod modes;
 pub mod report;
 pub mod results;
+#[cfg(test)]
+mod results_sample;
 pub mod suite;
 pub mod summary;
 pub mod workload;

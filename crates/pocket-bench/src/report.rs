@@ -437,7 +437,7 @@ pub(super) fn mib(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::tests::{sample, sample_with_conversations};
+    use crate::results_sample::{sample, sample_with_conversations};
 
     #[test]
     fn the_table_has_a_row_per_mode_in_run_order() {

@@ -7,11 +7,10 @@
 //! stops; every speculation mode must give exactly that.
 
 use crate::memory::Ledger;
-use crate::model::Footprint;
 use crate::spec::SpecMode;
 use crate::{
-    ChatMessage, LayerPlan, Logits, Model, ModelInfo, ModelKind, Result, Rows, Session, SessionConfig, Token,
-    Tokenizer,
+    ChatMessage, Footprint, LayerPlan, Logits, Model, ModelInfo, ModelKind, Result, Rows, Session,
+    SessionConfig, Token, Tokenizer,
 };
 
 /// Vocabulary size of [`FakeSession`].
