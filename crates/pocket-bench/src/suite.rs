@@ -98,20 +98,11 @@ pub fn run_workload(
 /// The results document of a benchmark that runs nothing in this process: the model file and
 /// the machine, no runs yet.
 fn daemon_only(config: &BenchConfig) -> Result<BenchResults, Error> {
-    let file_sha256 = match &config.file_sha256 {
-        Some(sha) => sha.clone(),
-        None => sha256_model(&config.model_path)?,
-    };
+    let file_sha256 = file_sha256(config)?;
     Ok(BenchResults {
         pocket_version: env!("CARGO_PKG_VERSION").to_owned(),
-        machine: Machine {
-            cpu: cpu_name(),
-            arch: Some(std::env::consts::ARCH.to_owned()),
-            threads: config.threads.max(),
-            // The device is pocketd's own choice, which it does not report.
-            backend: "pocketd".to_owned(),
-            kernels: None,
-        },
+        // The device is pocketd's own choice, which it does not report.
+        machine: machine(config, "pocketd", None),
         model: BenchModel {
             name: config.model_name.clone(),
             file_sha256,
@@ -153,10 +144,7 @@ pub fn run(
 ) -> Result<BenchResults, Error> {
     let through_daemon = config.modes.iter().any(|m| m.socket);
     check_config(config, prompts, through_daemon)?;
-    let file_sha256 = match &config.file_sha256 {
-        Some(sha) => sha.clone(),
-        None => sha256_model(&config.model_path)?,
-    };
+    let file_sha256 = file_sha256(config)?;
     // Held until the runs end: the process's own memory, reserved first under a budget.
     let (ledger, _process) = budget_ledger(config.memory_budget)?;
     let budgeted = config.memory_budget.is_some();
@@ -187,13 +175,7 @@ pub fn run(
     let summary = summarize(&runs, &mode_names);
     Ok(BenchResults {
         pocket_version: env!("CARGO_PKG_VERSION").to_owned(),
-        machine: Machine {
-            cpu: cpu_name(),
-            arch: Some(std::env::consts::ARCH.to_owned()),
-            threads: config.threads.max(),
-            backend: main.device().to_owned(),
-            kernels: Some(main.kernels().to_owned()),
-        },
+        machine: machine(config, main.device(), Some(main.kernels())),
         model: BenchModel {
             name: config.model_name.clone(),
             file_sha256,
@@ -214,6 +196,25 @@ pub fn run(
         concurrency,
         conversations: None,
     })
+}
+
+/// The model file's sha256: the one the caller gave (pocket pull's verified hash), else read.
+fn file_sha256(config: &BenchConfig) -> Result<String, Error> {
+    match &config.file_sha256 {
+        Some(sha) => Ok(sha.clone()),
+        None => sha256_model(&config.model_path),
+    }
+}
+
+/// This machine as the results record it, running on `backend` with `kernels`.
+fn machine(config: &BenchConfig, backend: &str, kernels: Option<&str>) -> Machine {
+    Machine {
+        cpu: cpu_name(),
+        arch: Some(std::env::consts::ARCH.to_owned()),
+        threads: config.threads.max(),
+        backend: backend.to_owned(),
+        kernels: kernels.map(str::to_owned),
+    }
 }
 
 /// The errors in `config` and `prompts` that need nothing opened to find.
