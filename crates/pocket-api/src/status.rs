@@ -134,6 +134,14 @@ pub struct LoadedModel {
     /// in one pass); absent where each session's passes are its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_passes: Option<pocket_core::SharedPasses>,
+    /// The device its passes run on (`CPU`, `CUDA0`, `Vulkan0`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Where not every pass width gives exactly the rows single steps give on that device:
+    /// the widest that does, and why, found by a probe at load. Drafts are kept to it; where
+    /// it is 1, speculation makes no drafts there (greedy output stays plain decoding's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact_passes: Option<pocket_core::ExactPasses>,
 }
 
 /// A request generating now.

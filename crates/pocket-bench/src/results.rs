@@ -210,6 +210,42 @@ pub struct RunRecord {
     /// virtual machine included); `null` where `/proc` does not say. Well above 0, the run
     /// competed for the CPU and its speed says little about the engine.
     pub other_cpu_cores: Option<f64>,
+    /// Where a forward pass's time went, per pass on average; `null` where the mode's engine
+    /// does not count (llama.cpp, pocketd over its socket).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passes: Option<PassProfile>,
+}
+
+/// Where a run's forward passes spent their time, per pass on average: the graph's
+/// computation, the engine's host work around it, and the rest of the step (sampling,
+/// drafting, the pipeline) — on a GPU, what decides a step's time for a small model.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PassProfile {
+    /// Forward passes of the run (prefill and decoding).
+    pub passes: u64,
+    /// Graph splits per pass (runs of nodes on one backend; each past the first copies its
+    /// inputs between backends).
+    pub splits: f64,
+    /// Milliseconds computing the graph.
+    pub graph_ms: f64,
+    /// Milliseconds of the engine's host work around the graph (inputs, logits copy).
+    pub engine_host_ms: f64,
+    /// Milliseconds of the run outside the engine's passes (sampling, drafting, pipeline).
+    pub outside_ms: f64,
+}
+
+impl PassProfile {
+    /// The profile of a run of `seconds` (prefill and decoding) with these passes; `None`
+    /// without passes.
+    pub fn of(passes: pocket_core::PassStats, seconds: f64) -> Option<PassProfile> {
+        (passes.passes > 0).then(|| PassProfile {
+            passes: passes.passes,
+            splits: passes.splits_per_pass(),
+            graph_ms: passes.graph_ms(),
+            engine_host_ms: passes.pass_ms() - passes.graph_ms(),
+            outside_ms: (seconds * 1e3 / passes.passes as f64 - passes.pass_ms()).max(0.0),
+        })
+    }
 }
 
 /// The summary of one mode over the whole workload.

@@ -20,7 +20,7 @@ use super::concurrency::{self, ConcurrencyResults, ConcurrentRun};
 use super::config::{BenchConfig, DAEMON_SETTLE_MAX, Progress, Start};
 use super::machine::{cpu_name, model_bytes, settle, sha256_model, sha256_tokens, wait_for_quiet};
 use super::modes::{self, Mode, PromptRun, RunMode, RunOutput, Runner, RunnerContext};
-use super::results::{BenchModel, BenchResults, Machine, RunRecord, Settings};
+use super::results::{BenchModel, BenchResults, Machine, PassProfile, RunRecord, Settings};
 use super::summary::{compare_outputs, summarize};
 use super::workload::{Prompt, PromptInput, Workload};
 use super::{Error, conversation};
@@ -754,5 +754,6 @@ fn record(runner: &dyn Runner, p: &Prepared<'_>, out: &RunOutput, peak: u64) -> 
         identical_to_vanilla: None,
         diverges_at: None,
         other_cpu_cores: None,
+        passes: out.passes.and_then(|p| PassProfile::of(p, out.prefill_seconds + out.decode_seconds)),
     }
 }

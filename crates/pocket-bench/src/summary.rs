@@ -205,6 +205,7 @@ pub(crate) mod tests {
             identical_to_vanilla: None,
             diverges_at: None,
             other_cpu_cores: Some(0.0),
+            passes: None,
         }
     }
 

@@ -13,7 +13,7 @@ use crate::constraint::{Constraint, Masker};
 use crate::sampling::{Distribution, Sampler, SamplingConfig, TokenLogprob, token_logprob};
 use crate::spec::{Batch, Draft, Drafter, MAX_DRAFT, SpecStats, Verdict, verify_greedy, verify_sampled};
 use crate::stop::{StopConfig, StopReason, TextStream};
-use crate::{Error, LayerPlan, Logits, ModelInfo, PassThreads, Result, Rows, Session, Token, Tokenizer};
+use crate::{Error, LayerPlan, Logits, ModelInfo, PassStats, Result, Rows, Session, Token, Tokenizer};
 
 /// What to generate from.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -63,9 +63,10 @@ pub struct Generation {
     /// What speculation did (all zero for plain decoding).
     #[serde(default)]
     pub spec: SpecStats,
-    /// The CPU threads of this generation's forward passes (see [`Session::pass_threads`]).
-    #[serde(default)]
-    pub threads: PassThreads,
+    /// This generation's forward passes: their CPU threads, graph splits and time (see
+    /// [`Session::pass_stats`]).
+    #[serde(default, alias = "threads")]
+    pub passes: PassStats,
     /// Each generated token's log-probability and the most likely alternatives, when the
     /// guide asked for them ([`Guide::logprobs`]); one per entry of `tokens`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -204,7 +205,7 @@ pub fn generate_guided(
     };
 
     let start = Instant::now();
-    let threads_before = steps.session.pass_threads();
+    let passes_before = steps.session.pass_stats();
     let next = steps.prefill(&request.prompt)?;
     let first_at = Instant::now();
     let prefill_seconds = first_at.duration_since(start).as_secs_f64();
@@ -228,7 +229,7 @@ pub fn generate_guided(
         prefill_seconds,
         decode_seconds: last_at.duration_since(first_at).as_secs_f64(),
         spec: stats,
-        threads: session.pass_threads().since(threads_before),
+        passes: session.pass_stats().since(passes_before),
         logprobs: out.logprobs,
     })
 }
@@ -345,6 +346,12 @@ impl Steps<'_, '_, '_> {
     fn propose(&mut self, next: Token, base: usize) -> Result<bool> {
         self.draft.clear();
         let max = MAX_DRAFT.min(self.n_ctx - base - 1).min(self.out.max_tokens - self.out.tokens.len() - 1);
+        // On a device whose kernels round a wider pass otherwise, the pass of `next` and its
+        // draft keeps to the widths that give single steps' bits.
+        let max = match &self.info.exact_passes {
+            Some(exact) => max.min(exact.at(base).saturating_sub(1)),
+            None => max,
+        };
         self.masker.forced(max.min(self.max_forced), &mut self.draft)?;
         let is_forced = !self.draft.is_empty();
         if let Some(d) = self.drafter.as_deref_mut().filter(|_| max > 0 && !is_forced) {
@@ -830,6 +837,41 @@ mod tests {
         assert_eq!((s.spec.drafted, s.spec.accepted, s.spec.drafts), (6, 6, 2));
     }
 
+    #[test]
+    fn drafts_keep_to_the_passes_the_device_gives_exactly() {
+        let t = FakeTokenizer::default();
+        let r = request(&[0], 100, &[]);
+        let run = |exact: Option<crate::ExactPasses>| {
+            let info = ModelInfo { exact_passes: exact, ..info() };
+            let mut d = PatternDrafter { right: 16, wrong: 0, verdicts: Vec::new(), prefills: Vec::new() };
+            let mut session = FakeSession::new(64);
+            let g = generate_speculative(&info, &mut session, &t, &r, Some(&mut d), &mut |_| {
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+            (g, d.verdicts)
+        };
+        let (plain, _) = run(None);
+        // Passes of up to 3 tokens: the next token and two drafted.
+        let three = crate::ExactPasses { max_tokens: 3, block: None, why: String::new() };
+        let (g, verdicts) = run(Some(three));
+        assert_eq!(g.tokens, plain.tokens);
+        assert!(verdicts.iter().all(|&(n, _)| n <= 2), "{verdicts:?}");
+        assert!(!verdicts.is_empty());
+        // Blocks of 4 positions: the first pass starts at position 1 (after the prompt) and
+        // may hold 3 tokens; after it, at 4, four.
+        let blocks = crate::ExactPasses { max_tokens: 16, block: Some(4), why: String::new() };
+        assert_eq!((blocks.at(1), blocks.at(4), blocks.at(7)), (3, 4, 1));
+        let (g, verdicts) = run(Some(blocks));
+        assert_eq!(g.tokens, plain.tokens);
+        assert_eq!(verdicts[..2], [(2, 2), (3, 3)], "{verdicts:?}");
+        // Only single steps: nothing is drafted.
+        let none = crate::ExactPasses { max_tokens: 1, block: None, why: String::new() };
+        let (g, verdicts) = run(Some(none));
+        assert_eq!((g.tokens, g.spec.drafted), (plain.tokens, 0));
+        assert!(verdicts.is_empty(), "{verdicts:?}");
+    }
+
     /// A grammar that allows `steps[i]` at the i-th generated token, then only the end token.
     struct Script {
         steps: Vec<Vec<Token>>,
@@ -956,7 +998,7 @@ mod tests {
             prefill_seconds: 0.5,
             decode_seconds: 0.0,
             spec: SpecStats::default(),
-            threads: PassThreads::default(),
+            passes: PassStats::default(),
             logprobs: Vec::new(),
         };
         assert_eq!(g.prefill_tok_per_s(), 20.0);

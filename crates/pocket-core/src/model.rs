@@ -39,6 +39,41 @@ pub struct ModelInfo {
     pub n_ctx_train: usize,
     /// Bytes of the weights file(s).
     pub weights_bytes: u64,
+    /// How wide a pass may be for its rows to be exactly what single decode steps give, where
+    /// not every width is (a device whose kernels change with the number of rows); `None`:
+    /// every width is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact_passes: Option<ExactPasses>,
+}
+
+/// How wide a pass may be, on a model's device, for each of its rows to be bit for bit what
+/// decoding that token alone gives: what greedy speculation needs to give exactly plain
+/// decoding's tokens (a verification pass decodes the next token and its draft together).
+/// The CPU kernels are built so that every width is; a GPU's kernels switch with the number
+/// of rows, which a probe at load finds out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExactPasses {
+    /// Most tokens of one exact pass (1: only single steps are, so drafts are never made).
+    pub max_tokens: usize,
+    /// Passes stay within aligned blocks of this many positions (attention reads the cache in
+    /// lengths padded to them, and a kernel may split its work by that length); `None`:
+    /// anywhere.
+    pub block: Option<usize>,
+    /// What was found, in a sentence: the device and the widths probed.
+    pub why: String,
+}
+
+impl ExactPasses {
+    /// Most tokens of an exact pass starting at position `pos`.
+    pub fn at(&self, pos: usize) -> usize {
+        let in_block = self.block.map_or(usize::MAX, |b| b - pos % b.max(1));
+        self.max_tokens.min(in_block)
+    }
+
+    /// Whether drafts can be verified exactly at all.
+    pub fn allows_drafts(&self) -> bool {
+        self.max_tokens >= 2
+    }
 }
 
 /// Element type of one half of the KV cache: the keys or the values.
@@ -582,41 +617,93 @@ pub trait Session: Send {
         Err(Error::Unsupported("this engine cannot restore a saved session".into()))
     }
 
-    /// The CPU threads of this session's passes so far: how many passes, and their thread
-    /// counts summed (with [`Threads::Auto`] the count can change from pass to pass). Zero for
-    /// an engine that does not count.
-    fn pass_threads(&self) -> PassThreads {
-        PassThreads::default()
+    /// This session's passes so far: how many, their thread counts summed (with
+    /// [`Threads::Auto`] the count can change from pass to pass), their graph splits and
+    /// time. Zero for an engine that does not count.
+    fn pass_stats(&self) -> PassStats {
+        PassStats::default()
     }
 }
 
-/// What [`Session::pass_threads`] counts.
+/// What [`Session::pass_stats`] counts: the forward passes run, the CPU threads they ran on,
+/// and where their time went — what shows per-step overhead on a device (a GPU computes a
+/// small model's pass in well under a millisecond, so time around it is what a step costs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct PassThreads {
+pub struct PassStats {
     /// Forward passes run.
     pub passes: u64,
     /// Their thread counts, summed.
     pub threads: u64,
+    /// Graph splits summed: the runs of consecutive nodes on one backend that the engine's
+    /// scheduler cut each pass's graph into (every split past the first copies its inputs
+    /// between backends). 0 where the engine does not say.
+    #[serde(default)]
+    pub splits: u64,
+    /// Nanoseconds in the engine's passes, from the call until the logits were in hand.
+    #[serde(default)]
+    pub pass_ns: u64,
+    /// Of those, nanoseconds computing the graph (on a device: launching it and waiting for
+    /// it); the rest is the engine's host work around it (inputs, graph choice, logits copy).
+    #[serde(default)]
+    pub graph_ns: u64,
 }
 
-impl PassThreads {
-    /// Count one pass on `threads` threads.
-    pub fn add(&mut self, threads: usize) {
+/// One pass, as [`PassStats::add`] counts it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PassRecord {
+    /// CPU threads it ran on.
+    pub threads: usize,
+    /// Graph splits (0: not known).
+    pub splits: usize,
+    /// The whole pass.
+    pub pass: std::time::Duration,
+    /// The graph's computation within it.
+    pub graph: std::time::Duration,
+}
+
+impl PassStats {
+    /// Count one pass.
+    pub fn add(&mut self, pass: PassRecord) {
         self.passes += 1;
-        self.threads += threads as u64;
+        self.threads += pass.threads as u64;
+        self.splits += pass.splits as u64;
+        self.pass_ns += pass.pass.as_nanos() as u64;
+        self.graph_ns += pass.graph.as_nanos() as u64;
     }
 
     /// The passes counted since `earlier`.
-    pub fn since(self, earlier: PassThreads) -> PassThreads {
-        PassThreads {
+    pub fn since(self, earlier: PassStats) -> PassStats {
+        PassStats {
             passes: self.passes.saturating_sub(earlier.passes),
             threads: self.threads.saturating_sub(earlier.threads),
+            splits: self.splits.saturating_sub(earlier.splits),
+            pass_ns: self.pass_ns.saturating_sub(earlier.pass_ns),
+            graph_ns: self.graph_ns.saturating_sub(earlier.graph_ns),
         }
     }
 
     /// Threads per pass on average (0 when none was counted).
     pub fn mean(self) -> f64 {
-        if self.passes == 0 { 0.0 } else { self.threads as f64 / self.passes as f64 }
+        self.per_pass(self.threads as f64)
+    }
+
+    /// Graph splits per pass on average.
+    pub fn splits_per_pass(self) -> f64 {
+        self.per_pass(self.splits as f64)
+    }
+
+    /// Milliseconds per pass in the engine.
+    pub fn pass_ms(self) -> f64 {
+        self.per_pass(self.pass_ns as f64 / 1e6)
+    }
+
+    /// Milliseconds per pass computing the graph.
+    pub fn graph_ms(self) -> f64 {
+        self.per_pass(self.graph_ns as f64 / 1e6)
+    }
+
+    fn per_pass(self, total: f64) -> f64 {
+        if self.passes == 0 { 0.0 } else { total / self.passes as f64 }
     }
 }
 

@@ -146,6 +146,7 @@ impl Default for FakeModel {
                 n_vocab: V,
                 n_ctx_train: 64,
                 weights_bytes: 0,
+                exact_passes: None,
             },
             tokenizer: FakeTokenizer::default(),
         }

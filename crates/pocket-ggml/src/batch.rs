@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use pocket_core::{LayerPlan, SharedPasses, Threads, Token};
+use pocket_core::{LayerPlan, PassRecord, SharedPasses, Threads, Token};
 
 use crate::Result;
 use crate::compute::Compute;
@@ -91,8 +91,8 @@ pub(crate) enum Turn<'a> {
     /// The job is alone in the next pass: compute it on the session's own machinery, then
     /// drop the guard (which lets the next pass start).
     Alone(Job, Lead<'a>),
-    /// The job was computed in a shared pass on this many threads (its logits written).
-    Shared(Job, usize),
+    /// The job was computed in a shared pass (its logits written), as counted here.
+    Shared(Job, PassRecord),
     /// The shared pass the job was in panicked on its leader's thread: the job is lost.
     Failed,
 }
@@ -109,9 +109,9 @@ pub(crate) struct Batcher {
 struct State {
     /// Jobs not yet taken into a pass, by ticket, in arrival order.
     queue: VecDeque<(u64, Job)>,
-    /// Jobs computed in a shared pass (on this many threads), until their sessions take them
+    /// Jobs computed in a shared pass (as counted), until their sessions take them
     /// back.
-    done: Vec<(u64, Job, usize)>,
+    done: Vec<(u64, Job, PassRecord)>,
     next_ticket: u64,
     /// A pass is being gathered or computed.
     busy: bool,
@@ -234,8 +234,8 @@ impl Batcher {
         self.changed.notify_all();
         loop {
             if let Some(i) = s.done.iter().position(|d| d.0 == ticket) {
-                let (_, job, threads) = s.done.swap_remove(i);
-                return Turn::Shared(job, threads);
+                let (_, job, record) = s.done.swap_remove(i);
+                return Turn::Shared(job, record);
             }
             if let Some(i) = s.failed.iter().position(|&t| t == ticket) {
                 s.failed.swap_remove(i);
@@ -283,8 +283,8 @@ impl Batcher {
                 (s.compute, s.scratch) = (compute, scratch);
                 s.busy = false;
                 s.last_pass = started.elapsed();
-                let threads = match result {
-                    Ok(threads) => threads,
+                let record = match result {
+                    Ok(record) => record,
                     Err(e) => {
                         // No shared pass (its machinery or its graph did not fit the budget,
                         // or ggml failed): each job goes back where it was, to run alone in
@@ -306,12 +306,12 @@ impl Batcher {
                     if t == ticket {
                         mine = Some(job);
                     } else {
-                        s.done.push((t, job, threads));
+                        s.done.push((t, job, record));
                     }
                 }
                 self.changed.notify_all();
                 let job = mine.expect("the leader's job was in its pass");
-                return Turn::Shared(job, threads);
+                return Turn::Shared(job, record);
             }
             s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
         }
@@ -382,19 +382,20 @@ fn take_out<T>(queue: &mut VecDeque<T>, mut indices: Vec<usize>) -> Vec<T> {
 }
 
 /// Compute `jobs` as one pass on the model's shared machinery (made now if there is none),
-/// writing each job's logits: returns the threads it ran on.
+/// writing each job's logits: returns what it was.
 fn shared_pass(
     model: &Parts,
     compute: &mut Option<Compute>,
     scratch: &mut inputs::Scratch,
     jobs: &mut [(u64, Job)],
-) -> Result<usize> {
+) -> Result<PassRecord> {
+    let started = Instant::now();
     let compute = match compute {
         Some(c) => c,
         None => compute.insert(shared_compute(model, &jobs[0].1)?),
     };
     let plan = jobs[0].1.plan;
-    let (threads, logits) = {
+    let (threads, graph, logits) = {
         let segments: Vec<Segment<'_>> =
             jobs.iter().map(|(_, j)| Segment { kv: &j.kv, shape: j.shape }).collect();
         let (g, sched) = compute.graph(model, &plan, &segments)?;
@@ -403,8 +404,10 @@ fn shared_pass(
             .map(|(_, j)| SegmentData { tokens: &j.tokens, pos0: j.pos0, shape: j.shape })
             .collect();
         inputs::set(g, &model.hp, &data, scratch)?;
-        (sched.compute(&g.ctx)?, g.logits)
+        let t0 = Instant::now();
+        (sched.compute(&g.ctx)?, t0.elapsed(), g.logits)
     };
+    let splits = compute.splits();
     if let Some(out) = logits {
         let n_vocab = model.hp.n_vocab;
         let mut row = 0;
@@ -416,7 +419,7 @@ fn shared_pass(
             row += n;
         }
     }
-    Ok(threads)
+    Ok(PassRecord { threads, splits, pass: started.elapsed(), graph })
 }
 
 /// The machinery of shared passes of `model`, reserved for a pass of [`SHARED_TOKENS`] rows

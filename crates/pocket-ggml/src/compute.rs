@@ -32,6 +32,8 @@ struct CachedGraph {
     plan: LayerPlan,
     segments: Vec<(u64, PassShape)>,
     graph: graph::Graph,
+    /// The splits the scheduler cut it into.
+    splits: usize,
 }
 
 impl CachedGraph {
@@ -135,10 +137,23 @@ impl Compute {
                 return Err(Error::Ggml("cannot allocate the graph".into()));
             }
             self.compute_bytes = self.sched.buffer_bytes().max(self.compute_bytes);
+            let splits = self.sched.splits();
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                let off: Vec<String> =
+                    self.sched.off_device(&graph.ctx).iter().map(|(op, n)| format!("{op}×{n}")).collect();
+                let rows: usize = segments.iter().map(|s| s.shape.n_tokens).sum();
+                tracing::debug!(rows, splits, on_the_cpu = %off.join(" "), device = %model.device.name,
+                    "a new graph");
+            }
             let segments = segments.iter().map(|s| (s.kv.id, s.shape)).collect();
-            self.cached = Some(CachedGraph { plan: *plan, segments, graph });
+            self.cached = Some(CachedGraph { plan: *plan, segments, graph, splits });
         }
         Ok((&self.cached.as_ref().expect("cached just above").graph, &self.sched))
+    }
+
+    /// Splits of the graph [`Compute::graph`] gave last.
+    pub(crate) fn splits(&self) -> usize {
+        self.cached.as_ref().map_or(0, |c| c.splits)
     }
 
     /// Forget the cached graph if it reads the cache `id` (whose session is going away).

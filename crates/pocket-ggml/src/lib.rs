@@ -31,6 +31,7 @@ mod batch;
 mod compute;
 mod convert;
 mod error;
+mod exact;
 #[allow(unsafe_code)]
 mod ffi;
 #[allow(unsafe_code)]

@@ -16,7 +16,7 @@ use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::spec::SpecMode;
 use pocket_core::{
     CacheKey, Error as CoreError, Footprint, KvType, LayerPlan, Logits, Model, ModelInfo, ModelKind,
-    PassThreads, Rows, SavedState, Session, SessionConfig, Token, Tokenizer,
+    PassRecord, PassStats, Rows, SavedState, Session, SessionConfig, Token, Tokenizer,
 };
 
 use crate::ffi::device::Device;
@@ -152,6 +152,7 @@ impl LlamaCppModel {
             n_vocab,
             n_ctx_train,
             weights_bytes: file_bytes,
+            exact_passes: None,
         };
         let shape = Shape::read(&file, &arch, n_layers, n_embd, n_vocab);
         let recurrent = weights.is_recurrent();
@@ -264,7 +265,7 @@ pub struct LlamaCppSession {
     /// Our copy of the logits in the ledger.
     logits_reservation: Reservation,
     /// The threads of the passes run so far.
-    pass_threads: PassThreads,
+    pass_stats: PassStats,
 }
 
 impl LlamaCppSession {
@@ -317,7 +318,7 @@ impl LlamaCppSession {
             compute_bytes,
             _buffers: buffers,
             logits_reservation,
-            pass_threads: PassThreads::default(),
+            pass_stats: PassStats::default(),
         })
     }
 
@@ -367,8 +368,13 @@ impl Session for LlamaCppSession {
         self.logits.reserve_exact(logits_len);
         for (pass, n_out) in pocket_core::passes(batch, n_rows, self.config.n_batch, self.config.max_rows) {
             let chunk = &tokens[pass.clone()];
+            let t0 = std::time::Instant::now();
             match self.ctx.decode(chunk, old_len + pass.start, chunk.len() - n_out, &mut self.logits) {
-                Ok(threads) => self.pass_threads.add(threads),
+                Ok(threads) => {
+                    // llama_decode computes and hands back the logits in one call.
+                    let took = t0.elapsed();
+                    self.pass_stats.add(PassRecord { threads, splits: 0, pass: took, graph: took });
+                }
                 Err(e) => {
                     self.roll_back(old_len);
                     return Err(e.into());
@@ -409,8 +415,8 @@ impl Session for LlamaCppSession {
         self.kv_bytes
     }
 
-    fn pass_threads(&self) -> PassThreads {
-        self.pass_threads
+    fn pass_stats(&self) -> PassStats {
+        self.pass_stats
     }
 
     fn save(&self) -> pocket_core::Result<Option<SavedState>> {

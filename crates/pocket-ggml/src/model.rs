@@ -130,6 +130,7 @@ impl GgmlModel {
             n_vocab: hp.n_vocab,
             n_ctx_train: hp.n_ctx_train,
             weights_bytes,
+            exact_passes: None,
         };
         let batch = shares_passes(&device, &weights, options.repack).then(Batcher::default);
         tracing::info!(
@@ -167,7 +168,14 @@ impl GgmlModel {
             ledger: options.ledger.clone().unwrap_or_else(Ledger::unlimited),
             _reservation: reservation,
         };
-        Ok(GgmlModel { inner: Arc::new(Inner { batch, parts }) })
+        let mut inner = Arc::new(Inner { batch, parts });
+        if !inner.device.is_cpu() {
+            let exact = crate::exact::probe(Arc::clone(&inner))?;
+            tracing::info!(model = %inner.info.name, max_tokens = exact.max_tokens, "{}", exact.why);
+            let only = Arc::get_mut(&mut inner).expect("the probe's session is gone");
+            only.parts.info.exact_passes = Some(exact);
+        }
+        Ok(GgmlModel { inner })
     }
 
     /// A new session, as the concrete type (with its engine-specific accessors).

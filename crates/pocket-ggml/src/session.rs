@@ -2,10 +2,12 @@
 //! tokens it holds.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::{
-    Error as CoreError, LayerPlan, Logits, PassThreads, Rows, SavedState, Session, SessionConfig, Token,
+    Error as CoreError, LayerPlan, Logits, PassRecord, PassStats, Rows, SavedState, Session, SessionConfig,
+    Token,
 };
 
 use crate::Result;
@@ -42,7 +44,7 @@ pub struct GgmlSession {
     /// A pass's tokens, handed to a shared pass (kept for the next).
     job_tokens: Vec<Token>,
     /// The threads of the passes run so far.
-    pass_threads: PassThreads,
+    pass_stats: PassStats,
 }
 
 impl GgmlSession {
@@ -82,7 +84,7 @@ impl GgmlSession {
             logits_reservation,
             scratch: inputs::Scratch::default(),
             job_tokens: Vec::new(),
-            pass_threads: PassThreads::default(),
+            pass_stats: PassStats::default(),
         })
     }
 
@@ -175,9 +177,9 @@ impl GgmlSession {
                 (self.job_tokens, self.logits) = (job.tokens, job.logits);
                 self.own_pass(plan, pos0, shape, row_off)
             }
-            Turn::Shared(job, threads) => {
+            Turn::Shared(job, record) => {
                 (self.job_tokens, self.logits) = (job.tokens, job.logits);
-                self.pass_threads.add(threads);
+                self.pass_stats.add(record);
                 Ok(())
             }
             Turn::Failed => Err(crate::Error::Ggml(
@@ -188,16 +190,20 @@ impl GgmlSession {
 
     /// [`GgmlSession::pass`] on this session's own machinery.
     fn own_pass(&mut self, plan: &LayerPlan, pos0: usize, shape: PassShape, row_off: usize) -> Result<()> {
+        let started = Instant::now();
         let (n_vocab, n_tokens, n_out) = (self.model.hp.n_vocab, shape.n_tokens, shape.n_out);
         let segment = Segment { kv: &self.kv, shape };
         let (g, sched) = self.compute.graph(&self.model, plan, &[segment])?;
         let data = SegmentData { tokens: &self.tokens[pos0..pos0 + n_tokens], pos0, shape };
         inputs::set(g, &self.model.hp, &[data], &mut self.scratch)?;
+        let t0 = Instant::now();
         let threads = sched.compute(&g.ctx)?;
-        self.pass_threads.add(threads);
+        let graph = t0.elapsed();
         if let Some(out) = g.logits {
             out.get_data(&mut self.logits[row_off * n_vocab..(row_off + n_out) * n_vocab])?;
         }
+        let splits = self.compute.splits();
+        self.pass_stats.add(PassRecord { threads, splits, pass: started.elapsed(), graph });
         Ok(())
     }
 }
@@ -309,8 +315,8 @@ impl Session for GgmlSession {
         self.kv.bytes() as u64
     }
 
-    fn pass_threads(&self) -> PassThreads {
-        self.pass_threads
+    fn pass_stats(&self) -> PassStats {
+        self.pass_stats
     }
 
     /// The positions with KV in every layer (those a partial plan left are not kept).

@@ -359,6 +359,7 @@ impl Placer<'_> {
             arena.alloc_in(*buft)?;
             self.copy_out(&tensors, *convert)?;
         }
+        arena.mark_weights();
         tracing::debug!(buffer = %buft_name(*buft), tensors = list.len(), in_place, "placed weights");
         Ok(arena)
     }

@@ -32,11 +32,7 @@ fn greedy_rows(model: &GgmlModel, prompt: &[Token], kv: KvType, threads: usize) 
         picked.push(next);
         input = vec![next];
     }
-    assert_eq!(
-        s.pass_threads().threads,
-        s.pass_threads().passes * threads as u64,
-        "fixed: exactly {threads}"
-    );
+    assert_eq!(s.pass_stats().threads, s.pass_stats().passes * threads as u64, "fixed: exactly {threads}");
     (picked, rows)
 }
 
@@ -86,7 +82,7 @@ fn auto_gives_what_one_thread_gives() {
             out.push(next);
             next = pocket_core::argmax(s.decode(&[next], &plan, Rows::Last).unwrap().last()) as Token;
         }
-        let used = s.pass_threads();
+        let used = s.pass_stats();
         // The prompt of 80 tokens is read in two passes: a first chunk of 64 (that sessions
         // starting with this one could join), then the rest.
         assert_eq!(used.passes, STEPS as u64 + 2, "every pass counted");

@@ -289,6 +289,77 @@ pub fn measure_curve(
     Ok(measure_cost_curve(session.as_mut(), info.n_layers, &tokens, &cc, cancelled)?)
 }
 
+/// Where a decode step's time goes for `model` on its device, sessions of `threads` threads
+/// and a `kv` cache: [`STEP_PROFILE_STEPS`] greedy single-token steps after a prompt of the
+/// built-in prose, each timed from the call to the engine until its next token is chosen.
+pub fn profile_steps(
+    model: &LoadedModel,
+    threads: usize,
+    kv: KvType,
+    ledger: &Ledger,
+) -> Result<StepProfile> {
+    let target = model.model();
+    let info = target.info();
+    let tokens = filler(target)?;
+    let prompt = &tokens[..tokens.len().min(128)];
+    let n_ctx = (prompt.len() + STEP_PROFILE_STEPS + 1).min(info.n_ctx_train);
+    let config = SessionConfig { kv, threads: Threads::Fixed(threads), n_ctx, ..SessionConfig::default() };
+    let mut session = target.session_in(&config, ledger)?;
+    if info.kind == ModelKind::EncoderDecoder {
+        session.encode(&prompt[..prompt.len().min(48)])?;
+    }
+    let plan = LayerPlan::full(info.n_layers)?;
+    let mut next = argmax(session.decode(prompt, &plan, Rows::Last)?.last());
+    // The first steps build and warm the decode graph (and a device's graph capture).
+    let warm_up = 4;
+    let steps = STEP_PROFILE_STEPS.min(n_ctx.saturating_sub(prompt.len() + warm_up + 1));
+    for _ in 0..warm_up {
+        next = argmax(session.decode(&[next], &plan, Rows::Last)?.last());
+    }
+    let before = session.pass_stats();
+    let start = std::time::Instant::now();
+    for _ in 0..steps {
+        next = argmax(session.decode(&[next], &plan, Rows::Last)?.last());
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(StepProfile { steps, seconds, passes: session.pass_stats().since(before) })
+}
+
+/// Greedy steps [`profile_steps`] times.
+pub const STEP_PROFILE_STEPS: usize = 64;
+
+/// What [`profile_steps`] measured.
+#[derive(Debug, Clone, Copy)]
+pub struct StepProfile {
+    /// Steps timed.
+    pub steps: usize,
+    /// Their seconds in all.
+    pub seconds: f64,
+    /// Their passes, as the engine counts them.
+    pub passes: pocket_core::PassStats,
+}
+
+impl std::fmt::Display for StepProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let step = self.seconds * 1e3 / self.steps.max(1) as f64;
+        let p = self.passes;
+        write!(f, "a decode step takes {step:.2} ms ({:.0} tok/s)", 1e3 / step.max(1e-9))?;
+        if p.passes > 0 && p.pass_ns > 0 {
+            write!(
+                f,
+                ": graph {:.2} ms, the engine's host work around it {:.2} ms, sampling and the rest {:.2} ms",
+                p.graph_ms(),
+                p.pass_ms() - p.graph_ms(),
+                step - p.pass_ms() * p.passes as f64 / self.steps.max(1) as f64
+            )?;
+        }
+        if p.splits > 0 {
+            write!(f, "; {:.0} graph splits a pass", p.splits_per_pass())?;
+        }
+        Ok(())
+    }
+}
+
 /// Measure how often `model` picks the same next token with each of `kv_types` as with an f16
 /// cache: the built-in prose is fed through a session of each type (teacher forcing, so one
 /// flip cannot cascade), and the top-1 token at every position compared with the f16

@@ -113,6 +113,7 @@ impl TractModel {
             // T5's relative positions have no hard limit; 512 is what it was trained on.
             n_ctx_train: usize_key(&config, &["n_positions"]).unwrap_or(512),
             weights_bytes: layout.graph_bytes(),
+            exact_passes: None,
         };
         tracing::debug!(
             model = %info.name,

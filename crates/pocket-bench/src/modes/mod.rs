@@ -265,6 +265,9 @@ pub struct RunOutput {
     pub generation_memory_bytes: u64,
     /// What the session was given under the memory budget (`None` without one).
     pub plan: Option<pocket_core::memory::Plan>,
+    /// The run's forward passes as our engine counts them (`None` where it does not: llama.cpp,
+    /// pocketd over its socket).
+    pub passes: Option<pocket_core::PassStats>,
 }
 
 /// A prompt as every mode gets it: the input (what a client sends pocketd) and its tokens

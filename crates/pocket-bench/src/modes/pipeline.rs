@@ -141,6 +141,7 @@ impl PipelineRunner {
             drafter: outcome.drafter.map(|d| d.to_string()),
             generation_memory_bytes: self.ledger.peak(),
             plan: outcome.plan.filter(|_| self.budgeted),
+            passes: Some(g.passes),
         })
     }
 }

@@ -304,6 +304,7 @@ impl SocketRunner {
             drafter: timings.drafter,
             generation_memory_bytes: timings.peak_bytes,
             plan: None,
+            passes: None,
         }
     }
 }

@@ -124,6 +124,17 @@ impl Arena {
         Ok(self.push(buf, Some(memory)))
     }
 
+    /// Mark every buffer of this arena as holding weights. ggml's scheduler then runs an op
+    /// that reads a weight on the weight's backend and copies only the op's result to the next
+    /// backend: the token embedding, kept in host memory beside a GPU, is gathered from on the
+    /// CPU, as llama.cpp does, instead of being copied whole to the GPU for every pass.
+    pub(crate) fn mark_weights(&self) {
+        for b in &self.buffers {
+            // SAFETY: a live buffer of this arena; the usage is a flag the scheduler reads.
+            unsafe { sys::ggml_backend_buffer_set_usage(b.as_ptr(), sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) };
+        }
+    }
+
     fn push(&mut self, buf: NonNull<sys::ggml_backend_buffer>, memory: Option<HostMemory>) -> BufferId {
         self.buffers.push(buf);
         self.memory.push(memory);

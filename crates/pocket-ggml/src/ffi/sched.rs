@@ -141,6 +141,40 @@ impl Scheduler {
         }
     }
 
+    /// Splits of the graph allocated last: the runs of consecutive nodes on one backend that
+    /// it computes one after another, each past the first copying its inputs from the others.
+    pub(crate) fn splits(&self) -> usize {
+        // SAFETY: this scheduler; a count of what it holds.
+        unsafe { sys::ggml_backend_sched_get_n_splits(self.sched.as_ptr()) }.max(0) as usize
+    }
+
+    /// The ops of the nodes of `graph` (allocated on this scheduler) that the CPU computes
+    /// beside a device, each with its count; empty where the CPU is the only backend.
+    pub(crate) fn off_device(&self, graph: &Ctx) -> Vec<(String, usize)> {
+        let mut ops: Vec<(String, usize)> = Vec::new();
+        if self.backends.len() < 2 {
+            return ops;
+        }
+        let cpu = self.backends.last().expect("the CPU backend is always there").as_ptr();
+        let g = graph.graph();
+        // SAFETY: a graph allocated on this scheduler: its nodes are live, and each has the
+        // backend the scheduler assigned; op names are static strings.
+        unsafe {
+            for i in 0..sys::ggml_graph_n_nodes(g) {
+                let node = sys::ggml_graph_node(g, i);
+                if sys::ggml_backend_sched_get_tensor_backend(self.sched.as_ptr(), node) != cpu {
+                    continue;
+                }
+                let op = std::ffi::CStr::from_ptr(sys::ggml_op_desc(node)).to_string_lossy();
+                match ops.iter_mut().find(|(name, _)| *name == op) {
+                    Some((_, n)) => *n += 1,
+                    None => ops.push((op.into_owned(), 1)),
+                }
+            }
+        }
+        ops
+    }
+
     /// Compute `graph`, allocated by [`Scheduler::alloc`], on as many CPU threads as the
     /// governor gives the pass: returns how many.
     pub(crate) fn compute(&self, graph: &Ctx) -> Result<usize> {

@@ -288,12 +288,13 @@ pub(crate) enum LoneQuery {
     Duplicated,
 }
 
-/// Heads are spread apart only where ggml's CPU kernels attend (a cache in host memory):
-/// that is where the layout was measured.
+/// Only ggml's CPU kernels (a cache in host memory) have the split-KV path: a device's
+/// attention is left as it is (its kernels have their own, which the probe of exact widths
+/// measures, `exact`), and gets no duplicated query.
 fn lone_query(n_tokens: usize, n_kv: usize, kv: &KvLayout, n_head_kv: usize) -> LoneQuery {
-    if n_tokens != 1 || n_kv < SPLIT_KV_MIN || kv.k_quantized() || kv.v_quantized() {
+    if n_tokens != 1 || n_kv < SPLIT_KV_MIN || kv.k_quantized() || kv.v_quantized() || !kv.in_host_memory() {
         LoneQuery::No
-    } else if n_head_kv >= 2 && kv.in_host_memory() {
+    } else if n_head_kv >= 2 {
         LoneQuery::HeadsApart
     } else {
         LoneQuery::Duplicated

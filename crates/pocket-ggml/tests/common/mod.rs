@@ -32,17 +32,18 @@ pub fn model_path(name: &str) -> PathBuf {
     }
 }
 
-/// The model `name` on the CPU, loaded once per test binary and shared by its tests.
+/// The model `name` on the build's device (the CPU, or a GPU built in), loaded once per test
+/// binary and shared by its tests.
 pub fn model(name: &str) -> GgmlModel {
     model_as(name, WeightFormat::AsStored)
 }
 
-/// The model `name` on the CPU with its matrices in `weights`, loaded once per test binary.
+/// The model `name` with its matrices in `weights`, loaded once per test binary.
 pub fn model_as(name: &str, weights: WeightFormat) -> GgmlModel {
     model_with(name, weights, AttentionKernel::Auto)
 }
 
-/// The model `name` on the CPU attending with ggml's flash attention, as llama.cpp does: for
+/// The model `name` attending with ggml's flash attention, as llama.cpp does: for
 /// comparing the rest of the graph with llama.cpp to its rounding.
 pub fn model_with_ggml_attention(name: &str) -> GgmlModel {
     model_with(name, WeightFormat::AsStored, AttentionKernel::Ggml)
@@ -55,9 +56,21 @@ fn model_with(name: &str, weights: WeightFormat, attention: AttentionKernel) -> 
         return m.clone();
     }
     let path = model_path(name);
+    // The device the build has: a GPU where one is built in (`scripts/test-cuda`, and
+    // `scripts/test-vulkan` on lavapipe), so that these tests say something about it.
     let options =
-        LoadOptions { device: pocket_ggml::DeviceChoice::Cpu, weights, attention, ..LoadOptions::default() };
+        LoadOptions { device: pocket_ggml::DeviceChoice::Auto, weights, attention, ..LoadOptions::default() };
     let m = GgmlModel::load(&path, &options).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
+    #[cfg(any(feature = "vulkan", feature = "cuda"))]
+    assert_ne!(
+        m.device_name(),
+        "CPU",
+        "built with a GPU backend but ggml found no GPU (devices: {})",
+        pocket_ggml::device_names().join(", ")
+    );
+    if let Some(exact) = &m.info().exact_passes {
+        eprintln!("{name} on {}: {}", m.device_name(), exact.why);
+    }
     models.push((name.to_owned(), weights, attention, m.clone()));
     m
 }

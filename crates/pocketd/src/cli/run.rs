@@ -352,7 +352,7 @@ fn report<'a>(
         weight_estimates,
         kv: prepared.config.kv,
         threads: args.threads,
-        threads_used: g.threads.mean(),
+        threads_used: g.passes.mean(),
         text: &g.text,
         tokens: &g.tokens,
         stop: g.stop.as_str(),

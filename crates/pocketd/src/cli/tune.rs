@@ -105,6 +105,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "no gain: auto will not draft".into()
             }
         );
+        match learn::profile_steps(&model, threads, args.kv, &ledger) {
+            Ok(profile) => println!("  {profile}"),
+            Err(e) => println!("  a decode step could not be profiled: {e}"),
+        }
+        if let Some(exact) = &info.exact_passes {
+            println!("  exact passes: {}", exact.why);
+        }
         if model.offers(SpecMode::LayerSkip) {
             match &tuned.known.skip_set {
                 Some(set) => {

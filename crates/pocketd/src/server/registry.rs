@@ -231,6 +231,8 @@ impl Registry {
                 keep_alive_seconds: keep_alive,
                 tuned: Some(!learn::needs_tuning(&m.model, settings)),
                 shared_passes: m.model.model().shared_passes(),
+                device: Some(m.model.device().to_string()),
+                exact_passes: m.model.model().info().exact_passes.clone(),
             })
             .collect()
     }

@@ -299,7 +299,7 @@ fn finished(outcome: &pocket_runtime::Outcome, return_tokens: bool, tokenizer: &
             constraint_ms: generation.spec.constraint_seconds * 1e3,
             forced: generation.spec.forced as u64,
             forced_accepted: generation.spec.forced_accepted as u64,
-            threads: generation.threads.mean(),
+            threads: generation.passes.mean(),
         },
         peak_bytes: 0,
         decode_seconds: generation.decode_seconds,

@@ -1,0 +1,88 @@
+//! Which pass widths give, on a model's device, exactly the rows that single decode steps give
+//! ([`ExactPasses`]), found by a probe when the model is loaded on a device other than the CPU.
+//!
+//! Greedy speculation gives plain decoding's tokens only if each row of a verification pass
+//! (the next token and its draft, decoded together) is bit for bit what decoding that token
+//! alone computes. Our CPU kernels are built so (each row rounded as one row alone is); a GPU's
+//! kernels are not: ggml-cuda multiplies one column, two to four, five to eight and more with
+//! different kernels or warp counts, and picks another attention kernel past one query row, so
+//! the sums are taken in another order and the last bits differ. Which widths agree depends on
+//! the device, the build and the model's shapes, so it is measured rather than assumed: a few
+//! tokens are decoded one at a time, then again in passes of 2, 3, … tokens, and the widest
+//! width up to which every pass gave every row's bits is the limit. Drafts are then kept to it
+//! (`pocket_core::generate`), and where not even two tokens agree, speculation never drafts on
+//! that device, with the reason in the model's status — never silently inexact.
+
+use std::sync::Arc;
+
+use pocket_core::memory::Ledger;
+use pocket_core::{ExactPasses, LayerPlan, Rows, Session, SessionConfig, Threads, Token};
+
+use crate::Result;
+use crate::graph::KV_PAD;
+use crate::loaded::Inner;
+use crate::session::GgmlSession;
+
+/// The widest pass probed: more than any draft the pipeline makes (its `MAX_DRAFT`) plus the
+/// next token.
+pub(crate) const PROBE_WIDTH: usize = 16;
+
+/// Tokens decoded before the probed passes, so that attention reads a cache of some length.
+const PROBE_CONTEXT: usize = 8;
+
+/// Probe the widths at which passes of the model in `inner` give single steps' rows on its
+/// device.
+pub(crate) fn probe(inner: Arc<Inner>) -> Result<ExactPasses> {
+    let device = inner.device.name.clone();
+    let n_vocab = inner.hp.n_vocab;
+    let plan = LayerPlan::full(inner.hp.n_layer).map_err(|e| crate::Error::Ggml(e.to_string()))?;
+    let config = SessionConfig {
+        n_ctx: 64,
+        max_rows: PROBE_WIDTH,
+        threads: Threads::Fixed(1),
+        ..SessionConfig::default()
+    };
+    let mut session = GgmlSession::new(inner, &config, &Ledger::unlimited())?;
+    // Tokens spread over the vocabulary: what they say does not matter, only that every row
+    // differs.
+    let tokens: Vec<Token> =
+        (0..PROBE_CONTEXT + PROBE_WIDTH).map(|i| ((i * 7919 + 13) % n_vocab) as Token).collect();
+    let (context, probed) = tokens.split_at(PROBE_CONTEXT);
+    session.decode(context, &plan, Rows::None)?;
+    let mut single = Vec::with_capacity(PROBE_WIDTH);
+    for &t in probed {
+        single.push(session.decode(&[t], &plan, Rows::Last)?.last().to_vec());
+    }
+    let mut widest = 1;
+    for width in 2..=PROBE_WIDTH {
+        session.truncate(PROBE_CONTEXT)?;
+        let logits = session.decode(&probed[..width], &plan, Rows::Tail(width))?;
+        let same = (0..width).all(|i| same_bits(logits.row(i), &single[i]));
+        if !same {
+            break;
+        }
+        widest = width;
+    }
+    let why = match widest {
+        PROBE_WIDTH => format!(
+            "on {device}, passes of up to {PROBE_WIDTH} tokens (all probed) give exactly the rows of single steps"
+        ),
+        1 => format!(
+            "on {device}, a pass of 2 tokens does not give exactly the rows of single steps (its kernels \
+             round several rows otherwise than one): no drafts are made, so that greedy output stays \
+             exactly plain decoding's"
+        ),
+        w => format!(
+            "on {device}, passes of up to {w} tokens give exactly the rows of single steps and {} do not: \
+             drafts are kept to {} tokens",
+            w + 1,
+            w - 1
+        ),
+    };
+    Ok(ExactPasses { max_tokens: widest, block: Some(KV_PAD), why })
+}
+
+/// Whether two rows of logits are the same bits (NaNs included).
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
