@@ -14,6 +14,7 @@
 //! that device, with the reason in the model's status — never silently inexact.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use pocket_core::memory::Ledger;
 use pocket_core::{ExactPasses, LayerPlan, Rows, Session, SessionConfig, Threads, Token};
@@ -30,10 +31,47 @@ pub(crate) const PROBE_WIDTH: usize = 16;
 /// Tokens decoded before the probed passes, so that attention reads a cache of some length.
 const PROBE_CONTEXT: usize = 8;
 
+/// Rows a decode step is tried as: one, and two (the token repeated). ggml-cuda, for one, multiplies a
+/// single column with its own kernel configuration and attends with its vector kernel; two rows
+/// take the configuration of wider passes, so that verification's rows may then agree with steps.
+const STEP_ROWS: [usize; 2] = [1, 2];
+
 /// Probe the widths at which passes of the model in `inner` give single steps' rows on its
-/// device.
-pub(crate) fn probe(inner: Arc<Inner>) -> Result<ExactPasses> {
-    let device = inner.device.name.clone();
+/// device, with decode steps computed as each of [`STEP_ROWS`]; keep the step rows that make
+/// more widths exact (fewer on a tie) in `inner.step_rows`.
+pub(crate) fn probe(inner: &Arc<Inner>) -> Result<ExactPasses> {
+    let mut found = Vec::new();
+    for rows in STEP_ROWS {
+        inner.step_rows.store(rows, Ordering::Relaxed);
+        found.push((rows, widest(Arc::clone(inner))?));
+    }
+    let (rows, widest) = found.iter().copied().fold((1, 0), |best, f| if f.1 > best.1 { f } else { best });
+    inner.step_rows.store(rows, Ordering::Relaxed);
+    let device = &inner.device.name;
+    let tried: Vec<String> = found
+        .iter()
+        .map(|(r, w)| format!("{w} with steps as {r} row{}", if *r == 1 { "" } else { "s" }))
+        .collect();
+    let found = format!("widest exact pass {} of {PROBE_WIDTH} probed", tried.join(", "));
+    let why = match widest {
+        1 => format!(
+            "on {device}, a pass of 2 tokens does not give exactly the rows of single steps ({found}): \
+             no drafts are made, so that greedy output stays exactly plain decoding's"
+        ),
+        w if w == PROBE_WIDTH => {
+            format!("on {device}, every probed pass gives exactly the rows of single steps ({found})")
+        }
+        w => format!(
+            "on {device}, passes of up to {w} tokens give exactly the rows of single steps ({found}): drafts are kept to {}",
+            w - 1
+        ),
+    };
+    Ok(ExactPasses { max_tokens: widest, block: Some(KV_PAD), why })
+}
+
+/// The widest pass (up to [`PROBE_WIDTH`]) up to which every pass gives every row's bits as
+/// single steps do, decoding steps as `inner.step_rows` says.
+fn widest(inner: Arc<Inner>) -> Result<usize> {
     let n_vocab = inner.hp.n_vocab;
     let plan = LayerPlan::full(inner.hp.n_layer).map_err(|e| crate::Error::Ggml(e.to_string()))?;
     let config = SessionConfig {
@@ -57,29 +95,12 @@ pub(crate) fn probe(inner: Arc<Inner>) -> Result<ExactPasses> {
     for width in 2..=PROBE_WIDTH {
         session.truncate(PROBE_CONTEXT)?;
         let logits = session.decode(&probed[..width], &plan, Rows::Tail(width))?;
-        let same = (0..width).all(|i| same_bits(logits.row(i), &single[i]));
-        if !same {
+        if !(0..width).all(|i| same_bits(logits.row(i), &single[i])) {
             break;
         }
         widest = width;
     }
-    let why = match widest {
-        PROBE_WIDTH => format!(
-            "on {device}, passes of up to {PROBE_WIDTH} tokens (all probed) give exactly the rows of single steps"
-        ),
-        1 => format!(
-            "on {device}, a pass of 2 tokens does not give exactly the rows of single steps (its kernels \
-             round several rows otherwise than one): no drafts are made, so that greedy output stays \
-             exactly plain decoding's"
-        ),
-        w => format!(
-            "on {device}, passes of up to {w} tokens give exactly the rows of single steps and {} do not: \
-             drafts are kept to {} tokens",
-            w + 1,
-            w - 1
-        ),
-    };
-    Ok(ExactPasses { max_tokens: widest, block: Some(KV_PAD), why })
+    Ok(widest)
 }
 
 /// Whether two rows of logits are the same bits (NaNs included).

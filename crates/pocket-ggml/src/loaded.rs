@@ -2,6 +2,7 @@
 //! sessions share.
 
 use std::ops::Deref;
+use std::sync::atomic::AtomicUsize;
 
 use crate::batch::Batcher;
 use crate::parts::Parts;
@@ -13,6 +14,10 @@ pub(crate) struct Inner {
     /// exactly what that row's pass alone computes (see `model::shares_passes`).
     pub(crate) batch: Option<Batcher>,
     pub(crate) parts: Parts,
+    /// Rows a decode step is computed as: 1, or on a device where that makes single steps
+    /// round as the rows of wider passes do, more (the token repeated; see `exact`). Set by
+    /// the probe at load, before any session but the probe's exists.
+    pub(crate) step_rows: AtomicUsize,
 }
 
 impl Deref for Inner {

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pocket_core::memory::Ledger;
 use pocket_core::spec::SpecMode;
@@ -168,9 +169,9 @@ impl GgmlModel {
             ledger: options.ledger.clone().unwrap_or_else(Ledger::unlimited),
             _reservation: reservation,
         };
-        let mut inner = Arc::new(Inner { batch, parts });
+        let mut inner = Arc::new(Inner { batch, parts, step_rows: AtomicUsize::new(1) });
         if !inner.device.is_cpu() {
-            let exact = crate::exact::probe(Arc::clone(&inner))?;
+            let exact = crate::exact::probe(&inner)?;
             tracing::info!(model = %inner.info.name, max_tokens = exact.max_tokens, "{}", exact.why);
             let only = Arc::get_mut(&mut inner).expect("the probe's session is gone");
             only.parts.info.exact_passes = Some(exact);
@@ -191,6 +192,18 @@ impl GgmlModel {
     /// KV bytes per token for `kv`, over all layers.
     pub fn kv_bytes_per_token(&self, kv: KvType) -> usize {
         kv::bytes_per_token(&self.inner.hp, kv)
+    }
+
+    /// Rows a decode step is computed as: 1, or on a device whose probe at load found that
+    /// steps computed as more rows (the token repeated) round as wider passes do, that many.
+    pub fn step_rows(&self) -> usize {
+        self.inner.step_rows.load(Ordering::Relaxed)
+    }
+
+    /// Compute decode steps as `rows` rows from now on (at least 1), whatever the probe chose:
+    /// for measuring what it costs and for tests. Each row gives the same bits on the CPU.
+    pub fn set_step_rows(&self, rows: usize) {
+        self.inner.step_rows.store(rows.max(1), Ordering::Relaxed);
     }
 
     /// Which weights may be repacked ([`LoadOptions::repack`]).

@@ -2,6 +2,7 @@
 //! tokens it holds.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use pocket_core::memory::{Ledger, Reservation};
@@ -14,7 +15,7 @@ use crate::Result;
 use crate::batch::{Job, SHARED_CHUNK, Turn};
 use crate::compute::Compute;
 use crate::graph::inputs::{self, SegmentData};
-use crate::graph::{self, PassShape, Segment};
+use crate::graph::{self, LoneQuery, PassShape, Segment};
 use crate::kv::KvCache;
 use crate::loaded::Inner;
 
@@ -192,6 +193,13 @@ impl GgmlSession {
     fn own_pass(&mut self, plan: &LayerPlan, pos0: usize, shape: PassShape, row_off: usize) -> Result<()> {
         let started = Instant::now();
         let (n_vocab, n_tokens, n_out) = (self.model.hp.n_vocab, shape.n_tokens, shape.n_out);
+        // A decode step computed as several rows where the probe found that exact (`exact`).
+        let rows = self.model.step_rows.load(Ordering::Relaxed);
+        let shape = if rows > 1 && n_tokens == 1 && n_out == 1 && shape.lone_query == LoneQuery::No {
+            shape.with_rows(rows)
+        } else {
+            shape
+        };
         let segment = Segment { kv: &self.kv, shape };
         let (g, sched) = self.compute.graph(&self.model, plan, &[segment])?;
         let data = SegmentData { tokens: &self.tokens[pos0..pos0 + n_tokens], pos0, shape };

@@ -135,3 +135,32 @@ fn a_prompt_longer_than_n_batch_gives_the_same_last_row() {
     let d = assert_close("300 tokens in passes of 100 vs one pass", &got, &expected, n_vocab, TOL);
     eprintln!("n_batch 100 vs 512 over 300 tokens: max |Δ| {d:e}");
 }
+
+/// A decode step computed as two rows (the token repeated: what the probe of exact widths
+/// may choose on a device) gives the one row's logits, and leaves the cache as a one-row step
+/// does: the steps after it agree too. On the CPU every row rounds as one row alone does.
+#[test]
+fn a_step_computed_as_two_rows_is_the_one_row_step() {
+    let _serial = serial();
+    let path = model_path(SMOL);
+    let options = pocket_ggml::LoadOptions { device: pocket_ggml::DeviceChoice::Cpu, ..Default::default() };
+    let model = pocket_ggml::GgmlModel::load(&path, &options).unwrap();
+    let prompt = prose(&model, 40);
+    let steps = |rows: usize| {
+        model.set_step_rows(rows);
+        let mut s = session(&model, &config(128));
+        let mut next = pocket_core::argmax(s.decode(&prompt, &full(&model), Rows::Last).unwrap().last());
+        let mut out = Vec::new();
+        for _ in 0..12 {
+            let logits = collect(&s.decode(&[next], &full(&model), Rows::Last).unwrap());
+            next = pocket_core::argmax(&logits);
+            out.push(logits);
+        }
+        out
+    };
+    let (one, two) = (steps(1), steps(2));
+    assert_eq!(model.step_rows(), 2);
+    for (i, (a, b)) in one.iter().zip(&two).enumerate() {
+        assert_bitwise(&format!("step {i} as two rows"), b, a, model.info().n_vocab);
+    }
+}

@@ -39,20 +39,22 @@ impl Scratch {
     }
 }
 
-/// Fill `g`'s inputs for `segments` (those it was built for, in its row order).
+/// Fill `g`'s inputs for `segments` (those it was built for, in its row order). A segment
+/// whose shape has more rows than it has tokens (a decode step computed as two rows on a
+/// device, see `exact`) repeats its last token, position and cache row in the rest.
 pub(crate) fn set(g: &Graph, hp: &Hparams, segments: &[SegmentData<'_>], s: &mut Scratch) -> Result<()> {
     debug_assert_eq!(segments.len(), g.inputs.segments.len());
     let inp = &g.inputs;
     s.i32s.clear();
-    s.i32s.extend(segments.iter().flat_map(|d| d.tokens.iter().map(|&t| t as i32)));
+    s.i32s.extend(segments.iter().flat_map(|d| rows(d).map(|(t, _)| t as i32)));
     inp.tokens.set_data(&s.i32s)?;
     s.i32s.clear();
-    s.i32s.extend(segments.iter().flat_map(|d| (d.pos0..d.pos0 + d.tokens.len()).map(|p| p as i32)));
+    s.i32s.extend(segments.iter().flat_map(|d| rows(d).map(|(_, p)| p as i32)));
     inp.pos.set_data(&s.i32s)?;
     for (d, si) in segments.iter().zip(&inp.segments) {
         let (n_tokens, pos0, shape) = (d.tokens.len(), d.pos0, d.shape);
         s.i64s.clear();
-        s.i64s.extend((pos0..pos0 + n_tokens).map(|p| p as i64));
+        s.i64s.extend(rows(d).map(|(_, p)| p as i64));
         si.kv_idxs.set_data(&s.i64s)?;
         // A pass that only fills the cache (no logits) with a plan that runs one layer stops
         // before that layer's attention: the mask is then not in the graph, and not allocated
@@ -70,7 +72,7 @@ pub(crate) fn set(g: &Graph, hp: &Hparams, segments: &[SegmentData<'_>], s: &mut
         s.i32s.clear();
         let mut r0 = 0;
         for d in segments {
-            let n = d.tokens.len();
+            let n = d.shape.n_tokens;
             s.i32s.extend((r0 + n - d.shape.n_out..r0 + n).map(|i| i as i32));
             r0 += n;
         }
@@ -80,4 +82,12 @@ pub(crate) fn set(g: &Graph, hp: &Hparams, segments: &[SegmentData<'_>], s: &mut
         r.set_data(s.rotation(r.ne()[0] as usize))?;
     }
     Ok(())
+}
+
+/// Each row of a segment: its token and position (also its cache row) — the tokens', then
+/// the last one's again for rows past them.
+fn rows<'a>(d: &SegmentData<'a>) -> impl Iterator<Item = (Token, usize)> + 'a {
+    let (tokens, pos0) = (d.tokens, d.pos0);
+    let last = tokens.len() - 1;
+    (0..d.shape.n_tokens).map(move |i| (tokens[i.min(last)], pos0 + i.min(last)))
 }

@@ -76,6 +76,14 @@ impl PassShape {
         let q_rows = if lone_query == LoneQuery::Duplicated { 2 } else { n_tokens };
         PassShape { n_tokens, n_kv, n_out, q_rows, lone_query, own_attention }
     }
+
+    /// This shape of a single token (with no lone-query layout), computed as `rows` rows: the
+    /// token repeated, every row kept to the end (its logits are row 0), the cache read as for
+    /// the one token.
+    pub(crate) fn with_rows(self, rows: usize) -> Self {
+        debug_assert!(self.n_tokens == 1 && self.lone_query == LoneQuery::No);
+        PassShape { n_tokens: rows, n_out: rows, q_rows: rows, ..self }
+    }
 }
 
 /// One session's part of a pass: the cache its rows attend over and write to, and its shape.
