@@ -44,7 +44,7 @@ pub struct GgmlSession {
     scratch: inputs::Scratch,
     /// A pass's tokens, handed to a shared pass (kept for the next).
     job_tokens: Vec<Token>,
-    /// The threads of the passes run so far.
+    /// The passes run so far: their threads, splits and time.
     pass_stats: PassStats,
 }
 
