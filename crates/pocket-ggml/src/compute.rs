@@ -24,6 +24,9 @@ pub(crate) struct Compute {
     /// The last graph, built and allocated: consecutive passes of one shape and plan (decode
     /// steps) reuse it, skipping graph construction and scheduling.
     cached: Option<CachedGraph>,
+    /// The most rows and cache positions of one segment that the buffers were measured for: a
+    /// graph past either (a device's cache grows by reallocation) is measured again.
+    measured: (usize, usize),
 }
 
 /// A graph and what its structure depends on: the plan, and each segment's cache (by id) and
@@ -73,6 +76,7 @@ impl Compute {
             compute_bytes: 0,
             reservation: None,
             cached: None,
+            measured: worst.iter().fold((0, 0), |(r, k), s| (r.max(s.shape.n_tokens), k.max(s.shape.n_kv))),
         };
         let plan = LayerPlan::full(model.hp.n_layer).map_err(|e| Error::Ggml(e.to_string()))?;
         let g = compute.build(model, &plan, worst)?;
@@ -123,8 +127,16 @@ impl Compute {
         if !hit {
             self.drop_cached();
             let graph = self.build(model, plan, segments)?;
-            // One segment's graph fits what was reserved for the largest; several may not.
-            let grown = if segments.len() > 1 { self.sched.measure(&graph.ctx) } else { 0 };
+            // One segment's graph fits what was reserved for the largest it was measured for;
+            // several may not, nor one past it.
+            let (rows, n_kv) = self.measured;
+            let past = segments.iter().any(|s| s.shape.n_tokens > rows || s.shape.n_kv > n_kv);
+            let grown = if segments.len() > 1 || past { self.sched.measure(&graph.ctx) } else { 0 };
+            if past {
+                self.measured = segments
+                    .iter()
+                    .fold(self.measured, |(r, k), s| (r.max(s.shape.n_tokens), k.max(s.shape.n_kv)));
+            }
             if grown > self.compute_bytes
                 && let Some(r) = &mut self.reservation
                 && let Err(e) = r.resize(grown as u64)

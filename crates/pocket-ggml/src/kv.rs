@@ -8,8 +8,14 @@
 //! both directions. Accounting is in blocks of [`KV_BLOCK_TOKENS`] tokens, and every block is
 //! reserved in the session's memory ledger before it is written.
 //!
-//! On other devices (CUDA, Vulkan) the cache is allocated for the whole context in device
-//! memory for now.
+//! On other devices (CUDA, Vulkan) device memory cannot be committed by the page, so the
+//! cache grows by reallocation: it holds [`graph::KV_PAD`] positions at first, and a pass that
+//! needs more gets a cache of as many more blocks of that size as it needs, the positions held
+//! copied over within the device, paid for in the ledger before it is allocated (the old and
+//! the new for the moment of the copy). A new cache is a new layout (a new id), so the graphs
+//! built on the old one are not used again. Truncating keeps the capacity.
+//!
+//! [`graph::KV_PAD`]: crate::graph::KV_PAD
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -20,7 +26,7 @@ use pocket_core::memory::Reservation;
 use pocket_core::{KvElement, KvType};
 
 use crate::ffi::arena::{Arena, BufferId, HostMemory};
-use crate::ffi::device::Device;
+use crate::ffi::device::{BufferType, Device};
 use crate::ffi::graph::Tensor;
 use crate::ffi::types::{self, ggml_type};
 use crate::hparams::Hparams;
@@ -83,6 +89,9 @@ pub(crate) struct KvLayout {
 
 pub(crate) struct KvCache {
     layout: Arc<KvLayout>,
+    /// On a device: its buffer type, what each layer's rows hold, and the most positions the
+    /// cache may grow to (its tensors hold `layout.n_ctx` now). None: host memory.
+    device: Option<DeviceCache>,
     /// Most tokens held; blocks are accounted up to here.
     limit: usize,
     n_layer: usize,
@@ -90,14 +99,48 @@ pub(crate) struct KvCache {
     buffer: BufferId,
     /// In host memory: the bytes each tensor's region takes (address space reserved for the
     /// whole context, committed as written; K's and V's rows may differ in size, and each
-    /// region fits the larger). None: device memory for the whole context.
+    /// region fits the larger). None: device memory, reallocated as it grows.
     region: Option<usize>,
-    /// Tokens of capacity currently committed (a multiple of the block size, or n_ctx).
+    /// Tokens of capacity currently committed (a multiple of the block size; on a device,
+    /// the positions its tensors hold).
     committed: usize,
     /// What the committed blocks take in the memory ledger.
     reservation: Reservation,
     /// Tokens of capacity never released (all of it after [`KvCache::hold_whole`]).
     floor: usize,
+}
+
+/// What a cache in device memory is reallocated with.
+struct DeviceCache {
+    buft: BufferType,
+    name: String,
+    n_embd_kv: usize,
+    /// Most positions it grows to (the context, padded).
+    max: usize,
+}
+
+/// A device cache of `rows` positions: its arena, buffer and each layer's K and V, zeroed.
+fn device_tensors(
+    d: &DeviceCache,
+    kv: KvType,
+    n_layer: usize,
+    rows: usize,
+) -> Result<(Arena, BufferId, Vec<Tensor>, Vec<Tensor>)> {
+    let mut arena = Arena::new(2 * n_layer)?;
+    let mut k = Vec::with_capacity(n_layer);
+    let mut v = Vec::with_capacity(n_layer);
+    for _ in 0..n_layer {
+        k.push(arena.matrix(ggml_type(kv.k), d.n_embd_kv, rows)?);
+        v.push(arena.matrix(ggml_type(kv.v), d.n_embd_kv, rows)?);
+    }
+    let buffer = arena
+        .alloc_in(d.buft.0)
+        .map_err(|_| Error::Ggml(format!("cannot allocate a {rows}-token KV cache on {}", d.name)))?;
+    // Device memory comes uninitialised, unlike fresh anonymous pages. Attention reads padded
+    // lengths past the written positions and masks them, but a masked weight of 0 times a NaN
+    // left in the memory is still NaN: zero the cache, as llama.cpp does.
+    arena.clear(buffer);
+    Ok((arena, buffer, k, v))
 }
 
 impl KvCache {
@@ -120,10 +163,41 @@ impl KvCache {
                 hp.head_dim
             ))));
         }
-        if !device.is_cpu() {
-            reservation.resize((n_ctx * bytes_per_token(hp, kv)) as u64)?;
-        }
         let (k_row_bytes, v_row_bytes) = (row_bytes(hp, kv.k), row_bytes(hp, kv.v));
+        if !device.is_cpu() {
+            let d = DeviceCache {
+                buft: BufferType(device.buffer_type()),
+                name: device.name.clone(),
+                n_embd_kv: hp.n_embd_kv(),
+                max: n_ctx,
+            };
+            // A first block; passes that need more grow it (`grow_to`).
+            let rows = crate::graph::KV_PAD.min(n_ctx);
+            reservation.resize((rows * bytes_per_token(hp, kv)) as u64)?;
+            let (arena, buffer, k, v) = device_tensors(&d, kv, hp.n_layer, rows)?;
+            let host = arena.is_host(buffer);
+            return Ok(KvCache {
+                layout: Arc::new(KvLayout {
+                    id: next_id(),
+                    kv,
+                    n_ctx: rows,
+                    k_row_bytes,
+                    v_row_bytes,
+                    k,
+                    v,
+                    host,
+                }),
+                device: Some(d),
+                limit: limit.min(n_ctx),
+                n_layer: hp.n_layer,
+                arena,
+                buffer,
+                region: None,
+                committed: rows,
+                reservation,
+                floor: 0,
+            });
+        }
         let n_tensors = 2 * hp.n_layer;
         let mut arena = Arena::new(n_tensors)?;
         let mut k = Vec::with_capacity(hp.n_layer);
@@ -132,39 +206,26 @@ impl KvCache {
             k.push(arena.matrix(ggml_type(kv.k), hp.n_embd_kv(), n_ctx)?);
             v.push(arena.matrix(ggml_type(kv.v), hp.n_embd_kv(), n_ctx)?);
         }
-        let (buffer, region) = if device.is_cpu() {
-            let region = (n_ctx * k_row_bytes.max(v_row_bytes)).next_multiple_of(PAGE);
-            let map = MmapOptions::new()
-                .len(region * n_tensors)
-                .map_anon()
-                .map_err(|e| Error::Ggml(format!("cannot reserve the KV cache: {e}")))?;
-            let buffer = arena.wrap_host(HostMemory::Anon(map))?;
-            // Each tensor in a region of its own, so that blocks are committed per tensor.
-            for (i, t) in k.iter().zip(&v).flat_map(|(a, b)| [a, b]).enumerate() {
-                arena.place(*t, buffer, i * region)?;
-            }
-            (buffer, Some(region))
-        } else {
-            let buft = device.buffer_type();
-            let buffer = arena.alloc_in(buft).map_err(|_| {
-                Error::Ggml(format!("cannot allocate a {n_ctx}-token KV cache on {}", device.name))
-            })?;
-            // Device memory comes uninitialised, unlike fresh anonymous pages. Attention reads
-            // padded lengths past the written positions and masks them, but a masked weight of
-            // 0 times a NaN left in the memory is still NaN: zero the cache, as llama.cpp does.
-            arena.clear(buffer);
-            (buffer, None)
-        };
-        let committed = if region.is_none() { n_ctx } else { 0 };
+        let region = (n_ctx * k_row_bytes.max(v_row_bytes)).next_multiple_of(PAGE);
+        let map = MmapOptions::new()
+            .len(region * n_tensors)
+            .map_anon()
+            .map_err(|e| Error::Ggml(format!("cannot reserve the KV cache: {e}")))?;
+        let buffer = arena.wrap_host(HostMemory::Anon(map))?;
+        // Each tensor in a region of its own, so that blocks are committed per tensor.
+        for (i, t) in k.iter().zip(&v).flat_map(|(a, b)| [a, b]).enumerate() {
+            arena.place(*t, buffer, i * region)?;
+        }
         let host = arena.is_host(buffer);
         Ok(KvCache {
             layout: Arc::new(KvLayout { id: next_id(), kv, n_ctx, k_row_bytes, v_row_bytes, k, v, host }),
+            device: None,
             limit: limit.min(n_ctx),
             n_layer: hp.n_layer,
             arena,
             buffer,
-            region,
-            committed,
+            region: Some(region),
+            committed: 0,
             reservation,
             floor: 0,
         })
@@ -202,6 +263,20 @@ impl KvCache {
 }
 
 impl KvLayout {
+    /// A layout of this one's type and row sizes, with no tensors yet (for a cache grown).
+    fn clone_shape(l: &KvLayout) -> KvLayout {
+        KvLayout {
+            id: 0,
+            kv: l.kv,
+            n_ctx: 0,
+            k_row_bytes: l.k_row_bytes,
+            v_row_bytes: l.v_row_bytes,
+            k: Vec::new(),
+            v: Vec::new(),
+            host: l.host,
+        }
+    }
+
     pub(crate) fn k(&self, layer: usize) -> Tensor {
         self.k[layer]
     }
@@ -258,11 +333,51 @@ impl KvCache {
     /// [`pocket_core::Error::OverBudget`] nothing changes. Pages are touched by the writes
     /// that follow.
     pub(crate) fn grow_to(&mut self, tokens: usize) -> Result<()> {
+        if self.device.is_some() {
+            return self.grow_device(tokens);
+        }
         if tokens > self.committed {
             let committed = tokens.next_multiple_of(KV_BLOCK_TOKENS).min(self.limit);
             self.reservation.resize(self.bytes_for(committed) as u64)?;
             self.committed = committed;
         }
+        Ok(())
+    }
+
+    /// [`KvCache::grow_to`] on a device: a cache of enough more blocks of [`graph::KV_PAD`]
+    /// positions (attention reads lengths padded to them), the positions held copied over.
+    ///
+    /// [`graph::KV_PAD`]: crate::graph::KV_PAD
+    fn grow_device(&mut self, tokens: usize) -> Result<()> {
+        let Some(d) = &self.device else { return Ok(()) };
+        let held = self.layout.n_ctx;
+        if tokens <= held {
+            return Ok(());
+        }
+        let rows = tokens.next_multiple_of(crate::graph::KV_PAD).min(d.max).max(tokens);
+        // The old cache and the new are both held while the positions are copied.
+        self.reservation.resize(self.bytes_for(held + rows) as u64)?;
+        let grown = device_tensors(d, self.kv, self.n_layer, rows).and_then(|(arena, buffer, k, v)| {
+            for (old, new) in self.layout.k.iter().zip(&k).chain(self.layout.v.iter().zip(&v)) {
+                Arena::copy_rows(*old, *new, held)?;
+            }
+            Ok((arena, buffer, k, v))
+        });
+        let (arena, buffer, k, v) = match grown {
+            Ok(grown) => grown,
+            Err(e) => {
+                let _ = self.reservation.resize(self.bytes_for(held) as u64);
+                return Err(e);
+            }
+        };
+        let l = &self.layout;
+        let layout = KvLayout { id: next_id(), n_ctx: rows, k, v, ..KvLayout::clone_shape(l) };
+        self.layout = Arc::new(layout);
+        // The old tensors go with the old arena (graphs on them are not used again: new id).
+        self.arena = arena;
+        self.buffer = buffer;
+        self.committed = rows;
+        let _ = self.reservation.resize(self.bytes_for(rows) as u64);
         Ok(())
     }
 

@@ -95,7 +95,9 @@ impl GgmlSession {
         let config = Self::effective(model, config);
         let capacity = config.n_ctx.next_multiple_of(graph::KV_PAD);
         let none = Ledger::unlimited().reserve(0, "measuring")?;
-        let kv = KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx, capacity, none)?;
+        let mut kv = KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx, capacity, none)?;
+        // A device's cache starts small and grows: the largest pass is one at its full size.
+        kv.grow_to(config.n_ctx)?;
         let worst = worst_pass(model, &kv, &config);
         Ok(Compute::new(model, config.threads, 1, &[worst], None, "measuring")?.bytes())
     }

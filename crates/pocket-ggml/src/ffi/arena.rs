@@ -167,6 +167,42 @@ impl Arena {
         Ok(())
     }
 
+    /// Copy the first `rows` rows of `src` into `dst`: matrices of this or another arena, of
+    /// one type and row length, in buffers of any backend (a device copies within itself).
+    pub(crate) fn copy_rows(src: Tensor, dst: Tensor, rows: usize) -> Result<()> {
+        let (sn, dn) = (src.ne(), dst.ne());
+        if src.ty() != dst.ty() || sn[0] != dn[0] || rows as i64 > sn[1].min(dn[1]) {
+            return Err(Error::Ggml(format!(
+                "cannot copy {rows} rows of {} into {}",
+                src.name(),
+                dst.name()
+            )));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let views = Arena::new(2)?;
+        // SAFETY: views of live, allocated tensors, described in a context of their own and
+        // bound to their sources' buffers (view_init) before the copy; both lie inside their
+        // sources (rows checked above), have the same layout, and the context is freed after.
+        unsafe {
+            let view = |t: Tensor| {
+                sys::ggml_view_2d(views.ctx.as_ptr(), t.ptr(), t.ne()[0], rows as i64, t.nb()[1], 0)
+            };
+            let (sv, dv) = (view(src), view(dst));
+            if sv.is_null() || dv.is_null() {
+                return Err(Error::Ggml("cannot describe the rows to copy".into()));
+            }
+            if sys::ggml_backend_view_init(sv) != sys::GGML_STATUS_SUCCESS
+                || sys::ggml_backend_view_init(dv) != sys::GGML_STATUS_SUCCESS
+            {
+                return Err(Error::Ggml("cannot bind the rows to copy".into()));
+            }
+            sys::ggml_backend_tensor_copy(sv, dv);
+        }
+        Ok(())
+    }
+
     /// Whether buffer `id` is in host memory (where ggml's CPU kernels read it).
     pub(crate) fn is_host(&self, id: BufferId) -> bool {
         // SAFETY: a live buffer.
@@ -199,5 +235,34 @@ impl Arena {
             let _ =
                 unsafe { map.unchecked_advise_range(UncheckedAdvice::DontNeed, range.start, range.len()) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a device's KV cache does when it grows, here in host buffers.
+    #[test]
+    fn copy_rows_copies_the_first_rows_between_buffers() {
+        crate::ffi::init();
+        // SAFETY: the CPU backend's buffer type, a registry singleton.
+        let buft = unsafe { sys::ggml_backend_cpu_buffer_type() };
+        let mut small = Arena::new(1).unwrap();
+        let src = small.matrix(sys::GGML_TYPE_F16, 8, 3).unwrap();
+        small.alloc_in(buft).unwrap();
+        let mut large = Arena::new(1).unwrap();
+        let dst = large.matrix(sys::GGML_TYPE_F16, 8, 5).unwrap();
+        let id = large.alloc_in(buft).unwrap();
+        large.clear(id);
+        let rows: Vec<u16> = (0..24).collect();
+        src.set_data(&rows).unwrap();
+        Arena::copy_rows(src, dst, 3).unwrap();
+        let mut out = vec![7u16; 40];
+        dst.get_data(&mut out).unwrap();
+        assert_eq!(&out[..24], &rows[..]);
+        assert!(out[24..].iter().all(|&x| x == 0), "rows past the copy stay as they were");
+        // More rows than the source has: refused, nothing copied.
+        assert!(Arena::copy_rows(src, dst, 4).is_err());
     }
 }

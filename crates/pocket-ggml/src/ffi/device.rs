@@ -53,6 +53,15 @@ unsafe impl Send for Device {}
 // SAFETY: as for Send.
 unsafe impl Sync for Device {}
 
+/// A buffer type kept beside what allocates in it later (a device's KV cache, as it grows).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BufferType(pub(crate) sys::ggml_backend_buffer_type_t);
+
+// SAFETY: as for Device: a registry singleton, never freed.
+unsafe impl Send for BufferType {}
+// SAFETY: as for Send.
+unsafe impl Sync for BufferType {}
+
 /// The names of the devices ggml's registry knows.
 pub fn device_names() -> Vec<String> {
     crate::ffi::init();
