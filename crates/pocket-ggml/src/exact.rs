@@ -86,7 +86,10 @@ fn widest(inner: Arc<Inner>) -> Result<usize> {
     let tokens: Vec<Token> =
         (0..PROBE_CONTEXT + PROBE_WIDTH).map(|i| ((i * 7919 + 13) % n_vocab) as Token).collect();
     let (context, probed) = tokens.split_at(PROBE_CONTEXT);
-    session.decode(context, &plan, Rows::None)?;
+    // A row is read back (not `Rows::None`): on lavapipe a first pass that read nothing back
+    // was followed by a crash inside the driver (its queue thread, while ggml-vulkan compiled
+    // the next pass's pipeline); reading waits for the device.
+    session.decode(context, &plan, Rows::Last)?;
     let mut single = Vec::with_capacity(PROBE_WIDTH);
     for &t in probed {
         single.push(session.decode(&[t], &plan, Rows::Last)?.last().to_vec());
