@@ -76,7 +76,7 @@ impl Compute {
             compute_bytes: 0,
             reservation: None,
             cached: None,
-            measured: worst.iter().fold((0, 0), |(r, k), s| (r.max(s.shape.n_tokens), k.max(s.shape.n_kv))),
+            measured: extent((0, 0), worst),
         };
         let plan = LayerPlan::full(model.hp.n_layer).map_err(|e| Error::Ggml(e.to_string()))?;
         let g = compute.build(model, &plan, worst)?;
@@ -133,9 +133,7 @@ impl Compute {
             let past = segments.iter().any(|s| s.shape.n_tokens > rows || s.shape.n_kv > n_kv);
             let grown = if segments.len() > 1 || past { self.sched.measure(&graph.ctx) } else { 0 };
             if past {
-                self.measured = segments
-                    .iter()
-                    .fold(self.measured, |(r, k), s| (r.max(s.shape.n_tokens), k.max(s.shape.n_kv)));
+                self.measured = extent(self.measured, segments);
             }
             if grown > self.compute_bytes
                 && let Some(r) = &mut self.reservation
@@ -180,4 +178,9 @@ impl Compute {
             self.graph_mem = c.graph.ctx.into_memory();
         }
     }
+}
+
+/// `(rows, n_kv)` grown to the most rows and cache positions of any of `segments`.
+fn extent((rows, n_kv): (usize, usize), segments: &[Segment<'_>]) -> (usize, usize) {
+    segments.iter().fold((rows, n_kv), |(r, k), s| (r.max(s.shape.n_tokens), k.max(s.shape.n_kv)))
 }

@@ -263,20 +263,6 @@ impl KvCache {
 }
 
 impl KvLayout {
-    /// A layout of this one's type and row sizes, with no tensors yet (for a cache grown).
-    fn clone_shape(l: &KvLayout) -> KvLayout {
-        KvLayout {
-            id: 0,
-            kv: l.kv,
-            n_ctx: 0,
-            k_row_bytes: l.k_row_bytes,
-            v_row_bytes: l.v_row_bytes,
-            k: Vec::new(),
-            v: Vec::new(),
-            host: l.host,
-        }
-    }
-
     pub(crate) fn k(&self, layer: usize) -> Tensor {
         self.k[layer]
     }
@@ -371,8 +357,9 @@ impl KvCache {
             }
         };
         let l = &self.layout;
-        let layout = KvLayout { id: next_id(), n_ctx: rows, k, v, ..KvLayout::clone_shape(l) };
-        self.layout = Arc::new(layout);
+        let (kv, k_row_bytes, v_row_bytes, host) = (l.kv, l.k_row_bytes, l.v_row_bytes, l.host);
+        self.layout =
+            Arc::new(KvLayout { id: next_id(), kv, n_ctx: rows, k_row_bytes, v_row_bytes, k, v, host });
         // The old tensors go with the old arena (graphs on them are not used again: new id).
         self.arena = arena;
         self.buffer = buffer;
