@@ -97,16 +97,39 @@ pub struct ParkedPrefix {
 }
 
 /// The budget and its use, in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryStatus {
-    /// The budget.
+    /// The budget (of host memory, and of the device's where it shares the host's).
     pub budget_bytes: u64,
-    /// Reserved now (the process, models, sessions).
+    /// Reserved now (the process, models, sessions), in host memory.
     pub used_bytes: u64,
     /// The most ever reserved at once.
     pub peak_bytes: u64,
     /// The process's resident memory now (VmRSS).
     pub resident_bytes: u64,
+    /// The device models run on, when it is not the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceMemoryStatus>,
+}
+
+/// A device's memory and what is reserved in it, in bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceMemoryStatus {
+    /// Its name (`CUDA0`, `Vulkan0`).
+    pub name: String,
+    /// Whether it computes in the host's memory (an integrated GPU: Jetson's): then one budget,
+    /// the host's, covers both, and what is on the device is part of `used_bytes` above.
+    pub unified: bool,
+    /// The budget of its own memory (the host's budget when unified).
+    pub budget_bytes: u64,
+    /// Reserved on it now (weights, KV caches, compute buffers).
+    pub used_bytes: u64,
+    /// The most ever reserved on it at once.
+    pub peak_bytes: u64,
+    /// Its memory in all, as its backend reports it.
+    pub total_bytes: u64,
+    /// Free on it now, for every process, as its backend reports it.
+    pub free_bytes: u64,
 }
 
 /// A model held in memory.

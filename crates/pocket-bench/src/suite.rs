@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pocket_core::cost::CostCurveConfig;
+use pocket_core::memory::BudgetSpec;
 use pocket_core::memory::Ledger;
 use pocket_core::spec::SpecMode;
 use pocket_core::{ModelKind, SamplingConfig, SessionConfig, StopConfig, Token};
 use pocket_runtime::WeightFormat;
 use pocket_runtime::learn::{self, SkipSearch, TuneSettings};
 use pocket_runtime::pipeline::{self, Input};
-use pocket_runtime::process::{CpuTimes, MemStats, budget_ledger, reset_peak};
+use pocket_runtime::process::{CpuTimes, MemStats, budget_ledger, reset_peak, with_device_pool};
 use pocket_runtime::{LoadedModel, OpenOptions};
 
 use super::concurrency::{self, ConcurrencyResults, ConcurrentRun};
@@ -147,6 +148,7 @@ pub fn run(
     let file_sha256 = file_sha256(config)?;
     // Held until the runs end: the process's own memory, reserved first under a budget.
     let (ledger, _process) = budget_ledger(config.memory_budget)?;
+    let (ledger, _) = with_device_pool(ledger, &config.device, BudgetSpec::Auto)?;
     let budgeted = config.memory_budget.is_some();
     let mut models = open_targets(config, &ledger)?;
     let main = models[0].model.clone();

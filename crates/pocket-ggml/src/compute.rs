@@ -2,11 +2,11 @@
 //! are built in, and the last graph built, reused while passes keep its shape. A session has
 //! one for its own passes; a model has one for the passes its sessions share (`batch`).
 
-use pocket_core::memory::{Ledger, Reservation};
+use pocket_core::memory::{Ledger, Place, Reservation};
 use pocket_core::{LayerPlan, Threads};
 
 use crate::ffi::graph::Ctx;
-use crate::ffi::sched::Scheduler;
+use crate::ffi::sched::{BufferBytes, Scheduler};
 use crate::graph::{self, PassShape, Segment};
 use crate::parts::Parts;
 use crate::{Error, Result};
@@ -18,9 +18,10 @@ pub(crate) struct Compute {
     /// Memory for the next graph's context, handed back by the last one dropped.
     graph_mem: Vec<u8>,
     /// Bytes of the compute buffers, as reserved.
-    compute_bytes: usize,
-    /// The compute buffers' bytes in the memory ledger (none: only measured).
-    reservation: Option<Reservation>,
+    compute_bytes: BufferBytes,
+    /// The compute buffers' bytes in the memory ledger, on the device and in host memory
+    /// (none: only measured).
+    reservation: Option<[Reservation; 2]>,
     /// The last graph, built and allocated: consecutive passes of one shape and plan (decode
     /// steps) reuse it, skipping graph construction and scheduling.
     cached: Option<CachedGraph>,
@@ -73,7 +74,7 @@ impl Compute {
             sched,
             nodes,
             graph_mem: vec![0; Ctx::memory_for(nodes)],
-            compute_bytes: 0,
+            compute_bytes: BufferBytes::default(),
             reservation: None,
             cached: None,
             measured: extent((0, 0), worst),
@@ -87,7 +88,9 @@ impl Compute {
             compute.compute_bytes = measured;
             return Ok(compute);
         };
-        let reservation = ledger.reserve(measured as u64, what);
+        let reservation = ledger
+            .reserve_in(Place::Device, measured.device as u64, what)
+            .and_then(|d| Ok([d, ledger.reserve(measured.host as u64, what)?]));
         let reserved = reservation.is_ok() && compute.sched.reserve(&g.ctx);
         compute.graph_mem = g.ctx.into_memory();
         compute.reservation = Some(reservation?);
@@ -100,7 +103,7 @@ impl Compute {
 
     /// Bytes of the compute buffers.
     pub(crate) fn bytes(&self) -> usize {
-        self.compute_bytes
+        self.compute_bytes.total()
     }
 
     /// Build the graph of a pass over `segments` in the graph memory (which must not hold a
@@ -131,16 +134,25 @@ impl Compute {
             // several may not, nor one past it.
             let (rows, n_kv) = self.measured;
             let past = segments.iter().any(|s| s.shape.n_tokens > rows || s.shape.n_kv > n_kv);
-            let grown = if segments.len() > 1 || past { self.sched.measure(&graph.ctx) } else { 0 };
+            let grown = if segments.len() > 1 || past {
+                self.sched.measure(&graph.ctx)
+            } else {
+                BufferBytes::default()
+            };
             if past {
                 self.measured = extent(self.measured, segments);
             }
-            if grown > self.compute_bytes
-                && let Some(r) = &mut self.reservation
-                && let Err(e) = r.resize(grown as u64)
+            if grown.exceeds(self.compute_bytes)
+                && let Some([device, host]) = &mut self.reservation
             {
-                self.graph_mem = graph.ctx.into_memory();
-                return Err(e.into());
+                let (was, to) = (self.compute_bytes, grown.max(self.compute_bytes));
+                let resized = device.resize(to.device as u64).and_then(|()| host.resize(to.host as u64));
+                if let Err(e) = resized {
+                    // Shrinking cannot fail: both back to what the buffers are.
+                    let _ = device.resize(was.device as u64);
+                    self.graph_mem = graph.ctx.into_memory();
+                    return Err(e.into());
+                }
             }
             if !self.sched.alloc(&graph.ctx) {
                 self.graph_mem = graph.ctx.into_memory();

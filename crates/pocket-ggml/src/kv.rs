@@ -22,11 +22,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::MmapOptions;
-use pocket_core::memory::Reservation;
+use pocket_core::memory::{Place, Reservation};
 use pocket_core::{KvElement, KvType};
 
 use crate::ffi::arena::{Arena, BufferId, HostMemory};
-use crate::ffi::device::{BufferType, Device};
+use crate::ffi::device::{BufferType, Device, buft_is_host};
 use crate::ffi::graph::Tensor;
 use crate::ffi::types::{self, ggml_type};
 use crate::hparams::Hparams;
@@ -173,6 +173,9 @@ impl KvCache {
             };
             // A first block; passes that need more grow it (`grow_to`).
             let rows = crate::graph::KV_PAD.min(n_ctx);
+            if !buft_is_host(d.buft.0) {
+                reservation.move_to(Place::Device)?;
+            }
             reservation.resize((rows * bytes_per_token(hp, kv)) as u64)?;
             let (arena, buffer, k, v) = device_tensors(&d, kv, hp.n_layer, rows)?;
             let host = arena.is_host(buffer);

@@ -52,7 +52,7 @@ pub use attention::AttentionKernel;
 pub use convert::WeightFormat;
 pub use error::{Error, Result};
 pub use ffi::device::Repack;
-pub use ffi::device::{DeviceChoice, device_names};
+pub use ffi::device::{DeviceChoice, DeviceMemory, device_memory, device_names};
 pub use ffi::gguf::type_layout as ggml_type_layout;
 pub use ffi::gguf_check;
 pub use ffi::heap::release_free_heap;

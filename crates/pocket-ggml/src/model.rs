@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use pocket_core::memory::Ledger;
+use pocket_core::memory::{Ledger, Place};
 use pocket_core::spec::SpecMode;
 use pocket_core::{
     CacheKey, Footprint, KvType, Model, ModelInfo, ModelKind, Session, SessionConfig, Tokenizer,
@@ -108,12 +108,20 @@ impl GgmlModel {
         let what = format!("the weights of {}", path.display());
         // Weights read through the mapping become resident as they are used: at most the file.
         // Converted or repacked copies are known once made, and paid for then.
+        // On a device they are copied into its memory (all but the token embedding, which stays
+        // in host memory): the file's size is reserved there first, then split as placed.
         let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        let mut reservation = options.ledger.as_ref().map(|l| l.reserve(file_bytes, &what)).transpose()?;
+        let first = if device.is_cpu() { Place::Host } else { Place::Device };
+        let mut reservations = match &options.ledger {
+            Some(l) => vec![l.reserve_in(first, file_bytes, &what)?, l.reserve_in(Place::Host, 0, &what)?],
+            None => Vec::new(),
+        };
         let layer_tensors = crate::arch::layer_tensors(hp.arch);
         let weights = Weights::load(&file, (&hp, layer_tensors), &device, options.weights, progress)?;
-        if let Some(r) = &mut reservation {
-            r.resize(weights.mapped_bytes + weights.copied_bytes)?;
+        if let [in_first, host] = &mut reservations[..] {
+            let placed = weights.mapped_bytes + weights.copied_bytes;
+            in_first.resize(if first == Place::Device { weights.device_bytes } else { placed })?;
+            host.resize(placed - in_first.bytes())?;
         }
         let vocab = Vocab::load(path)?;
         let weights_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
@@ -167,7 +175,7 @@ impl GgmlModel {
             attention,
             cache_key,
             ledger: options.ledger.clone().unwrap_or_else(Ledger::unlimited),
-            _reservation: reservation,
+            _reservations: reservations,
         };
         let mut inner = Arc::new(Inner { batch, parts, step_rows: AtomicUsize::new(1) });
         if !inner.device.is_cpu() {

@@ -32,6 +32,7 @@ pub(crate) struct Parts {
     /// The ledger the model is paid for in (unlimited without a budget): shared passes'
     /// compute buffers are too.
     pub(crate) ledger: Ledger,
-    /// The weights' bytes in the memory ledger (dropped last).
-    pub(crate) _reservation: Option<Reservation>,
+    /// The weights' bytes in the memory ledger, on the device and in host memory (dropped
+    /// last).
+    pub(crate) _reservations: Vec<Reservation>,
 }

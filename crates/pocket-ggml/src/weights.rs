@@ -11,7 +11,7 @@ use llama_cpp_sys_2 as sys;
 
 use crate::convert::{WeightFormat, convert_matrix};
 use crate::ffi::arena::{Arena, HostMemory};
-use crate::ffi::device::{Device, WeightOp, buft_name};
+use crate::ffi::device::{Device, WeightOp, buft_is_host, buft_name};
 use crate::ffi::gguf::GgufFile;
 use crate::ffi::graph::Tensor;
 use crate::hparams::{Arch, Hparams};
@@ -188,6 +188,8 @@ pub(crate) struct Weights {
     pub(crate) copied_bytes: u64,
     /// Bytes used in place from the mapping.
     pub(crate) mapped_bytes: u64,
+    /// Of the copied bytes, those in the device's own memory.
+    pub(crate) device_bytes: u64,
     /// The tensors' descriptions and buffers, one arena per buffer type (the handles above
     /// point into them).
     _arenas: Vec<Arena>,
@@ -245,6 +247,7 @@ impl Weights {
             placed: vec![None; wanted.len()],
             copied_bytes: 0,
             mapped_bytes: 0,
+            device_bytes: 0,
             counted_tied: std::ptr::null(),
             file_done: 0,
             total,
@@ -255,7 +258,7 @@ impl Weights {
             arenas.push(placer.place_group(device, cpu_buft, group)?);
         }
 
-        let Placer { placed, copied_bytes, mapped_bytes, .. } = placer;
+        let Placer { placed, copied_bytes, mapped_bytes, device_bytes, .. } = placer;
         let handle = |i: usize| placed[i];
         let mut layers: Vec<LayerWeights> =
             (0..hp.n_layer).map(|_| LayerWeights { tensors: [None; Slot::ALL.len()] }).collect();
@@ -275,6 +278,7 @@ impl Weights {
             layers,
             copied_bytes,
             mapped_bytes,
+            device_bytes,
             _arenas: arenas,
         })
     }
@@ -327,6 +331,7 @@ struct Placer<'a> {
     placed: Vec<Option<Tensor>>,
     copied_bytes: u64,
     mapped_bytes: u64,
+    device_bytes: u64,
     /// Where the token embedding's bytes start once they are counted as mapped.
     counted_tied: *const u8,
     /// Bytes of the file placed so far, for `progress` (converted weights differ in size).
@@ -357,7 +362,11 @@ impl Placer<'_> {
             self.map_in_place(&mut arena, &tensors)?;
         } else {
             arena.alloc_in(*buft)?;
+            let before = self.copied_bytes;
             self.copy_out(&tensors, *convert)?;
+            if !buft_is_host(*buft) {
+                self.device_bytes += self.copied_bytes - before;
+            }
         }
         arena.mark_weights();
         tracing::debug!(buffer = %buft_name(*buft), tensors = list.len(), in_place, "placed weights");

@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use pocket_core::memory::Ledger;
 use pocket_core::{Error, Model, Rows, Session};
-use pocket_ggml::KV_BLOCK_TOKENS;
+use pocket_ggml::{DeviceChoice, GgmlModel, KV_BLOCK_TOKENS, LoadOptions};
 
 #[test]
 fn the_footprint_predicts_what_a_session_reserves() {
@@ -139,4 +139,64 @@ fn a_preallocated_session_holds_the_whole_context_from_the_start() {
     s.decode(&prose(&model, 100), &full(&model), Rows::Last).unwrap();
     s.truncate(0).unwrap();
     assert_eq!(s.kv_bytes() as u64, fp.kv_bytes(1024), "kept after truncation");
+}
+
+/// SmolLM2 on the build's device, paid for in `ledger`.
+fn load_in(ledger: &Ledger) -> pocket_ggml::Result<GgmlModel> {
+    let options =
+        LoadOptions { device: DeviceChoice::Auto, ledger: Some(ledger.clone()), ..LoadOptions::default() };
+    GgmlModel::load(&model_path(SMOL), &options)
+}
+
+#[test]
+fn what_is_on_the_device_is_paid_for_in_its_memory_and_the_rest_in_the_hosts() {
+    let _serial = serial();
+    let file = std::fs::metadata(model_path(SMOL)).unwrap().len();
+    let ledger = Ledger::new(4 << 30).with_device_pool("the device", 4 << 30);
+    let model = load_in(&ledger).unwrap();
+    let on_cpu = model.device_name() == "CPU";
+    let weights = (ledger.used(), ledger.device_used());
+    let config = config(1024);
+    let mut s = model.new_session_in(&config, &ledger.sub()).unwrap();
+    s.decode(&prose(&model, 300), &full(&model), Rows::Last).unwrap();
+    let session = (ledger.used() - weights.0, ledger.device_used() - weights.1);
+    eprintln!(
+        "on {}: weights {} B in host memory, {} B on the device; a session of 300 tokens {} B and {} B",
+        model.device_name(),
+        weights.0,
+        weights.1,
+        session.0,
+        session.1
+    );
+    if on_cpu {
+        assert_eq!((weights.1, session.1), (0, 0), "nothing is on a device");
+        assert!(weights.0 > 0 && session.0 > 0);
+    } else {
+        // The matrices and the KV cache on the device; the token embedding, the logits and
+        // the CPU's share of the compute buffers in host memory.
+        let embedding = model.info().n_vocab as u64 * model.info().n_embd as u64;
+        assert!(weights.1 > file / 2 && weights.0 > 0 && weights.0 < file / 2, "{weights:?} of {file}");
+        assert!(weights.0 >= embedding / 4, "the token embedding stays in host memory: {weights:?}");
+        let kv = model.footprint(&config).unwrap().kv_bytes(300);
+        assert!(session.1 >= kv && session.0 > 0, "{session:?}, KV {kv}");
+    }
+    drop(s);
+    assert_eq!((ledger.used(), ledger.device_used()), weights, "a dropped session gives both back");
+    drop(model);
+    assert_eq!((ledger.used(), ledger.device_used()), (0, 0));
+
+    // A device pool too small for the weights refuses them, naming the device, and takes
+    // nothing; on the CPU it is never drawn on.
+    let small = Ledger::new(4 << 30).with_device_pool("the device", 1 << 20);
+    match load_in(&small) {
+        Ok(m) => {
+            assert!(on_cpu && small.device_used() == 0, "{} B on {}", small.device_used(), m.device_name())
+        }
+        Err(e) => {
+            let e = pocket_core::Error::from(e);
+            assert!(!on_cpu && e.to_string().contains("the device"), "{e}");
+            assert!(matches!(e, Error::OverBudget { .. }), "{e}");
+        }
+    }
+    assert_eq!((small.used(), small.device_used()), (0, 0));
 }

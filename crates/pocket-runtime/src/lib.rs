@@ -45,7 +45,9 @@ pub use validate::{Settings, validate};
 // through this crate: the device and weight-format choices, the architectures our graph
 // builds, llama.cpp as reference and baseline, and the parity check against it; the
 // encoder-decoder engine and its KV arithmetic for the seq2seq benchmark's KV report.
-pub use pocket_ggml::{DeviceChoice, LlamaCpp, SUPPORTED_ARCHITECTURES, WeightFormat, parity};
+pub use pocket_ggml::{
+    DeviceChoice, DeviceMemory, LlamaCpp, SUPPORTED_ARCHITECTURES, WeightFormat, device_memory, parity,
+};
 pub use pocket_tract::{TractModel, kv_bytes_per_token};
 
 /// Longest draft a request asks for unless it says otherwise (`auto` chooses its own length

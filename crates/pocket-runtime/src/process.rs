@@ -83,6 +83,41 @@ pub fn budget_ledger(spec: Option<BudgetSpec>) -> crate::Result<(Ledger, Option<
     Ok((ledger, Some(reservation)))
 }
 
+/// `ledger` with the memory of the device `choice` selects as a pool of its own, where that
+/// device has memory of its own (a discrete GPU): `spec` of it, where `auto` is what is free on
+/// the device now less a tenth of its total (the backend's own scratch — cuBLAS's workspaces,
+/// the CUDA pool's dequantized matrices — is in no buffer the ledger sees). On the CPU, and on
+/// a GPU that shares the host's memory (Jetson's), `ledger` as it is: one budget for both.
+/// Also the device's memory as its backend reports it (none on the CPU).
+pub fn with_device_pool(
+    ledger: Ledger,
+    choice: &crate::DeviceChoice,
+    spec: BudgetSpec,
+) -> crate::Result<(Ledger, Option<crate::DeviceMemory>)> {
+    let Some(memory) = pocket_ggml::device_memory(choice).map_err(crate::Error::Ggml)? else {
+        return Ok((ledger, None));
+    };
+    if memory.unified {
+        return Ok((ledger, Some(memory)));
+    }
+    let budget = match spec {
+        BudgetSpec::Auto => memory.free_bytes.saturating_sub(memory.total_bytes / 10),
+        BudgetSpec::Bytes(b) if b <= memory.total_bytes => b,
+        BudgetSpec::Bytes(b) => {
+            return Err(crate::Error::invalid(
+                "device_memory_budget",
+                format!(
+                    "a device memory budget of {} is more than {} has ({}): give at most that, or auto",
+                    pocket_core::memory::format_size(b),
+                    memory.name,
+                    pocket_core::memory::format_size(memory.total_bytes)
+                ),
+            ));
+        }
+    };
+    Ok((ledger.with_device_pool(&memory.name, budget), Some(memory)))
+}
+
 /// CPU time counters, to tell how much of the machine other processes took during a run: on
 /// a shared machine (or a board running other services) a benchmark competing for its
 /// cores measures the competition, and with spinning thread pools not proportionally.

@@ -10,7 +10,7 @@ mod ledger;
 mod plan;
 mod size;
 
-pub use ledger::{Ledger, Reservation};
+pub use ledger::{Ledger, Place, Reservation};
 pub use plan::{
     Degradation, DraftModelCosts, MIN_PREFILL_BATCH, ModelCosts, Plan, PlanRequest, SUFFIX_BYTES_PER_TOKEN,
     SessionCosts, kv_ladder, plan, prefill_batches,

@@ -69,6 +69,40 @@ pub fn device_names() -> Vec<String> {
     unsafe { (0..sys::ggml_backend_dev_count()).map(|i| dev_name(sys::ggml_backend_dev_get(i))).collect() }
 }
 
+/// A device's memory, as its backend reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// The device's ggml name (`CUDA0`, `Vulkan0`).
+    pub name: String,
+    /// Whether its memory is the host's (an integrated GPU: Jetson's, a Raspberry Pi's), so
+    /// that one budget covers both.
+    pub unified: bool,
+    /// Bytes in all.
+    pub total_bytes: u64,
+    /// Bytes free now (for every process on the device).
+    pub free_bytes: u64,
+}
+
+/// The memory of the device `choice` selects, or none for the CPU.
+pub fn device_memory(choice: &DeviceChoice) -> Result<Option<DeviceMemory>> {
+    let device = Device::select(choice, Repack::None, || None)?;
+    if device.is_cpu() {
+        return Ok(None);
+    }
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: a registry device; the two out-pointers are valid for the call.
+    let kind = unsafe {
+        sys::ggml_backend_dev_memory(device.dev, &mut free, &mut total);
+        sys::ggml_backend_dev_type(device.dev)
+    };
+    Ok(Some(DeviceMemory {
+        name: device.name,
+        unified: kind == sys::GGML_BACKEND_DEVICE_TYPE_IGPU,
+        total_bytes: total as u64,
+        free_bytes: free as u64,
+    }))
+}
+
 fn dev_name(dev: sys::ggml_backend_dev_t) -> String {
     // SAFETY: dev is a registry device; its name is a static NUL-terminated string.
     unsafe { CStr::from_ptr(sys::ggml_backend_dev_name(dev)) }.to_string_lossy().into_owned()
@@ -294,6 +328,13 @@ fn is_extra(dev: sys::ggml_backend_dev_t, buft: sys::ggml_backend_buffer_type_t)
 pub(crate) fn buft_name(buft: sys::ggml_backend_buffer_type_t) -> String {
     // SAFETY: registry buffer type; the name is a static C string.
     unsafe { CStr::from_ptr(sys::ggml_backend_buft_name(buft)) }.to_string_lossy().into_owned()
+}
+
+/// Whether a buffer type's memory is the host's (the CPU's, or pinned host memory a GPU
+/// reads), rather than a device's own.
+pub(crate) fn buft_is_host(buft: sys::ggml_backend_buffer_type_t) -> bool {
+    // SAFETY: registry buffer type; a query.
+    unsafe { sys::ggml_backend_buft_is_host(buft) }
 }
 
 /// Turn a Rust string into a C string for ggml names (interior NULs dropped).

@@ -10,9 +10,32 @@ use pocket_core::Threads;
 use pocket_core::cpu::governor;
 
 use crate::error::{Error, Result};
-use crate::ffi::device::Device;
+use crate::ffi::device::{Device, buft_is_host};
 use crate::ffi::graph::Ctx;
 use crate::ffi::pools::Pools;
+
+/// Bytes of compute buffers, in the device's own memory and in host memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct BufferBytes {
+    pub(crate) device: usize,
+    pub(crate) host: usize,
+}
+
+impl BufferBytes {
+    pub(crate) fn total(self) -> usize {
+        self.device + self.host
+    }
+
+    /// The larger of each.
+    pub(crate) fn max(self, other: BufferBytes) -> BufferBytes {
+        BufferBytes { device: self.device.max(other.device), host: self.host.max(other.host) }
+    }
+
+    /// Whether either is larger than in `other`.
+    pub(crate) fn exceeds(self, other: BufferBytes) -> bool {
+        self.device > other.device || self.host > other.host
+    }
+}
 
 /// Backends, thread pools and scheduler of one session. Not shared: ggml's CPU backend keeps
 /// per-computation state, so two sessions computing at once need one each.
@@ -107,14 +130,31 @@ impl Scheduler {
         Ok(Scheduler { sched, backends, threads, pools: RefCell::new(pools), attached: Cell::new(max) })
     }
 
-    /// Bytes of the compute buffers `graph` needs, over all backends, without allocating them.
-    pub(crate) fn measure(&self, graph: &Ctx) -> usize {
+    /// Bytes of the compute buffers `graph` needs, without allocating them.
+    pub(crate) fn measure(&self, graph: &Ctx) -> BufferBytes {
         let mut sizes = vec![0usize; self.backends.len()];
         // SAFETY: a graph built for this scheduler's backends; one size per backend.
         unsafe {
             sys::ggml_backend_sched_reserve_size(self.sched.as_ptr(), graph.graph(), sizes.as_mut_ptr())
         };
-        sizes.iter().sum()
+        self.by_place(|i, _| sizes[i])
+    }
+
+    /// Sum `size(index, backend)` over the backends, apart for those whose buffers are in
+    /// the device's own memory and those in host memory.
+    fn by_place(&self, size: impl Fn(usize, NonNull<sys::ggml_backend>) -> usize) -> BufferBytes {
+        let mut bytes = BufferBytes::default();
+        for (i, &b) in self.backends.iter().enumerate() {
+            // SAFETY: a backend of this scheduler; its default buffer type is a registry one.
+            let buft = unsafe { sys::ggml_backend_get_default_buffer_type(b.as_ptr()) };
+            let n = size(i, b);
+            if buft_is_host(buft) {
+                bytes.host += n;
+            } else {
+                bytes.device += n;
+            }
+        }
+        bytes
     }
 
     /// Allocate compute buffers large enough for `graph` (and every smaller one).
@@ -123,13 +163,12 @@ impl Scheduler {
         unsafe { sys::ggml_backend_sched_reserve(self.sched.as_ptr(), graph.graph()) }
     }
 
-    /// Bytes of the compute buffers allocated, over all backends.
-    pub(crate) fn buffer_bytes(&self) -> usize {
-        self.backends
-            .iter()
-            // SAFETY: backends of this scheduler.
-            .map(|b| unsafe { sys::ggml_backend_sched_get_buffer_size(self.sched.as_ptr(), b.as_ptr()) })
-            .sum()
+    /// Bytes of the compute buffers allocated, on the device and in host memory.
+    pub(crate) fn buffer_bytes(&self) -> BufferBytes {
+        // SAFETY: backends of this scheduler.
+        self.by_place(|_, b| unsafe {
+            sys::ggml_backend_sched_get_buffer_size(self.sched.as_ptr(), b.as_ptr())
+        })
     }
 
     /// Assign `graph`'s tensors to the backends and their buffers, ready for inputs.

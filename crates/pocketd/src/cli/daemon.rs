@@ -50,6 +50,18 @@ pub fn status(args: Args) -> anyhow::Result<()> {
         format_size(s.memory.peak_bytes),
         format_size(s.memory.resident_bytes)
     );
+    if let Some(d) = &s.memory.device {
+        let pool = if d.unified { "of host memory" } else { "of its own memory" };
+        println!(
+            "device {}: {} reserved {pool} (peak {}), budget {}; {} of {} free",
+            d.name,
+            format_size(d.used_bytes),
+            format_size(d.peak_bytes),
+            format_size(d.budget_bytes),
+            format_size(d.free_bytes),
+            format_size(d.total_bytes)
+        );
+    }
     for m in &s.loaded {
         println!(
             "model {}: {} , {} session(s), idle {:.0} s",

@@ -10,7 +10,7 @@ use pocket_core::spec::{SpecMode, SpecStats};
 use pocket_core::{ChatMessage, KvType, SamplingConfig, SessionConfig, StopConfig, Threads, Token};
 use pocket_runtime::WeightFormat;
 use pocket_runtime::pipeline::{self, Input, OnEvent, Request};
-use pocket_runtime::process::{MemStats, PeakSampler, budget_ledger};
+use pocket_runtime::process::{MemStats, PeakSampler, budget_ledger, with_device_pool};
 use pocket_runtime::weight_choice::{WeightsEstimate, auto_weights, candidates};
 use pocket_runtime::{DEFAULT_MAX_DRAFT, Engine, LoadedModel, Settings};
 use serde::Serialize;
@@ -178,6 +178,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.prompt.clone()
     };
     let (ledger, _process) = budget_ledger(args.memory_budget)?;
+    // A discrete GPU's memory is budgeted apart from the host's (`auto`: what is free on it).
+    let (ledger, _) = with_device_pool(ledger, &args.model.device, BudgetSpec::Auto)?;
     let (model, draft, weight_estimates) = open_models(&args, spec, &ledger)?;
     let request = request_of(&args, prompt, stop, spec);
     let prepared = pipeline::prepare(&model, draft.as_ref(), &request, &ledger)?;

@@ -155,6 +155,14 @@ pub struct Config {
     /// The memory budget: a size (`"1.5GiB"`) or `"auto"` (the cgroup's `memory.max` — what
     /// systemd's `MemoryMax=` sets — or the memory available at start, less a reserve).
     pub memory_budget: BudgetSpec,
+    /// The ggml device models run on: `"auto"` (a GPU if there is one), `"cpu"`, or a device's
+    /// name (`"CUDA0"`, `"Vulkan0"`; a name there is not is refused with the list of those there
+    /// are).
+    pub device: String,
+    /// The budget of a discrete GPU's own memory, apart from `memory_budget`: a size or
+    /// `"auto"` (what is free on the device at start, less a tenth of it in all). Where the
+    /// GPU computes in the host's memory (Jetson) `memory_budget` covers both.
+    pub device_memory_budget: BudgetSpec,
     /// CPU threads of each forward pass: `"auto"` (as many as other programs leave free, pass
     /// by pass: affinity, cgroup quota, load, stragglers) or a fixed count. `0` is read as
     /// `"auto"`.
@@ -220,6 +228,8 @@ impl Default for Config {
             models_dir: PathBuf::from("/var/lib/pocketd/models"),
             default_model: pocket_models::default_model().to_owned(),
             memory_budget: BudgetSpec::Auto,
+            device: "auto".to_owned(),
+            device_memory_budget: BudgetSpec::Auto,
             threads: Threads::Auto,
             parallel: Parallel::Auto,
             queue: 16,

@@ -242,6 +242,8 @@ const CONFIG_KEYS: &[&str] = &[
     "models_dir",
     "default_model",
     "memory_budget",
+    "device",
+    "device_memory_budget",
     "threads",
     "parallel",
     "queue",

@@ -155,6 +155,17 @@ fn memory(out: &mut Exposition, mem: &pocket_api::MemoryStatus, session_peak_byt
         "The most one session has held in the budget.",
         session_peak_bytes as f64,
     );
+    if let Some(d) = &mem.device {
+        let budget = "The budget of the device's memory (the host's when unified).";
+        out.gauge("pocketd_device_memory_budget_bytes", budget, d.budget_bytes as f64);
+        let used = "Bytes reserved on the device now (inside pocketd_memory_used_bytes when unified).";
+        out.gauge("pocketd_device_memory_used_bytes", used, d.used_bytes as f64);
+        out.gauge(
+            "pocketd_device_memory_free_bytes",
+            "Free on the device now, for every process.",
+            d.free_bytes as f64,
+        );
+    }
 }
 
 /// Sessions, the queue, turns, and the passes loaded models' requests share.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use pocket_core::memory::Ledger;
 use pocket_models::{Catalog, Format};
 use pocket_runtime::learn::{self, TuneSettings};
-use pocket_runtime::{LoadedModel, OpenOptions, PromptCache};
+use pocket_runtime::{DeviceChoice, LoadedModel, OpenOptions, PromptCache};
 
 use super::error::ServeError;
 
@@ -62,6 +62,8 @@ struct Slot {
 pub struct Registry {
     models_dir: PathBuf,
     ledger: Ledger,
+    /// The device models are opened on.
+    device: DeviceChoice,
     prompt_cache: Option<Arc<PromptCache>>,
     keep_alive: Duration,
     loaded: Mutex<Vec<Slot>>,
@@ -102,13 +104,14 @@ impl Registry {
     /// sessions in `prompt_cache`.
     pub fn new(
         models_dir: PathBuf,
-        ledger: Ledger,
+        (ledger, device): (Ledger, DeviceChoice),
         keep_alive: Duration,
         prompt_cache: Option<Arc<PromptCache>>,
     ) -> Registry {
         Registry {
             models_dir,
             ledger,
+            device,
             prompt_cache,
             keep_alive,
             loaded: Mutex::new(Vec::new()),
@@ -316,8 +319,10 @@ impl Registry {
         loop {
             let ledger = self.ledger.sub();
             let (path, l, cache) = (found.path.clone(), ledger.clone(), self.prompt_cache.clone());
+            let device = self.device.clone();
             let loaded = tokio::task::spawn_blocking(move || {
-                let options = OpenOptions { ledger: Some(l), prompt_cache: cache, ..OpenOptions::default() };
+                let options =
+                    OpenOptions { device, ledger: Some(l), prompt_cache: cache, ..OpenOptions::default() };
                 LoadedModel::open(&path, &options)
             })
             .await

@@ -22,11 +22,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pocket_core::Threads;
+use pocket_core::memory::format_size;
 use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::spec::SpecMode;
-use pocket_runtime::PromptCache;
 use pocket_runtime::learn::TuneSettings;
 use pocket_runtime::prompt_cache::DiskOptions;
+use pocket_runtime::{DeviceChoice, DeviceMemory, PromptCache};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::admission::{self, Admission, parallel_from_curve};
@@ -45,6 +46,9 @@ pub struct Scheduler {
     pub registry: Arc<Registry>,
     ledger: Ledger,
     _process: Option<Reservation>,
+    /// The device models run on, and its memory as found at start (none: the CPU).
+    device: DeviceChoice,
+    device_memory: Option<DeviceMemory>,
     /// Places, turns and the wait for memory.
     admission: Admission,
     next_id: AtomicU64,
@@ -66,6 +70,20 @@ impl Scheduler {
     /// memory reserved first.
     pub fn new(config: Config) -> anyhow::Result<Arc<Scheduler>> {
         let (ledger, process) = pocket_runtime::process::budget_ledger(Some(config.memory_budget))?;
+        let device: DeviceChoice = config.device.parse().unwrap_or_default();
+        let (ledger, device_memory) =
+            pocket_runtime::process::with_device_pool(ledger, &device, config.device_memory_budget)?;
+        if let Some(m) = &device_memory {
+            match ledger.device_pool() {
+                Some((name, budget)) => tracing::info!(
+                    "{name}'s memory is budgeted apart: {} of {} ({} free)",
+                    format_size(budget),
+                    format_size(m.total_bytes),
+                    format_size(m.free_bytes)
+                ),
+                None => tracing::info!("{} computes in host memory: one budget covers both", m.name),
+            }
+        }
         let prompt_cache = if config.prompt_cache {
             let disk = match &config.prompt_cache_dir {
                 Some(dir) => {
@@ -79,7 +97,7 @@ impl Scheduler {
         };
         let registry = Registry::new(
             config.models_dir.clone(),
-            ledger.clone(),
+            (ledger.clone(), device.clone()),
             Duration::from_secs(config.keep_alive_seconds),
             prompt_cache.clone(),
         );
@@ -97,6 +115,8 @@ impl Scheduler {
             registry: worker.registry.clone(),
             ledger,
             _process: process,
+            device,
+            device_memory,
             next_id: AtomicU64::new(1),
             metrics: worker.metrics.clone(),
             worker,
@@ -263,11 +283,26 @@ impl Scheduler {
 
     /// The budget and its use.
     pub fn memory(&self) -> pocket_api::MemoryStatus {
+        // Free memory is read now; the device was found at start, so this cannot fail.
+        let device = self.device_memory.as_ref().map(|d| {
+            let now = pocket_runtime::device_memory(&self.device).ok().flatten();
+            let pool = self.ledger.device_pool();
+            pocket_api::DeviceMemoryStatus {
+                name: d.name.clone(),
+                unified: pool.is_none(),
+                budget_bytes: pool.map_or(self.ledger.budget(), |(_, b)| b),
+                used_bytes: self.ledger.device_used(),
+                peak_bytes: self.ledger.device_peak(),
+                total_bytes: d.total_bytes,
+                free_bytes: now.map_or(d.free_bytes, |m| m.free_bytes),
+            }
+        });
         pocket_api::MemoryStatus {
             budget_bytes: self.ledger.budget(),
             used_bytes: self.ledger.used(),
             peak_bytes: self.ledger.peak(),
             resident_bytes: pocket_runtime::process::MemStats::read().rss_bytes,
+            device,
         }
     }
 
