@@ -144,9 +144,10 @@ pub enum LogprobsOption {
     Count(u32),
 }
 
-/// `response_format`.
+/// `response_format`. A key that is not OpenAI's for its `type` is refused, not dropped: a
+/// `schema` beside `"type": "json_object"` would otherwise go unenforced without a word.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case", try_from = "RawResponseFormat")]
 pub enum ResponseFormat {
     /// Free text (the default).
     Text,
@@ -159,12 +160,46 @@ pub enum ResponseFormat {
     },
 }
 
+/// `response_format` as sent: serde lets unknown keys beside a unit variant's tag through,
+/// so the keys are checked here.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResponseFormat {
+    #[serde(rename = "type")]
+    kind: String,
+    json_schema: Option<JsonSchemaFormat>,
+}
+
+impl TryFrom<RawResponseFormat> for ResponseFormat {
+    type Error = String;
+
+    fn try_from(raw: RawResponseFormat) -> Result<Self, String> {
+        match (raw.kind.as_str(), raw.json_schema) {
+            ("text", None) => Ok(ResponseFormat::Text),
+            ("json_object", None) => Ok(ResponseFormat::JsonObject),
+            ("json_schema", Some(json_schema)) => Ok(ResponseFormat::JsonSchema { json_schema }),
+            ("json_schema", None) => Err("response_format of type json_schema needs json_schema".into()),
+            ("text" | "json_object", Some(_)) => Err(format!(
+                "unknown field `json_schema` in a response_format of type {}: only json_schema has one",
+                raw.kind
+            )),
+            (other, _) => Err(format!(
+                "unknown response_format type `{other}`: expected text, json_object or json_schema"
+            )),
+        }
+    }
+}
+
 /// `response_format.json_schema`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct JsonSchemaFormat {
     /// The schema's name.
     #[serde(default)]
     pub name: String,
+    /// What the format is for (the model is not shown it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
     /// The JSON schema.
     #[serde(default)]
     pub schema: Value,
@@ -613,5 +648,25 @@ mod tests {
         let v: serde_json::Value = serde_json::to_value(&e).unwrap();
         assert_eq!(v["error"]["type"], "not_found_error");
         assert_eq!(v["error"]["code"], "model_not_found");
+    }
+
+    #[test]
+    fn response_format_keys_that_are_not_openais_are_refused_by_name() {
+        let parse = |f: &str| serde_json::from_str::<ResponseFormat>(f).map_err(|e| e.to_string());
+        for (bad, key) in [
+            (r#"{"type": "json_object", "schema": {"type": "object"}}"#, "schema"),
+            (r#"{"type": "text", "foo": 1}"#, "foo"),
+            (
+                r#"{"type": "json_schema", "json_schema": {"name": "p", "schema": {}, "stirct": true}}"#,
+                "stirct",
+            ),
+            (r#"{"type": "json_schema", "json_schema": {"schema": {}}, "extra": 1}"#, "extra"),
+        ] {
+            let e = parse(bad).expect_err(bad);
+            assert!(e.contains(key), "{bad}: {e}");
+        }
+        let ok = r#"{"type": "json_schema", "json_schema": {"name": "p", "description": "d", "schema": {}, "strict": true}}"#;
+        assert!(matches!(parse(ok), Ok(ResponseFormat::JsonSchema { .. })));
+        assert_eq!(parse(r#"{"type": "text"}"#), Ok(ResponseFormat::Text));
     }
 }

@@ -26,6 +26,8 @@ fn chat_and_completions_answer_over_the_socket_streamed_and_not() {
     assert_eq!(r["choices"][0]["message"]["role"], "assistant");
     assert!(r["choices"][0]["message"]["content"].as_str().unwrap().contains("Paris"), "{r}");
     assert!(r["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+    let id = r["id"].as_str().unwrap();
+    assert!(id.starts_with("chatcmpl-") && id.len() > "chatcmpl-".len() + 8, "OpenAI's prefix, unique: {id}");
 
     // The same request streamed gives the same text (greedy), in OpenAI's chunks.
     let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
@@ -37,6 +39,9 @@ fn chat_and_completions_answer_over_the_socket_streamed_and_not() {
     let chunks: Vec<Value> =
         events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let stream_id = chunks[0]["id"].as_str().unwrap();
+    assert!(stream_id.starts_with("chatcmpl-") && stream_id != id, "{stream_id} after {id}");
+    assert!(chunks.iter().all(|c| c["id"] == stream_id), "one id for the whole stream");
     let streamed: String =
         chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(streamed, r["choices"][0]["message"]["content"].as_str().unwrap());
@@ -56,6 +61,7 @@ fn chat_and_completions_answer_over_the_socket_streamed_and_not() {
         d.post("/v1/completions", &json!({"prompt": "The capital of France is", "max_tokens": 8}));
     assert_eq!(code, 200, "{c}");
     assert_eq!(c["object"], "text_completion");
+    assert!(c["id"].as_str().unwrap().starts_with("cmpl-"), "{c}");
     let (code, text) = d.curl(
         "POST",
         "/v1/completions",
@@ -141,6 +147,18 @@ fn bad_requests_get_openai_shaped_errors_with_the_right_status() {
     let big = vec![b'a'; 5 << 20];
     let (code, body) = d.curl("POST", "/v1/completions", Some(&big));
     check(code, &body, 413, "invalid_request_error", "larger than");
+    // response_format keys that are not OpenAI's are refused, not dropped (a schema beside
+    // json_object would go unenforced).
+    for (format, key) in [
+        (json!({"type": "json_object", "schema": {"type": "object"}}), "schema"),
+        (json!({"type": "text", "foo": 1}), "foo"),
+    ] {
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "response_format": format});
+        let (code, body) = d.curl("POST", "/v1/chat/completions", Some(body.to_string().as_bytes()));
+        check(code, &body, 400, "invalid_request_error", key);
+    }
+    let (code, body) = d.curl("GET", "/health", None);
+    assert_eq!((code, body.as_str()), (200, r#"{"status":"ok"}"#));
     let (code, body) = d.curl("GET", "/v2/nothing", None);
     check(code, &body, 404, "not_found_error", "no such endpoint");
     let v: Value = serde_json::from_str(&body).unwrap();

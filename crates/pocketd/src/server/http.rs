@@ -59,6 +59,8 @@ pub fn router(scheduler: Arc<Scheduler>) -> Router {
         .route("/v1/models/{name}/load", post(load_model))
         .route("/v1/models/{name}/unload", post(unload_model))
         .route("/v1/status", get(status))
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -69,7 +71,7 @@ pub fn router(scheduler: Arc<Scheduler>) -> Router {
 async fn not_found(uri: axum::http::Uri) -> ServeError {
     ServeError::UnknownEndpoint(format!(
         "no such endpoint {}; pocketd serves /v1/chat/completions, /v1/completions, /v1/models, /v1/status, \
-         /v1/models/NAME/load|unload and /metrics",
+         /v1/models/NAME/load|unload, /health and /metrics",
         uri.path()
     ))
 }
@@ -113,7 +115,7 @@ async fn chat_completions(
     if request.options.stream {
         return Ok(sse(running, Shape::Chat));
     }
-    let (id, model) = (running.started.id.clone(), running.started.model.clone());
+    let (id, model) = (Shape::Chat.id(&running.started.id), running.started.model.clone());
     let f = running.collect().await?;
     Ok(axum::Json(ChatCompletion {
         id,
@@ -153,7 +155,7 @@ async fn completions(
     if request.options.stream {
         return Ok(sse(running, Shape::Text));
     }
-    let (id, model) = (running.started.id.clone(), running.started.model.clone());
+    let (id, model) = (Shape::Text.id(&running.started.id), running.started.model.clone());
     let f = running.collect().await?;
     Ok(axum::Json(Completion {
         id,
@@ -178,6 +180,16 @@ async fn completions(
 enum Shape {
     Chat,
     Text,
+}
+
+impl Shape {
+    /// A request's id as OpenAI spells it for this kind of answer.
+    fn id(self, request: &str) -> String {
+        match self {
+            Shape::Chat => format!("chatcmpl-{request}"),
+            Shape::Text => format!("cmpl-{request}"),
+        }
+    }
 }
 
 enum Phase {
@@ -280,7 +292,7 @@ impl StreamState {
 /// went away) drops the [`Running`] and so cancels the generation.
 fn sse(running: Running, shape: Shape) -> Response {
     let state = StreamState {
-        id: running.started.id.clone(),
+        id: shape.id(&running.started.id),
         model: running.started.model.clone(),
         created: now_seconds(),
         phase: match shape {
@@ -395,6 +407,15 @@ async fn unload_model(
 
 /// The connection table, which the accept loop puts in every request's extensions.
 type Table = Option<Extension<Arc<Connections>>>;
+
+/// `GET /health`, as llama.cpp's server answers it: 200 `{"status": "ok"}` while requests are
+/// taken (models load on demand, so there is no loading state), 503 once the daemon stops.
+async fn health(State(s): Shared) -> Result<axum::Json<serde_json::Value>, ServeError> {
+    if s.is_stopping() {
+        return Err(ServeError::ShuttingDown);
+    }
+    Ok(axum::Json(serde_json::json!({"status": "ok"})))
+}
 
 async fn status(State(s): Shared, table: Table) -> axum::Json<pocket_api::Status> {
     let mut status = s.status();

@@ -389,7 +389,15 @@ impl Drop for InFlight {
     }
 }
 
-/// The id a request is known by (`pocketd-7`).
+/// The id a request is known by (`3fa2c9d1-7`): this daemon's start, then its count, so that
+/// ids stay unique across restarts (clients and logs may keep them); HTTP answers prefix it
+/// as OpenAI does (`chatcmpl-`, `cmpl-`).
 fn request_id(id: u64) -> String {
-    format!("pocketd-{id}")
+    static START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    // The standard library's hasher keys are random per process.
+    let start = START.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        std::collections::hash_map::RandomState::new().build_hasher().finish() as u32
+    });
+    format!("{start:08x}-{id}")
 }
