@@ -32,12 +32,23 @@ def main() -> None:
     print("answer:", reply.choices[0].message.content)
     print("usage:", reply.usage.prompt_tokens, "prompt +", reply.usage.completion_tokens, "generated tokens")
 
-    # pocketd's own request fields go through extra_body.
+    # pocketd's own request fields go through extra_body. With include_usage the stream ends
+    # with a chunk that has no choices and the usage, as OpenAI's does.
     stream = client.chat.completions.create(
-        model=model, messages=question, max_tokens=24, stream=True, extra_body={"spec": "suffix"}
+        model=model,
+        messages=question,
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"spec": "suffix"},
     )
-    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    chunks = list(stream)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
     print("streamed:", text)
+    usage = chunks[-1].usage
+    print("streamed usage:", usage.prompt_tokens, "prompt +", usage.completion_tokens, "generated tokens")
+    ids = {chunk.id for chunk in chunks}
+    print("stream id:", ", ".join(ids))
 
     completion = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8)
     print("completion:", completion.choices[0].text)

@@ -5,7 +5,7 @@
 //! penalties, `logit_bias`, `logprobs`, `response_format`, `tools`), and any other field is
 //! collected in [`GenerationOptions::unsupported`] and refused by the daemon with a 400 that
 //! names it — except the few that change nothing about the answer (`metadata`, `store`,
-//! `service_tier`, `stream_options`), which are accepted.
+//! `service_tier`), which are accepted.
 
 use std::collections::BTreeMap;
 
@@ -57,6 +57,10 @@ pub struct GenerationOptions {
     /// Stream the answer as server-sent events.
     #[serde(default)]
     pub stream: bool,
+    /// What a stream adds: `include_usage` sends the token counts in a last chunk of their own
+    /// (with no choices), as OpenAI does; without it, a stream carries no usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
     /// Number of answers; only 1 is supported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n: Option<u32>,
@@ -132,7 +136,23 @@ pub struct GenerationOptions {
 }
 
 /// Fields OpenAI defines that change nothing about an answer, accepted and not used.
-pub const IGNORED_FIELDS: &[&str] = &["metadata", "store", "service_tier", "stream_options"];
+pub const IGNORED_FIELDS: &[&str] = &["metadata", "store", "service_tier"];
+
+/// `stream_options`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    /// Send the usage in a last chunk.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+impl StreamOptions {
+    /// The options of a client that reads the usage of a stream.
+    pub fn with_usage() -> Option<StreamOptions> {
+        Some(StreamOptions { include_usage: true })
+    }
+}
 
 /// `logprobs`: a boolean in chat completions, a count in text completions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -31,7 +31,7 @@ fn chat_and_completions_answer_over_the_socket_streamed_and_not() {
 
     // The same request streamed gives the same text (greedy), in OpenAI's chunks.
     let body = json!({"model": "smollm2", "messages": [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
-                      "max_tokens": 24, "stream": true});
+                      "max_tokens": 24, "stream": true, "stream_options": {"include_usage": true}});
     let (code, text) = d.curl("POST", "/v1/chat/completions", Some(body.to_string().as_bytes()));
     assert_eq!(code, 200, "{text}");
     let events = sse_data(&text);
@@ -45,8 +45,15 @@ fn chat_and_completions_answer_over_the_socket_streamed_and_not() {
     let streamed: String =
         chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(streamed, r["choices"][0]["message"]["content"].as_str().unwrap());
-    let last = chunks.last().unwrap();
-    assert!(last["choices"][0]["finish_reason"].is_string(), "{last}");
+    // The finish chunk, then (include_usage) the usage in a chunk of its own, as OpenAI's.
+    let [.., finish, last] = &chunks[..] else { panic!("{text}") };
+    assert!(finish["choices"][0]["finish_reason"].is_string(), "{finish}");
+    assert!(
+        finish["choices"][0]["delta"].get("content").is_none(),
+        "no content on the finish chunk: {finish}"
+    );
+    assert!(finish.get("usage").is_none() && last["choices"] == json!([]), "{finish}\n{last}");
+    assert!(chunks[..chunks.len() - 1].iter().all(|c| c.get("usage").is_none()), "{text}");
     // The streamed request repeats the first one's prompt, so it prefills only the last token
     // (its logits are needed); everything else in the usage is the same.
     let mut usage = last["usage"].clone();
@@ -655,6 +662,11 @@ fn the_openai_python_client_talks_over_the_socket() {
     assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
     assert!(out.contains("Paris"), "{out}");
     assert!(out.contains("streamed:"), "{out}");
+    // include_usage: the client finds the usage on the stream's last chunk, and one id.
+    let usage = out.lines().find_map(|l| l.strip_prefix("streamed usage: ")).unwrap_or_default();
+    assert!(usage.ends_with("generated tokens") && !usage.starts_with('0'), "{out}");
+    let id = out.lines().find_map(|l| l.strip_prefix("stream id: ")).unwrap_or_default();
+    assert!(id.starts_with("chatcmpl-") && !id.contains(','), "{out}");
 }
 
 /// `pocket` with its speculation cache in `cache`.

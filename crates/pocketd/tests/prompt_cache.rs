@@ -28,6 +28,9 @@ struct Answer {
 
 fn chat(d: &Daemon, messages: &[Value], extra: Value, stream: bool) -> Answer {
     let mut body = json!({"messages": messages, "max_tokens": 24, "return_tokens": true, "stream": stream});
+    if stream {
+        body["stream_options"] = json!({"include_usage": true});
+    }
     body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
     if !stream {
         let (code, r) = d.post("/v1/chat/completions", &body);
@@ -43,12 +46,13 @@ fn chat(d: &Daemon, messages: &[Value], extra: Value, stream: bool) -> Answer {
     assert_eq!(code, 200, "{text}");
     let chunks: Vec<Value> =
         sse_data(&text).iter().filter(|c| *c != "[DONE]").map(|c| serde_json::from_str(c).unwrap()).collect();
-    let last = chunks.last().unwrap();
+    // The finish chunk, then the usage's own.
+    let [.., last, usage] = &chunks[..] else { panic!("{text}") };
     Answer {
         text: chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect(),
         tokens: last["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect(),
         cached: last["timings"]["cached_tokens"].as_u64().unwrap(),
-        details: last["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(),
+        details: usage["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(),
     }
 }
 

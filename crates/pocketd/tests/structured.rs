@@ -140,14 +140,15 @@ fn logprobs_penalties_and_refusals_of_what_is_not_supported() {
             "response_format": {"type": "json_object"}}),
             "response_format",
         ),
+        // As OpenAI: stream_options belongs to a stream.
+        (json!({"stream_options": {"include_usage": true}}), "stream_options"),
     ] {
         let (code, r) = ask(extra.clone());
         assert_eq!(code, 400, "{extra}: {r}");
         assert_eq!(r["error"]["param"], param, "{extra}: {r}");
     }
     // Fields that change nothing about the answer are accepted.
-    let (code, r) =
-        ask(json!({"metadata": {"a": "b"}, "store": false, "stream_options": {"include_usage": true}}));
+    let (code, r) = ask(json!({"metadata": {"a": "b"}, "store": false, "service_tier": "auto"}));
     assert_eq!(code, 200, "{r}");
 }
 

@@ -24,7 +24,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use pocket_api::client::Client;
-use pocket_api::{ChatCompletionRequest, ChatMessage, GenerationOptions, Role};
+use pocket_api::{ChatCompletionRequest, ChatMessage, GenerationOptions, Role, StreamOptions};
 use pocket_core::spec::SpecMode;
 
 use crate::Error;
@@ -206,6 +206,7 @@ impl Replayer<'_> {
                 max_tokens: Some(u32::try_from(max_tokens).unwrap_or(u32::MAX)),
                 temperature: Some(0.0),
                 stream: true,
+                stream_options: StreamOptions::with_usage(),
                 spec: Some(self.spec.name().to_owned()),
                 draft_model: self.draft_model.clone(),
                 kv: Some(self.config.kv.name().to_owned()),

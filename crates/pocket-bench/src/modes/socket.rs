@@ -5,7 +5,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use pocket_api::client::Client;
-use pocket_api::{ChatCompletionRequest, CompletionRequest, GenerationOptions, Timings, Usage};
+use pocket_api::{
+    ChatCompletionRequest, CompletionRequest, GenerationOptions, StreamOptions, Timings, Usage,
+};
 use pocket_core::Threads;
 use pocket_core::spec::SpecMode;
 use serde::Deserialize;
@@ -154,6 +156,8 @@ pub(crate) async fn stream_from(
 ) -> Result<Streamed, Error> {
     let (mut first, mut last) = (None, None);
     let mut end: Option<Chunk> = None;
+    // With `include_usage`, the counts come in a last chunk of their own.
+    let mut usage = None;
     let mut all_text = String::new();
     client
         .stream(path, body, &mut |data| {
@@ -171,6 +175,7 @@ pub(crate) async fn stream_from(
                 last = Some(now);
                 all_text.push_str(text);
             }
+            usage = chunk.usage.or(usage);
             if chunk.timings.is_some() {
                 end = Some(chunk);
             }
@@ -182,11 +187,11 @@ pub(crate) async fn stream_from(
     let tokens = end.tokens.ok_or_else(|| {
         Error::Invalid("pocketd did not return the tokens (`return_tokens`); is it an older version?".into())
     })?;
-    debug_assert_eq!(end.usage.map_or(tokens.len(), |u| u.completion_tokens as usize), tokens.len());
+    debug_assert_eq!(usage.map_or(tokens.len(), |u: Usage| u.completion_tokens as usize), tokens.len());
     Ok(Streamed {
         text: all_text,
         tokens,
-        usage: end.usage,
+        usage,
         timings: end.timings.unwrap_or_default(),
         first_text_seconds: first.map(|f: Instant| f.duration_since(start).as_secs_f64()),
         total_seconds,
@@ -265,6 +270,7 @@ impl SocketRunner {
             max_tokens: Some(u32::try_from(prompt.max_tokens).unwrap_or(u32::MAX)),
             temperature: Some(0.0),
             stream: true,
+            stream_options: StreamOptions::with_usage(),
             spec: Some(self.spec.name().to_owned()),
             draft_model: self.draft_model.clone(),
             kv: Some(self.kv.name().to_owned()),

@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::Context;
 use pocket_api::{
     ChatCompletionChunk, ChatCompletionRequest, ChatMessage, Completion, CompletionRequest,
-    GenerationOptions, Stop,
+    GenerationOptions, Stop, StreamOptions,
 };
 use serde::Serialize;
 
@@ -52,6 +52,7 @@ impl RequestArgs {
             seed: self.seed,
             stop: (!self.stop.is_empty()).then(|| Stop::Many(self.stop.clone())),
             stream: true,
+            stream_options: StreamOptions::with_usage(),
             spec: self.spec.clone(),
             draft_model: self.draft_model.clone(),
             kv: self.kv.clone(),

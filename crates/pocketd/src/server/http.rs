@@ -113,7 +113,7 @@ async fn chat_completions(
     };
     let running = s.submit(job).await?;
     if request.options.stream {
-        return Ok(sse(running, Shape::Chat));
+        return Ok(sse(running, Shape::Chat, include_usage(&request.options)));
     }
     let (id, model) = (Shape::Chat.id(&running.started.id), running.started.model.clone());
     let f = running.collect().await?;
@@ -153,7 +153,7 @@ async fn completions(
     };
     let running = s.submit(job).await?;
     if request.options.stream {
-        return Ok(sse(running, Shape::Text));
+        return Ok(sse(running, Shape::Text, include_usage(&request.options)));
     }
     let (id, model) = (Shape::Text.id(&running.started.id), running.started.model.clone());
     let f = running.collect().await?;
@@ -197,8 +197,15 @@ enum Phase {
     Body,
     /// The tool calls were sent; the last chunk follows.
     Ending(Box<Finished>),
+    /// The last chunk was sent; the usage follows (`include_usage`).
+    Usage(pocket_api::Usage),
     Closing,
     Over,
+}
+
+/// Whether a stream ends with a chunk of the usage (`stream_options.include_usage`).
+fn include_usage(o: &pocket_api::GenerationOptions) -> bool {
+    o.stream_options.is_some_and(|s| s.include_usage)
 }
 
 struct StreamState {
@@ -212,6 +219,7 @@ struct StreamState {
     /// with `<`): sent as `tool_calls` at the end, or as text if it was not one.
     holding: bool,
     held: String,
+    include_usage: bool,
 }
 
 impl StreamState {
@@ -262,7 +270,7 @@ impl StreamState {
                     finish_reason,
                     logprobs: logprobs.map(|content| ChatLogprobs { content }),
                 }],
-                usage: end.map(|f| f.usage),
+                usage: None,
                 timings: end.map(|f| f.timings.clone()),
                 tokens: end.and_then(|f| f.tokens.clone()),
             }),
@@ -277,20 +285,54 @@ impl StreamState {
                     finish_reason,
                     logprobs: logprobs.as_deref().map(CompletionLogprobs::from_tokens),
                 }],
-                usage: end.map(|f| f.usage),
+                usage: None,
                 timings: end.map(|f| f.timings.clone()),
                 tokens: end.and_then(|f| f.tokens.clone()),
             }),
         };
         Event::default().data(json.unwrap_or_default())
     }
+
+    /// The chunk of the usage that ends a stream with `include_usage`: no choices, as OpenAI's.
+    fn usage(&self, usage: pocket_api::Usage) -> Event {
+        let (id, created, model) = (self.id.clone(), self.created, self.model.clone());
+        let json = match self.shape {
+            Shape::Chat => serde_json::to_string(&ChatCompletionChunk {
+                id,
+                object: "chat.completion.chunk".into(),
+                created,
+                model,
+                choices: Vec::new(),
+                usage: Some(usage),
+                timings: None,
+                tokens: None,
+            }),
+            Shape::Text => serde_json::to_string(&Completion {
+                id,
+                object: "text_completion".into(),
+                created,
+                model,
+                choices: Vec::new(),
+                usage: Some(usage),
+                timings: None,
+                tokens: None,
+            }),
+        };
+        Event::default().data(json.unwrap_or_default())
+    }
+
+    /// What follows the last chunk: the usage if asked for, then `[DONE]`.
+    fn after_last(&self, f: &Finished) -> Phase {
+        if self.include_usage { Phase::Usage(f.usage) } else { Phase::Closing }
+    }
 }
 
 /// Server-sent events: (for chat, an opening chunk with the role), a chunk per piece of text,
-/// a last chunk with `finish_reason`, `usage` and `timings`, then `data: [DONE]`. A failure
-/// after the start is sent as an `{"error": ...}` event. Dropping the stream (the client
-/// went away) drops the [`Running`] and so cancels the generation.
-fn sse(running: Running, shape: Shape) -> Response {
+/// a last chunk with `finish_reason` and `timings`, with `include_usage` a chunk of the
+/// `usage`, then `data: [DONE]`. A failure after the start is sent as an `{"error": ...}`
+/// event. Dropping the stream (the client went away) drops the [`Running`] and so cancels the
+/// generation.
+fn sse(running: Running, shape: Shape, include_usage: bool) -> Response {
     let state = StreamState {
         id: shape.id(&running.started.id),
         model: running.started.model.clone(),
@@ -301,6 +343,7 @@ fn sse(running: Running, shape: Shape) -> Response {
         },
         holding: running.started.tools && matches!(shape, Shape::Chat),
         held: String::new(),
+        include_usage,
         running,
         shape,
     };
@@ -335,7 +378,7 @@ fn sse(running: Running, shape: Shape) -> Response {
                         break event;
                     }
                     Some(Piece::Done(f)) => {
-                        st.phase = Phase::Closing;
+                        st.phase = st.after_last(&f);
                         break st.chunk(None, false, Some(&f));
                     }
                     Some(Piece::Failed(e)) => {
@@ -348,8 +391,12 @@ fn sse(running: Running, shape: Shape) -> Response {
             },
             Phase::Ending(ref f) => {
                 let event = st.chunk(None, false, Some(f));
-                st.phase = Phase::Closing;
+                st.phase = st.after_last(f);
                 event
+            }
+            Phase::Usage(usage) => {
+                st.phase = Phase::Closing;
+                st.usage(usage)
             }
             Phase::Closing => {
                 st.phase = Phase::Over;

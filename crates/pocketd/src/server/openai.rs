@@ -23,6 +23,12 @@ impl JobOptions {
         {
             return Err(unsupported(field));
         }
+        if o.stream_options.is_some() && !o.stream {
+            return Err(ServeError::invalid(
+                "stream_options",
+                "stream_options is only allowed with stream: true",
+            ));
+        }
         if let Some(n) = o.n
             && n != 1
         {
