@@ -293,32 +293,18 @@ impl StreamState {
         Event::default().data(json.unwrap_or_default())
     }
 
-    /// The chunk of the usage that ends a stream with `include_usage`: no choices, as OpenAI's.
+    /// The chunk of the usage that ends a stream with `include_usage`: no choices, as OpenAI's
+    /// (the same for both shapes but for its `object`).
     fn usage(&self, usage: pocket_api::Usage) -> Event {
-        let (id, created, model) = (self.id.clone(), self.created, self.model.clone());
-        let json = match self.shape {
-            Shape::Chat => serde_json::to_string(&ChatCompletionChunk {
-                id,
-                object: "chat.completion.chunk".into(),
-                created,
-                model,
-                choices: Vec::new(),
-                usage: Some(usage),
-                timings: None,
-                tokens: None,
-            }),
-            Shape::Text => serde_json::to_string(&Completion {
-                id,
-                object: "text_completion".into(),
-                created,
-                model,
-                choices: Vec::new(),
-                usage: Some(usage),
-                timings: None,
-                tokens: None,
-            }),
+        let object = match self.shape {
+            Shape::Chat => "chat.completion.chunk",
+            Shape::Text => "text_completion",
         };
-        Event::default().data(json.unwrap_or_default())
+        let chunk = serde_json::json!({
+            "id": self.id, "object": object, "created": self.created, "model": self.model,
+            "choices": [], "usage": usage,
+        });
+        Event::default().data(chunk.to_string())
     }
 
     /// What follows the last chunk: the usage if asked for, then `[DONE]`.
