@@ -247,11 +247,59 @@ pub struct CompletionRequest {
     /// The model; the daemon's default when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// The text to continue.
-    pub prompt: String,
+    /// What to continue.
+    pub prompt: Prompt,
     /// Sampling, limits, streaming and pocketd's extensions.
     #[serde(flatten)]
     pub options: GenerationOptions,
+}
+
+/// A completion's `prompt` in OpenAI's four forms: a string, strings, token ids, lists of
+/// token ids. Each prompt of a list gets a choice of its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// One text.
+    Text(String),
+    /// Several texts.
+    Texts(Vec<String>),
+    /// One prompt as token ids.
+    Tokens(Vec<u32>),
+    /// Several prompts as token ids.
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// One prompt of a [`Prompt`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnePrompt {
+    /// Text, tokenized by the model.
+    Text(String),
+    /// Token ids, used as they are.
+    Tokens(Vec<u32>),
+}
+
+impl From<String> for Prompt {
+    fn from(text: String) -> Prompt {
+        Prompt::Text(text)
+    }
+}
+
+impl From<&str> for Prompt {
+    fn from(text: &str) -> Prompt {
+        Prompt::Text(text.to_owned())
+    }
+}
+
+impl Prompt {
+    /// Each prompt, in order.
+    pub fn into_prompts(self) -> Vec<OnePrompt> {
+        match self {
+            Prompt::Text(t) => vec![OnePrompt::Text(t)],
+            Prompt::Texts(ts) => ts.into_iter().map(OnePrompt::Text).collect(),
+            Prompt::Tokens(ts) => vec![OnePrompt::Tokens(ts)],
+            Prompt::TokenLists(ls) => ls.into_iter().map(OnePrompt::Tokens).collect(),
+        }
+    }
 }
 
 /// Why a completion ended, as OpenAI names it.
@@ -688,5 +736,25 @@ mod tests {
         let ok = r#"{"type": "json_schema", "json_schema": {"name": "p", "description": "d", "schema": {}, "strict": true}}"#;
         assert!(matches!(parse(ok), Ok(ResponseFormat::JsonSchema { .. })));
         assert_eq!(parse(r#"{"type": "text"}"#), Ok(ResponseFormat::Text));
+    }
+
+    #[test]
+    fn a_completion_prompt_comes_in_openais_four_forms() {
+        let prompts = |body: &str| {
+            serde_json::from_str::<CompletionRequest>(body)
+                .map(|r| r.prompt.into_prompts())
+                .map_err(|e| e.to_string())
+        };
+        let text = |t: &str| OnePrompt::Text(t.to_owned());
+        assert_eq!(prompts(r#"{"prompt": "hi"}"#), Ok(vec![text("hi")]));
+        assert_eq!(prompts(r#"{"prompt": ["a", "b"]}"#), Ok(vec![text("a"), text("b")]));
+        assert_eq!(prompts(r#"{"prompt": [1, 2, 3]}"#), Ok(vec![OnePrompt::Tokens(vec![1, 2, 3])]));
+        assert_eq!(
+            prompts(r#"{"prompt": [[1], [2, 3]]}"#),
+            Ok(vec![OnePrompt::Tokens(vec![1]), OnePrompt::Tokens(vec![2, 3])])
+        );
+        assert_eq!(prompts(r#"{"prompt": []}"#), Ok(vec![]));
+        assert!(prompts(r#"{"prompt": [1, "a"]}"#).is_err());
+        assert!(prompts(r#"{"prompt": [-1]}"#).is_err());
     }
 }

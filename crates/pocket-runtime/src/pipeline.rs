@@ -298,6 +298,13 @@ pub fn prepare(
     if tokens.is_empty() {
         return Err(Error::invalid("prompt", "the prompt is empty; it needs at least one token"));
     }
+    // Token ids sent as they are index the embedding table: one past it is refused here.
+    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= info.n_vocab) {
+        return Err(Error::invalid(
+            "prompt",
+            format!("the prompt holds token {t}; {} has tokens 0 to {}", info.name, info.n_vocab - 1),
+        ));
+    }
     let n_ctx = request.session.n_ctx.min(info.n_ctx_train.max(16));
     let seq2seq = info.kind == ModelKind::EncoderDecoder;
     // A decoder holds the prompt and at least one generated token; an encoder-decoder's

@@ -100,6 +100,34 @@ fn chat_and_completions_answer_over_the_socket_streamed_and_not() {
     assert_eq!(code, 200);
     assert!(metrics.contains("pocketd_requests_total{outcome=\"ok\"} 4"), "{metrics}");
     assert!(metrics.contains("# TYPE pocketd_generated_tokens_total counter"));
+
+    // OpenAI's other prompt forms: a list of prompts (a choice each, in order, the usage
+    // summed), token ids.
+    let (code, two) = d.post(
+        "/v1/completions",
+        &json!({"prompt": ["The capital of France is", "The capital of Italy is"], "max_tokens": 8}),
+    );
+    assert_eq!(code, 200, "{two}");
+    assert_eq!((&two["choices"][0]["index"], &two["choices"][1]["index"]), (&json!(0), &json!(1)), "{two}");
+    assert_eq!(two["choices"][0]["text"], c["choices"][0]["text"], "greedy: the first prompt's answer alone");
+    assert!(two["choices"][1]["text"].as_str().unwrap().contains("Rome"), "{two}");
+    let tokens = |r: &Value| r["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(tokens(&two) > tokens(&c), "{two}");
+    for prompt in [json!([504, 3575, 282]), json!([[504, 3575], [282]])] {
+        let (code, r) = d.post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 4}));
+        assert_eq!(code, 200, "{prompt}: {r}");
+        assert_eq!(r["choices"].as_array().unwrap().len(), prompt[0].as_array().map_or(1, |_| 2), "{r}");
+    }
+    for (prompt, stream, needle) in [
+        (json!([1, 2, 1_000_000]), false, "token 1000000"),
+        (json!([]), false, "empty list"),
+        (json!(["a", "b"]), true, "2 prompts in one stream"),
+    ] {
+        let body = json!({"prompt": prompt, "max_tokens": 4, "stream": stream});
+        let (code, r) = d.post("/v1/completions", &body);
+        assert_eq!((code, &r["error"]["param"]), (400, &json!("prompt")), "{body}: {r}");
+        assert!(r["error"]["message"].as_str().unwrap().contains(needle), "{r}");
+    }
 }
 
 #[test]

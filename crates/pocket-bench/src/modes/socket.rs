@@ -289,7 +289,8 @@ impl SocketRunner {
                 ("/v1/chat/completions", body)
             }
             PromptInput::Text(text) => {
-                let body = serde_json::to_value(CompletionRequest { model, prompt: text.clone(), options });
+                let body =
+                    serde_json::to_value(CompletionRequest { model, prompt: text.clone().into(), options });
                 ("/v1/completions", body)
             }
         };

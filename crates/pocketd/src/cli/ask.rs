@@ -126,7 +126,7 @@ async fn exchange(
         None => {
             let body = CompletionRequest {
                 model: args.model.clone(),
-                prompt: prompt.to_owned(),
+                prompt: prompt.into(),
                 options: args.options(),
             };
             ("/v1/completions", serde_json::to_value(body)?, |d| Ok(parse_event::<Completion>(d)?.into()))

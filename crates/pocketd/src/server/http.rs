@@ -21,7 +21,7 @@ use futures_util::Stream;
 use pocket_api::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, ChatDelta, ChatLogprobs, Completion, CompletionChoice, CompletionLogprobs,
-    CompletionRequest, DeltaToolCall, ModelAction, ModelList, ModelObject,
+    CompletionRequest, DeltaToolCall, ModelAction, ModelList, ModelObject, OnePrompt,
 };
 use pocket_runtime::Engine;
 use serde::de::DeserializeOwned;
@@ -145,34 +145,81 @@ async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ServeError> {
     let request: CompletionRequest = parse(body)?;
-    let job = Job {
-        model: request.model.clone(),
-        input: Input::Text(request.prompt),
-        options: JobOptions::from_openai(&request.options, false)?,
-        client: format!("http {}", peer.0),
-    };
-    let running = s.submit(job).await?;
-    if request.options.stream {
-        return Ok(sse(running, Shape::Text, include_usage(&request.options)));
+    let options = JobOptions::from_openai(&request.options, false)?;
+    let prompts = request.prompt.into_prompts();
+    if prompts.is_empty() {
+        return Err(ServeError::invalid("prompt", "prompt is an empty list; send at least one prompt"));
     }
-    let (id, model) = (Shape::Text.id(&running.started.id), running.started.model.clone());
-    let f = running.collect().await?;
-    Ok(axum::Json(Completion {
-        id,
-        object: "text_completion".into(),
-        created: now_seconds(),
-        model,
-        choices: vec![CompletionChoice {
-            index: 0,
+    if prompts.len() > 1 && request.options.stream {
+        return Err(ServeError::invalid(
+            "prompt",
+            format!(
+                "{} prompts in one stream: pocketd streams one prompt per request; send them without stream \
+                 (each gets a choice), or one request each",
+                prompts.len()
+            ),
+        ));
+    }
+    let jobs = prompts.into_iter().map(|p| Job {
+        model: request.model.clone(),
+        input: match p {
+            OnePrompt::Text(text) => Input::Text(text),
+            OnePrompt::Tokens(tokens) => Input::Tokens(tokens),
+        },
+        options: options.clone(),
+        client: format!("http {}", peer.0),
+    });
+    let mut answer: Option<Completion> = None;
+    // Several prompts are answered one after another, each a choice of its own, under the
+    // first one's id; the usage is their sum.
+    for (index, job) in jobs.enumerate() {
+        let running = s.submit(job).await?;
+        if request.options.stream {
+            return Ok(sse(running, Shape::Text, include_usage(&request.options)));
+        }
+        let (id, model) = (Shape::Text.id(&running.started.id), running.started.model.clone());
+        let f = running.collect().await?;
+        let choice = CompletionChoice {
+            index: index as u32,
             text: f.text.clone(),
             finish_reason: Some(f.finish_reason),
             logprobs: f.logprobs.as_deref().map(CompletionLogprobs::from_tokens),
-        }],
-        usage: Some(f.usage),
-        timings: Some(f.timings),
-        tokens: f.tokens,
-    })
-    .into_response())
+        };
+        match &mut answer {
+            None => {
+                answer = Some(Completion {
+                    id,
+                    object: "text_completion".into(),
+                    created: now_seconds(),
+                    model,
+                    choices: vec![choice],
+                    usage: Some(f.usage),
+                    timings: Some(f.timings),
+                    tokens: f.tokens,
+                })
+            }
+            Some(a) => {
+                a.choices.push(choice);
+                a.usage = a.usage.map(|u| add_usage(u, f.usage));
+                // pocketd's statistics and tokens describe one completion: with several,
+                // they are left out.
+                (a.timings, a.tokens) = (None, None);
+            }
+        }
+    }
+    Ok(axum::Json(answer.expect("at least one prompt")).into_response())
+}
+
+/// The usage of two completions together.
+fn add_usage(a: pocket_api::Usage, b: pocket_api::Usage) -> pocket_api::Usage {
+    let cached = |u: &pocket_api::Usage| u.prompt_tokens_details.map_or(0, |d| d.cached_tokens);
+    pocket_api::Usage {
+        prompt_tokens: a.prompt_tokens + b.prompt_tokens,
+        completion_tokens: a.completion_tokens + b.completion_tokens,
+        total_tokens: a.total_tokens + b.total_tokens,
+        prompt_tokens_details: (a.prompt_tokens_details.is_some() || b.prompt_tokens_details.is_some())
+            .then(|| pocket_api::PromptTokensDetails { cached_tokens: cached(&a) + cached(&b) }),
+    }
 }
 
 /// Which OpenAI stream a response is.
