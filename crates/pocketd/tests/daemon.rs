@@ -90,6 +90,9 @@ fn chat_and_completions_answer_over_the_socket_streamed_and_not() {
     let models = d.get("/v1/models");
     assert_eq!(models["object"], "list");
     assert_eq!(models["data"][0]["id"], "smollm2.gguf");
+    assert_eq!(d.get("/v1/models/smollm2.gguf"), models["data"][0], "one model as the list has it");
+    let (code, body) = d.curl("GET", "/v1/models/no-such-model", None);
+    assert!(code == 404 && body.contains("model_not_found"), "{code} {body}");
     let status = d.get("/v1/status");
     assert_eq!(status["loaded"][0]["name"], "smollm2.gguf");
     assert!(

@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 use super::connections::Connections;
 use super::error::ServeError;
 use super::job::{Finished, Input, Job, JobOptions, Piece, Running};
-use super::registry::now_seconds;
+use super::registry::{Available, now_seconds};
 use super::scheduler::Scheduler;
 
 /// The largest request body accepted (a prompt larger than this could not fit any context
@@ -56,6 +56,7 @@ pub fn router(scheduler: Arc<Scheduler>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{name}", get(model))
         .route("/v1/models/{name}/load", post(load_model))
         .route("/v1/models/{name}/unload", post(unload_model))
         .route("/v1/status", get(status))
@@ -450,19 +451,23 @@ fn sse_response(stream: impl Stream<Item = Result<Event, Infallible>> + Send + '
 }
 
 async fn models(State(s): Shared) -> Result<axum::Json<ModelList>, ServeError> {
-    let data = s
-        .registry
-        .available()?
-        .into_iter()
-        .map(|a| ModelObject {
-            id: a.name,
-            object: "model".into(),
-            created: a.created,
-            owned_by: "pocketd".into(),
-            engine: Some(Engine::for_path(&a.path).name().to_owned()),
-        })
-        .collect();
+    let data = s.registry.available()?.into_iter().map(model_object).collect();
     Ok(axum::Json(ModelList { object: "list".into(), data }))
+}
+
+/// `GET /v1/models/{id}`: one model as the list has it, or `model_not_found`.
+async fn model(State(s): Shared, Path(name): Path<String>) -> Result<axum::Json<ModelObject>, ServeError> {
+    Ok(axum::Json(model_object(s.registry.find(&name)?)))
+}
+
+fn model_object(a: Available) -> ModelObject {
+    ModelObject {
+        engine: Some(Engine::for_path(&a.path).name().to_owned()),
+        id: a.name,
+        object: "model".into(),
+        created: a.created,
+        owned_by: "pocketd".into(),
+    }
 }
 
 async fn load_model(
