@@ -124,7 +124,6 @@ impl GgmlModel {
             host.resize(placed - in_first.bytes())?;
         }
         let vocab = Vocab::load(path)?;
-        let weights_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         let name = if hp.name.is_empty() {
             path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
         } else {
@@ -138,7 +137,7 @@ impl GgmlModel {
             n_embd: hp.n_embd,
             n_vocab: hp.n_vocab,
             n_ctx_train: hp.n_ctx_train,
-            weights_bytes,
+            weights_bytes: file_bytes,
             exact_passes: None,
         };
         let batch = shares_passes(&device, &weights, options.repack).then(Batcher::default);

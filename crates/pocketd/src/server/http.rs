@@ -161,7 +161,7 @@ async fn completions(
             ),
         ));
     }
-    let jobs = prompts.into_iter().map(|p| Job {
+    let mut jobs = prompts.into_iter().map(|p| Job {
         model: request.model.clone(),
         input: match p {
             OnePrompt::Text(text) => Input::Text(text),
@@ -170,45 +170,44 @@ async fn completions(
         options: options.clone(),
         client: format!("http {}", peer.0),
     });
-    let mut answer: Option<Completion> = None;
+    if request.options.stream {
+        let running = s.submit(jobs.next().expect("one prompt, checked above")).await?;
+        return Ok(sse(running, Shape::Text, include_usage(&request.options)));
+    }
     // Several prompts are answered one after another, each a choice of its own, under the
     // first one's id; the usage is their sum.
-    for (index, job) in jobs.enumerate() {
+    let mut answers = Vec::new();
+    for job in jobs {
         let running = s.submit(job).await?;
-        if request.options.stream {
-            return Ok(sse(running, Shape::Text, include_usage(&request.options)));
-        }
         let (id, model) = (Shape::Text.id(&running.started.id), running.started.model.clone());
-        let f = running.collect().await?;
-        let choice = CompletionChoice {
+        answers.push((id, model, running.collect().await?));
+    }
+    let usage = answers.iter().map(|(.., f)| f.usage).reduce(add_usage);
+    let choices = answers
+        .iter()
+        .enumerate()
+        .map(|(index, (.., f))| CompletionChoice {
             index: index as u32,
             text: f.text.clone(),
             finish_reason: Some(f.finish_reason),
             logprobs: f.logprobs.as_deref().map(CompletionLogprobs::from_tokens),
-        };
-        match &mut answer {
-            None => {
-                answer = Some(Completion {
-                    id,
-                    object: "text_completion".into(),
-                    created: now_seconds(),
-                    model,
-                    choices: vec![choice],
-                    usage: Some(f.usage),
-                    timings: Some(f.timings),
-                    tokens: f.tokens,
-                })
-            }
-            Some(a) => {
-                a.choices.push(choice);
-                a.usage = a.usage.map(|u| add_usage(u, f.usage));
-                // pocketd's statistics and tokens describe one completion: with several,
-                // they are left out.
-                (a.timings, a.tokens) = (None, None);
-            }
-        }
-    }
-    Ok(axum::Json(answer.expect("at least one prompt")).into_response())
+        })
+        .collect();
+    let one = answers.len() == 1;
+    let (id, model, first) = answers.swap_remove(0);
+    // pocketd's statistics and tokens describe one completion: with several, they are left out.
+    let (timings, tokens) = if one { (Some(first.timings), first.tokens) } else { (None, None) };
+    Ok(axum::Json(Completion {
+        id,
+        object: "text_completion".into(),
+        created: now_seconds(),
+        model,
+        choices,
+        usage,
+        timings,
+        tokens,
+    })
+    .into_response())
 }
 
 /// The usage of two completions together.

@@ -104,7 +104,8 @@ impl Registry {
     /// sessions in `prompt_cache`.
     pub fn new(
         models_dir: PathBuf,
-        (ledger, device): (Ledger, DeviceChoice),
+        ledger: Ledger,
+        device: DeviceChoice,
         keep_alive: Duration,
         prompt_cache: Option<Arc<PromptCache>>,
     ) -> Registry {

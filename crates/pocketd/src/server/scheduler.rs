@@ -97,7 +97,8 @@ impl Scheduler {
         };
         let registry = Registry::new(
             config.models_dir.clone(),
-            (ledger.clone(), device.clone()),
+            ledger.clone(),
+            device.clone(),
             Duration::from_secs(config.keep_alive_seconds),
             prompt_cache.clone(),
         );
