@@ -1,5 +1,6 @@
 //! The shapes pocketd speaks: OpenAI's chat and text completion requests, responses, stream
-//! chunks, model list and error object, as the OpenAI client libraries expect them, plus
+//! chunks, model list and error object, as the OpenAI client libraries expect them,
+//! Anthropic's Messages API ([`anthropic`]), llama.cpp's tokenize endpoints, plus
 //! pocketd's own extensions (speculation and memory per request) and native status.
 //!
 //! Only the wire format lives here, so that the daemon, the `pocket` client and other Rust
@@ -7,10 +8,13 @@
 
 #![deny(missing_docs)]
 
+pub mod anthropic;
 #[cfg(feature = "client")]
 pub mod client;
 mod openai;
 mod status;
+mod tokenize;
 
 pub use openai::*;
 pub use status::*;
+pub use tokenize::*;

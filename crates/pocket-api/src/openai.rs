@@ -61,7 +61,7 @@ pub struct GenerationOptions {
     /// (with no choices), as OpenAI does; without it, a stream carries no usage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<StreamOptions>,
-    /// Number of answers; only 1 is supported.
+    /// Number of answers (choices), generated one after another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n: Option<u32>,
     /// pocketd: speculation for this request (`off`, `suffix`, `layerskip`, `draft`, `auto`).
@@ -473,8 +473,13 @@ pub struct CompletionLogprobs {
 impl CompletionLogprobs {
     /// The legacy shape of the same figures.
     pub fn from_tokens(tokens: &[TokenLogprob]) -> Self {
+        CompletionLogprobs::from_tokens_at(tokens, 0)
+    }
+
+    /// [`CompletionLogprobs::from_tokens`] for tokens that start `offset` bytes into the
+    /// text (a streamed chunk's).
+    pub fn from_tokens_at(tokens: &[TokenLogprob], mut offset: usize) -> Self {
         let mut out = CompletionLogprobs::default();
-        let mut offset = 0;
         for t in tokens {
             out.tokens.push(t.token.clone());
             out.token_logprobs.push(t.logprob);

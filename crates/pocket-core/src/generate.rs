@@ -28,7 +28,7 @@ pub struct GenerateRequest {
 }
 
 /// One step of progress, passed to the caller as it happens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub struct Event<'a> {
     /// The token just generated; `None` for the last event, which releases text held back
@@ -36,6 +36,9 @@ pub struct Event<'a> {
     pub token: Option<Token>,
     /// Text this step made final; often empty (part of a character, or held back).
     pub text: &'a str,
+    /// The token's log-probability, when the guide asked for them ([`Guide::logprobs`]): a
+    /// stream sends it with the text it belongs to.
+    pub logprob: Option<&'a TokenLogprob>,
 }
 
 /// The result of [`generate`].
@@ -490,7 +493,7 @@ impl<'t> Output<'t> {
         if !tail.text.is_empty() {
             self.text.push_str(tail.text);
             // Generation is over: a Break here has nothing left to cancel.
-            let _ = on_event(Event { token: None, text: tail.text });
+            let _ = on_event(Event { token: None, text: tail.text, logprob: None });
         }
         stop_string
     }
@@ -513,7 +516,9 @@ impl<'t> Output<'t> {
         self.history.push(token);
         let chunk = self.stream.push(&piece);
         self.text.push_str(chunk.text);
-        let flow = on_event(Event { token: Some(token), text: chunk.text });
+        // The token's log-probability was pushed when it was sampled, one per token.
+        let logprob = self.logprobs.get(self.tokens.len() - 1);
+        let flow = on_event(Event { token: Some(token), text: chunk.text, logprob });
         if chunk.stop.is_some() {
             Some(StopReason::StopString)
         } else if flow.is_break() {

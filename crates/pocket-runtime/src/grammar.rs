@@ -206,7 +206,13 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             return Err(grammar_error(grammar.param(), e));
         }
-        Ok(GrammarConstraint { matcher, ends: self.ends.clone(), eos: self.eos, saved: Vec::new() })
+        Ok(GrammarConstraint {
+            matcher,
+            ends: self.ends.clone(),
+            eos: self.eos,
+            saved: Vec::new(),
+            closing: None,
+        })
     }
 }
 
@@ -240,7 +246,38 @@ pub struct GrammarConstraint {
     eos: Token,
     /// The end tokens' logits while a mask is applied.
     saved: Vec<(Token, f32)>,
+    /// For a JSON answer: closing it before `max_tokens` cuts it.
+    closing: Option<Closing>,
 }
+
+/// A JSON answer that must be whole within so many tokens: what was generated, and, once
+/// the tokens left are what closing it takes, the ending being forced.
+#[derive(Clone)]
+struct Closing {
+    env: TokEnv,
+    /// Tokens that may still be generated.
+    room: usize,
+    /// The answer so far.
+    text: Vec<u8>,
+    /// The ending's tokens still to force, the next one last.
+    ending: Vec<Token>,
+    /// Whether an ending was forced.
+    forced: bool,
+    /// How many tokens the last walk of the grammar took to end it (`usize::MAX`: it could
+    /// not within the room).
+    walked: Option<usize>,
+}
+
+/// Tokens of room kept beyond what the ending takes when closing starts: a token can open
+/// more than one thing (`[{"`), lengthening the ending by the next step.
+const CLOSING_MARGIN: usize = 3;
+
+/// Endings are looked for only this close to the end (no ending takes more tokens): before,
+/// a step pays nothing for closing.
+const CLOSING_HORIZON: usize = 48;
+
+/// Values tried, in order, for a key cut before its value: the first the schema accepts.
+const FILLERS: [&str; 6] = ["null", "\"\"", "0", "false", "[]", "{}"];
 
 impl std::fmt::Debug for GrammarConstraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -252,11 +289,161 @@ impl GrammarConstraint {
     fn error(&self, what: &str, e: impl std::fmt::Display) -> pocket_core::Error {
         pocket_core::Error::invalid_field("response_format", format!("the output grammar failed {what}: {e}"))
     }
+
+    /// Make the answer — a JSON value — whole within `room` tokens: when the tokens left are
+    /// what closing it takes (an open string ended, a key's missing value filled, brackets
+    /// closed), that ending is forced, so an answer cut by `max_tokens` is still valid JSON.
+    /// An ending the grammar does not accept (a required member not yet written) is not
+    /// forced.
+    pub fn close_within(&mut self, room: usize) {
+        if let Ok(env) = self.matcher.tok_env() {
+            self.closing = Some(Closing {
+                env,
+                room,
+                text: Vec::new(),
+                ending: Vec::new(),
+                forced: false,
+                walked: None,
+            });
+        }
+    }
+
+    /// Whether the answer was closed early: it was cut, though it ended as valid JSON.
+    pub fn closed(&self) -> bool {
+        self.closing.as_ref().is_some_and(|c| c.forced)
+    }
+
+    /// The shortest ending of the answer so far that the grammar accepts, as tokens.
+    fn ending(&mut self) -> Option<Vec<Token>> {
+        let closing = self.closing.as_ref()?;
+        let text = std::str::from_utf8(&closing.text).ok()?;
+        let env = closing.env.clone();
+        let mut best: Option<Vec<Token>> = None;
+        for filler in FILLERS {
+            let Some(ending) = crate::json_close::json_ending(text, filler) else { continue };
+            // Tokens of exactly these bytes (a tokenizer of its own might prefix a space).
+            let tokens = env.tok_trie().greedy_tokenize(ending.as_bytes());
+            if best.as_ref().is_some_and(|b| b.len() <= tokens.len()) {
+                continue;
+            }
+            let consumed = self.matcher.try_consume_tokens(&tokens).ok()?;
+            let whole = consumed == tokens.len()
+                && (self.matcher.is_stopped() || self.matcher.is_accepting().ok()?);
+            self.matcher.rollback(consumed).ok()?;
+            if whole {
+                best = Some(tokens);
+            }
+            // Without a key cut before its value, every filler gives the same ending.
+            if !ending.contains(filler) {
+                break;
+            }
+        }
+        if best.is_some() {
+            return best;
+        }
+        // Walking costs a mask per token: done again only when the room nears what the last
+        // walk took, and never again once no ending fits.
+        let closing = self.closing.as_ref()?;
+        let room = closing.room;
+        if closing.walked.is_some_and(|took| took == usize::MAX || room > took + CLOSING_MARGIN + 2) {
+            return None;
+        }
+        let walked = self.walked_ending(room);
+        self.closing.as_mut()?.walked = Some(walked.as_ref().map_or(usize::MAX, Vec::len));
+        walked
+    }
+
+    /// An ending found by walking the grammar itself, for when closing what is open is not
+    /// enough (a required member still to write, a string's `minLength`): at each step the
+    /// forced tokens, else the allowed token that closes most (`"`, `]`, `}`), else the
+    /// shortest allowed one — at most `max` tokens, the state as it was afterwards.
+    fn walked_ending(&mut self, max: usize) -> Option<Vec<Token>> {
+        let env = self.closing.as_ref()?.env.clone();
+        let trie = env.tok_trie();
+        let mut tokens: Vec<Token> = Vec::new();
+        let mut whole = false;
+        while tokens.len() < max {
+            if self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false) {
+                whole = true;
+                break;
+            }
+            let forced = self.matcher.compute_ff_tokens();
+            let step = if forced.is_empty() {
+                let Ok(mask) = self.matcher.compute_mask() else { break };
+                let mut pick: Option<(bool, usize, Token)> = None;
+                mask.iter_set_entries(|t| {
+                    let bytes = trie.token(t as Token);
+                    if bytes.is_empty() || bytes[0] == TokTrie::SPECIAL_TOKEN_MARKER {
+                        return;
+                    }
+                    let closes = bytes.iter().all(|b| matches!(b, b'"' | b']' | b'}'));
+                    // Closers first, the longest; then the shortest token.
+                    let better = match pick {
+                        None => true,
+                        Some((c, _, _)) if closes != c => closes,
+                        Some((c, len, _)) => {
+                            if c {
+                                bytes.len() > len
+                            } else {
+                                bytes.len() < len
+                            }
+                        }
+                    };
+                    if better {
+                        pick = Some((closes, bytes.len(), t as Token));
+                    }
+                });
+                match pick {
+                    Some((.., t)) => vec![t],
+                    None => break,
+                }
+            } else {
+                forced
+            };
+            let room = max - tokens.len();
+            let step = &step[..step.len().min(room)];
+            let Ok(consumed) = self.matcher.try_consume_tokens(step) else { break };
+            tokens.extend_from_slice(&step[..consumed]);
+            if consumed < step.len() {
+                break;
+            }
+        }
+        self.matcher.rollback(tokens.len()).ok()?;
+        whole.then_some(tokens)
+    }
+
+    /// The token closing forces next, if closing has started (or must start now).
+    fn closing_token(&mut self) -> Option<Token> {
+        let closing = self.closing.as_ref()?;
+        if closing.ending.is_empty() && closing.room <= CLOSING_HORIZON {
+            let room = closing.room;
+            if let Some(mut ending) = self.ending()
+                && !ending.is_empty()
+                && ending.len() + CLOSING_MARGIN >= room
+            {
+                ending.reverse();
+                let closing = self.closing.as_mut()?;
+                closing.ending = ending;
+                closing.forced = true;
+            }
+        }
+        self.closing.as_ref()?.ending.last().copied()
+    }
 }
 
 impl Constraint for GrammarConstraint {
     fn mask(&mut self, logits: &mut [f32]) -> pocket_core::Result<()> {
         let mask = self.matcher.compute_mask_or_eos().map_err(|e| self.error("computing a mask", e))?;
+        if let Some(t) = self.closing_token() {
+            if mask.is_allowed(t) && (t as usize) < logits.len() {
+                let kept = logits[t as usize];
+                logits.fill(f32::NEG_INFINITY);
+                logits[t as usize] = kept;
+                return Ok(());
+            }
+            // The grammar went another way (it should not): closing gives up.
+            self.closing = None;
+        }
         // The grammar's one end token stands for all of the model's (`<|im_end|>` and
         // `<|endoftext|>` alike): they keep their own logits when it may end here.
         let end_allowed = mask.is_allowed(self.eos);
@@ -285,7 +472,17 @@ impl Constraint for GrammarConstraint {
     }
 
     fn advance(&mut self, token: Token) -> pocket_core::Result<()> {
-        self.matcher.consume_token(token).map_err(|e| self.error("on a token", e))
+        self.matcher.consume_token(token).map_err(|e| self.error("on a token", e))?;
+        if let Some(c) = self.closing.as_mut() {
+            c.room = c.room.saturating_sub(1);
+            c.text.extend_from_slice(c.env.tok_trie().token(token));
+            if c.ending.last() == Some(&token) {
+                c.ending.pop();
+            } else {
+                c.ending.clear();
+            }
+        }
+        Ok(())
     }
 
     fn allowed_prefix(&mut self, tokens: &[Token]) -> pocket_core::Result<usize> {

@@ -25,6 +25,7 @@ pub mod drafters;
 mod engine;
 mod error;
 pub mod grammar;
+pub mod json_close;
 mod knowledge;
 pub mod learn;
 mod learning_text;

@@ -14,7 +14,7 @@ use pocket_core::memory::{self, Ledger, ModelCosts, Plan, PlanRequest};
 use pocket_core::spec::{DrafterReport, SpecMode};
 use pocket_core::{
     ChatMessage, Constraint, Event, GenerateRequest, Generation, Guide, ModelKind, Role, SamplingConfig,
-    SessionConfig, StopConfig, Token, ToolCall, generate_guided,
+    SessionConfig, StopConfig, StopReason, Token, ToolCall, generate_guided,
 };
 
 use crate::drafters::{self, Setup};
@@ -286,7 +286,7 @@ pub fn prepare(
              the format asked for; send tool_choice \"none\" to use the format",
         ));
     }
-    let (grammar, grammar_seconds) = match request.grammar.as_ref().or(tool_grammar.as_ref()) {
+    let (mut grammar, grammar_seconds) = match request.grammar.as_ref().or(tool_grammar.as_ref()) {
         None => (None, 0.0),
         Some(g) => {
             let start = Instant::now();
@@ -316,6 +316,13 @@ pub fn prepare(
     };
     if needed > n_ctx {
         return Err(pocket_core::Error::ContextOverflow { needed, limit: n_ctx, prompt: tokens.len() }.into());
+    }
+    // A JSON answer closes before the tokens run out (max_tokens, or the context's end).
+    if let (Some(g), Some(Grammar::JsonObject | Grammar::JsonSchema { .. })) =
+        (grammar.as_mut(), &request.grammar)
+    {
+        let context_room = if seq2seq { usize::MAX } else { n_ctx - tokens.len() };
+        g.close_within(request.stop.max_tokens.min(context_room));
     }
     let mut config = SessionConfig { n_ctx, ..request.session.clone() };
     // The parked session sharing the longest prefix, in the KV type asked for.
@@ -460,6 +467,10 @@ pub fn run(
         generate_guided(info, session.as_mut(), target.tokenizer(), &request, guide, &mut |event| {
             sink.event(event)
         })?;
+    // An answer closed early so that it would end as valid JSON was cut all the same.
+    if constraint.as_ref().is_some_and(GrammarConstraint::closed) && generation.stop == StopReason::Eos {
+        generation.stop = StopReason::MaxTokens;
+    }
     // The prompt is all of it, restored and encoded parts included, and so is its time.
     generation.prompt_tokens = p.tokens.len();
     generation.cached_tokens = cached;

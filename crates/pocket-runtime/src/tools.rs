@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::grammar::Grammar;
+use crate::json_close::close_json;
 use crate::{Error, Result};
 
 /// The most calls one answer may make (parallel calls allowed): a small model that repeats
@@ -156,8 +157,9 @@ fn function(tool: &Value) -> Option<&Value> {
 
 /// The text of an answer without its tool calls, and the calls in OpenAI's shape: calls
 /// between `<tool_call>` tags, or an answer that is one bare JSON call of a function in
-/// `names`. Calls whose JSON does not parse are left in the text. `seed` makes the call ids
-/// unique.
+/// `names`. Calls whose JSON does not parse are left in the text; a last call cut off before
+/// its closing tag is closed ([`close_json`]), or dropped when its name was cut. `seed` makes
+/// the call ids unique.
 pub fn parse_calls(text: &str, names: &[String], seed: &str) -> (String, Vec<ToolCall>) {
     if let Some(call) = read_call(text).filter(|c| names.contains(&c.name)) {
         let call = ToolCall { id: call_id(seed, 0), kind: "function".into(), function: call };
@@ -170,7 +172,23 @@ pub fn parse_calls(text: &str, names: &[String], seed: &str) -> (String, Vec<Too
     let mut rest = text;
     while let Some(start) = rest.find(OPEN) {
         let after = &rest[start + OPEN.len()..];
-        let Some(end) = after.find(CLOSE) else { break };
+        let Some(end) = after.find(CLOSE) else {
+            // A call cut off (by `max_tokens`) is a call all the same, its JSON closed, when
+            // its name was written; the markup is never left in the text.
+            let cut = close_json(after.trim())
+                .and_then(|json| read_call(&json))
+                .filter(|c| names.contains(&c.name));
+            if let Some(call) = cut {
+                calls.push(ToolCall {
+                    id: call_id(seed, calls.len()),
+                    kind: "function".into(),
+                    function: call,
+                });
+            }
+            content.push_str(&rest[..start]);
+            rest = "";
+            break;
+        };
         let Some(call) = read_call(&after[..end]) else {
             content.push_str(&rest[..start + OPEN.len() + end + CLOSE.len()]);
             rest = &after[end + CLOSE.len()..];
@@ -240,6 +258,25 @@ mod tests {
         let bare = r#"{"name": "get_weather", "arguments": {"city": "Oslo"}}"#;
         assert_eq!(parse_calls(bare, &["get_weather".to_owned()], "x").1.len(), 1);
         assert_eq!(parse_calls(bare, &["other".to_owned()], "x").1.len(), 0);
+    }
+
+    #[test]
+    fn a_call_cut_by_max_tokens_is_still_a_call_and_never_markup_in_the_text() {
+        let names = ["get_weather".to_owned()];
+        let cut = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Os";
+        let (content, calls) = parse_calls(cut, &names, "x");
+        assert_eq!(content, "");
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].function.arguments, r#"{"city":"Os"}"#);
+        // After a whole call, the cut second one is a call too.
+        let two =
+            format!("<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{}}}}\n</tool_call>\n{cut}");
+        assert_eq!(parse_calls(&two, &names, "x").1.len(), 2);
+        // Cut before the name is whole: no call, and no markup left.
+        for early in ["<tool_call>", "<tool_call>\n{\"na", "<tool_call>\n{\"name\": \"get_wea"] {
+            assert_eq!(parse_calls(early, &names, "x"), (String::new(), Vec::new()), "{early:?}");
+        }
+        assert_eq!(parse_calls("Let me check. <tool_call>\n{", &names, "x").0, "Let me check. ");
     }
 
     #[test]

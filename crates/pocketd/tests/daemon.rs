@@ -700,6 +700,48 @@ fn the_openai_python_client_talks_over_the_socket() {
     assert!(id.starts_with("chatcmpl-") && !id.contains(','), "{out}");
 }
 
+#[test]
+fn openais_edges_hold_for_the_openai_python_client() {
+    let python = root().join("target/pyenv/bin/python");
+    assert!(python.exists(), "the tests need the test venv: run scripts/test");
+    let d = Daemon::start(Setup {
+        extra: "[model_aliases]\n\"gpt-4o-mini\" = \"smollm2\"\n".into(),
+        ..Setup::default()
+    });
+    let o = Command::new(&python)
+        .arg(root().join("crates/pocketd/tests/openai_edges.py"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["--alias", "gpt-4o-mini"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains("all passed"),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn the_anthropic_python_client_speaks_the_messages_api() {
+    let python = root().join("target/pyenv/bin/python");
+    assert!(python.exists(), "the tests need the test venv: run scripts/test");
+    let d = Daemon::start(Setup::default());
+    let o = Command::new(&python)
+        .arg(root().join("crates/pocketd/tests/anthropic_messages.py"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains("all passed"),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 /// `pocket` with its speculation cache in `cache`.
 fn pocket(cache: &Path, args: &[&str]) -> Output {
     let o = Command::new(env!("CARGO_BIN_EXE_pocket"))

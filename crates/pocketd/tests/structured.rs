@@ -40,12 +40,17 @@ fn every_schema_answer_validates_over_http_and_dbus_and_speculation_changes_no_t
     let o = Command::new(&python)
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/structured_output.py"))
         .args(["--socket", &d.socket.to_string_lossy(), "--bus", bus])
-        .args(["--models", "smollm2,qwen", "--compare", "smollm2"])
+        .args(["--models", "smollm2,qwen", "--compare", "smollm2", "--cut"])
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     println!("{out}");
     assert!(o.status.success(), "{out}\n{}\n{}", String::from_utf8_lossy(&o.stderr), d.log());
+    // Cut by max_tokens, every answer still parses (the constraint closed it in time).
+    for model in ["smollm2", "qwen"] {
+        let cut = out.lines().find(|l| l.starts_with(&format!("cut {model}:"))).unwrap_or_default();
+        assert!(cut.contains(" 22/22 parse"), "{out}");
+    }
     for line in ["http smollm2: 22/22", "dbus smollm2: 22/22", "http qwen: 22/22", "dbus qwen: 22/22"] {
         assert!(out.contains(line), "{out}");
     }

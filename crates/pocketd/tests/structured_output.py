@@ -2,9 +2,11 @@
 tests/fixtures/schemas.json over HTTP (OpenAI's Python client, response_format json_schema
 strict) and over D-Bus (busctl, the json_schema option), json_object prompts over both, each
 answer parsed and validated with the jsonschema package; then, for the speed report, the same
-schemas with speculation off and on (auto), which must give the same tokens.
+schemas with speculation off and on (auto), which must give the same tokens; and, with
+--cut, every schema again with max_tokens at two thirds of the answer's own length, so that
+each answer is cut: each must still be JSON that parses, closed in time by the constraint.
 
-    python3 tests/structured_output.py --socket S --bus ADDRESS --models smollm2,qwen [--compare smollm2]
+    python3 tests/structured_output.py --socket S --bus ADDRESS --models smollm2,qwen [--compare smollm2] [--cut]
 
 Prints one line per transport and model with the counts, and a speed line per compared model;
 exits 1 if any answer does not parse or validate, or if speculation changed a token.
@@ -64,6 +66,7 @@ def main() -> int:
     parser.add_argument("--models", default="smollm2")
     parser.add_argument("--compare", default="", help="models to compare speculation off and on")
     parser.add_argument("--compare-spec", default="auto", help="the speculation compared with off")
+    parser.add_argument("--cut", action="store_true", help="also every schema with max_tokens too low")
     args = parser.parse_args()
     COMPARE_SPEC = args.compare_spec
     schemas = json.loads((HERE / "fixtures/schemas.json").read_text())
@@ -71,22 +74,25 @@ def main() -> int:
     client = OpenAI(base_url="http://pocketd/v1", api_key="not-needed", http_client=http)
     failures = []
 
-    def http_schema(model, case, spec, tokens=False):
+    def http_schema(model, case, spec, tokens=False, max_tokens=MAX_TOKENS):
         reply = client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": case["prompt"]}], max_tokens=MAX_TOKENS,
+            model=model, messages=[{"role": "user", "content": case["prompt"]}], max_tokens=max_tokens,
             response_format={"type": "json_schema",
                              "json_schema": {"name": case["name"], "schema": case["schema"], "strict": True}},
             extra_body={"spec": spec, "return_tokens": tokens, "cache_prompt": False},
         )
         extra = dict(reply.model_extra)
         extra["completion_tokens"] = reply.usage.completion_tokens
+        extra["finish_reason"] = reply.choices[0].finish_reason
         return reply.choices[0].message.content, extra
 
     for model in filter(None, args.models.split(",")):
         # HTTP, each schema.
         valid, mask_ms, tokens = 0, 0.0, 0
+        lengths = {}
         for case in schemas:
             text, extra = http_schema(model, case, "auto")
+            lengths[case["name"]] = extra["completion_tokens"]
             why = check(text, case["schema"])
             if why:
                 failures.append(f"http {model} {case['name']}: {why}: {text!r}")
@@ -107,6 +113,22 @@ def main() -> int:
             else:
                 parsed += 1
         print(f"http {model}: {parsed}/{len(OBJECT_PROMPTS)} json_object answers parse")
+        if args.cut:
+            cut, parse, schema_valid = 0, 0, 0
+            for case in schemas:
+                short = max(3, lengths[case["name"]] * 2 // 3)
+                text, extra = http_schema(model, case, "auto", max_tokens=short)
+                cut += extra["finish_reason"] == "length"
+                try:
+                    json.loads(text)
+                    parse += 1
+                except ValueError as e:
+                    failures.append(f"cut {model} {case['name']} at {short} tokens: not JSON ({e}): {text!r}")
+                schema_valid += check(text, case["schema"]) is None
+            print(f"cut {model}: {cut}/{len(schemas)} answers cut, {parse}/{len(schemas)} parse, "
+                  f"{schema_valid}/{len(schemas)} also valid against the schema")
+            if cut * 3 < len(schemas):
+                failures.append(f"cut {model}: only {cut} answers were cut")
         if not args.bus:
             continue
         valid = 0

@@ -1,6 +1,7 @@
 //! pocketd's configuration: a TOML file (`/etc/pocketd/pocketd.toml` by default), then flags
 //! over it. `pocketd --print-config` prints the result as TOML, which is also a valid file.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -215,6 +216,11 @@ pub struct Config {
     pub idle_timeout_seconds: u64,
     /// `Generate` and `Start` calls one D-Bus caller may have running or queued at once.
     pub dbus_jobs_per_caller: usize,
+    /// Other names for models, each to a model's name (`"gpt-4o-mini" = "qwen2.5-coder-0.5b"`):
+    /// an app that hard-codes a hosted model's name is pointed at a local one by the operator.
+    /// An alias is read before the models' own names, once (not an alias of an alias).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub model_aliases: BTreeMap<String, String>,
 }
 
 impl Default for Config {
@@ -248,6 +254,7 @@ impl Default for Config {
             header_timeout_seconds: 10,
             idle_timeout_seconds: 60,
             dbus_jobs_per_caller: 4,
+            model_aliases: BTreeMap::new(),
         }
     }
 }
@@ -284,6 +291,12 @@ impl Config {
         anyhow::ensure!(self.header_timeout_seconds >= 1, "header_timeout_seconds must be at least 1");
         anyhow::ensure!(self.idle_timeout_seconds >= 1, "idle_timeout_seconds must be at least 1");
         anyhow::ensure!(self.dbus_jobs_per_caller >= 1, "dbus_jobs_per_caller must be at least 1");
+        for (alias, name) in &self.model_aliases {
+            anyhow::ensure!(
+                !alias.is_empty() && !alias.contains('/') && alias != name,
+                "model_aliases: {alias:?} = {name:?}: an alias is a name other than its model's, without '/'"
+            );
+        }
         if let Some(addr) = self.tcp {
             anyhow::ensure!(
                 addr.ip().is_loopback(),

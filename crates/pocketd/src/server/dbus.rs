@@ -609,7 +609,7 @@ async fn stream_job(
     let set = |s: JobState| state.lock().unwrap_or_else(|e| e.into_inner()).state = s;
     while let Some(piece) = running.pieces.recv().await {
         match piece {
-            Piece::Text(t) => {
+            Piece::Text { text: t, .. } => {
                 state.lock().unwrap_or_else(|e| e.into_inner()).text.push_str(&t);
                 JobObject::token(&emitter, &t).await?;
             }

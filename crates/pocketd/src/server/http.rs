@@ -1,6 +1,8 @@
 //! HTTP/1.1 on the Unix socket (and the optional loopback TCP listener): OpenAI's
-//! `/v1/chat/completions`, `/v1/completions` and `/v1/models`, pocketd's `/v1/status`,
-//! `/v1/models/{name}/load|unload` and `/metrics`.
+//! `/v1/chat/completions`, `/v1/completions` and `/v1/models`, Anthropic's `/v1/messages`
+//! (in [`super::messages`]), llama.cpp's `/health`,
+//! `/tokenize` and `/detokenize`, pocketd's `/v1/status`, `/v1/models/{name}/load|unload`
+//! and `/metrics`.
 //!
 //! Bodies are parsed here rather than by axum's `Json` extractor so that every error,
 //! malformed JSON included, has OpenAI's shape (`{"error": {message, type, param, code}}`).
@@ -21,7 +23,8 @@ use futures_util::Stream;
 use pocket_api::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, ChatDelta, ChatLogprobs, Completion, CompletionChoice, CompletionLogprobs,
-    CompletionRequest, DeltaToolCall, ModelAction, ModelList, ModelObject, OnePrompt,
+    CompletionRequest, DeltaToolCall, DetokenizeRequest, DetokenizeResponse, ModelAction, ModelList,
+    ModelObject, OnePrompt, TokenLogprob, TokenPiece, TokenizeRequest, TokenizeResponse, Tokens,
 };
 use pocket_runtime::Engine;
 use serde::de::DeserializeOwned;
@@ -29,6 +32,7 @@ use serde::de::DeserializeOwned;
 use super::connections::Connections;
 use super::error::ServeError;
 use super::job::{Finished, Input, Job, JobOptions, Piece, Running};
+use super::openai::choices;
 use super::registry::{Available, now_seconds};
 use super::scheduler::Scheduler;
 
@@ -59,6 +63,10 @@ pub fn router(scheduler: Arc<Scheduler>) -> Router {
         .route("/v1/models/{name}", get(model))
         .route("/v1/models/{name}/load", post(load_model))
         .route("/v1/models/{name}/unload", post(unload_model))
+        .route("/v1/messages", post(super::messages::messages))
+        .route("/v1/messages/count_tokens", post(super::messages::count_tokens))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route("/v1/status", get(status))
         .route("/health", get(health))
         .route("/v1/health", get(health))
@@ -72,7 +80,7 @@ pub fn router(scheduler: Arc<Scheduler>) -> Router {
 async fn not_found(uri: axum::http::Uri) -> ServeError {
     ServeError::UnknownEndpoint(format!(
         "no such endpoint {}; pocketd serves /v1/chat/completions, /v1/completions, /v1/models, /v1/status, \
-         /v1/models/NAME/load|unload, /health and /metrics",
+         /v1/models/NAME/load|unload, /v1/messages (Anthropic's), /tokenize, /detokenize, /health and /metrics",
         uri.path()
     ))
 }
@@ -112,19 +120,18 @@ async fn chat_completions(
         options: JobOptions::from_openai(&request.options, true)?,
         client: format!("http {}", peer.0),
     };
-    let running = s.submit(job).await?;
+    let jobs = job.choices(choices(&request.options)?);
     if request.options.stream {
-        return Ok(sse(running, Shape::Chat, include_usage(&request.options)));
+        return sse(&s, jobs, Shape::Chat, include_usage(&request.options)).await;
     }
-    let (id, model) = (Shape::Chat.id(&running.started.id), running.started.model.clone());
-    let f = running.collect().await?;
-    Ok(axum::Json(ChatCompletion {
-        id,
-        object: "chat.completion".into(),
-        created: now_seconds(),
-        model,
-        choices: vec![ChatChoice {
-            index: 0,
+    let n = jobs.len();
+    let (id, model, answers) = answer(&s, jobs, Shape::Chat).await?;
+    let usage = choices_usage(&answers);
+    let choices = answers
+        .iter()
+        .enumerate()
+        .map(|(index, f)| ChatChoice {
+            index: index as u32,
             message: AssistantMessage {
                 role: pocket_core::Role::Assistant,
                 content: (f.tool_calls.is_empty() || !f.content.is_empty()).then(|| f.content.clone()),
@@ -132,10 +139,18 @@ async fn chat_completions(
             },
             finish_reason: f.finish_reason,
             logprobs: f.logprobs.clone().map(|content| ChatLogprobs { content }),
-        }],
-        usage: f.usage,
-        timings: Some(f.timings),
-        tokens: f.tokens,
+        })
+        .collect();
+    let (timings, tokens) = one_answers_extras(answers, n);
+    Ok(axum::Json(ChatCompletion {
+        id,
+        object: "chat.completion".into(),
+        created: now_seconds(),
+        model,
+        choices,
+        usage,
+        timings,
+        tokens,
     })
     .into_response())
 }
@@ -147,6 +162,7 @@ async fn completions(
 ) -> Result<Response, ServeError> {
     let request: CompletionRequest = parse(body)?;
     let options = JobOptions::from_openai(&request.options, false)?;
+    let n = choices(&request.options)?;
     let prompts = request.prompt.into_prompts();
     if prompts.is_empty() {
         return Err(ServeError::invalid("prompt", "prompt is an empty list; send at least one prompt"));
@@ -161,42 +177,40 @@ async fn completions(
             ),
         ));
     }
-    let mut jobs = prompts.into_iter().map(|p| Job {
-        model: request.model.clone(),
-        input: match p {
-            OnePrompt::Text(text) => Input::Text(text),
-            OnePrompt::Tokens(tokens) => Input::Tokens(tokens),
-        },
-        options: options.clone(),
-        client: format!("http {}", peer.0),
-    });
+    // OpenAI's order: the n choices of the first prompt, then the second's.
+    let jobs: Vec<Job> = prompts
+        .into_iter()
+        .flat_map(|p| {
+            let job = Job {
+                model: request.model.clone(),
+                input: match p {
+                    OnePrompt::Text(text) => Input::Text(text),
+                    OnePrompt::Tokens(tokens) => Input::Tokens(tokens),
+                },
+                options: options.clone(),
+                client: format!("http {}", peer.0),
+            };
+            job.choices(n)
+        })
+        .collect();
     if request.options.stream {
-        let running = s.submit(jobs.next().expect("one prompt, checked above")).await?;
-        return Ok(sse(running, Shape::Text, include_usage(&request.options)));
+        return sse(&s, jobs, Shape::Text, include_usage(&request.options)).await;
     }
-    // Several prompts are answered one after another, each a choice of its own, under the
-    // first one's id; the usage is their sum.
-    let mut answers = Vec::new();
-    for job in jobs {
-        let running = s.submit(job).await?;
-        let (id, model) = (Shape::Text.id(&running.started.id), running.started.model.clone());
-        answers.push((id, model, running.collect().await?));
-    }
-    let usage = answers.iter().map(|(.., f)| f.usage).reduce(add_usage);
+    let count = jobs.len();
+    let (id, model, answers) = answer(&s, jobs, Shape::Text).await?;
+    // Each prompt's n choices read it once.
+    let usage = answers.chunks(n as usize).map(choices_usage).reduce(add_usage);
     let choices = answers
         .iter()
         .enumerate()
-        .map(|(index, (.., f))| CompletionChoice {
+        .map(|(index, f)| CompletionChoice {
             index: index as u32,
             text: f.text.clone(),
             finish_reason: Some(f.finish_reason),
             logprobs: f.logprobs.as_deref().map(CompletionLogprobs::from_tokens),
         })
         .collect();
-    let one = answers.len() == 1;
-    let (id, model, first) = answers.swap_remove(0);
-    // pocketd's statistics and tokens describe one completion: with several, they are left out.
-    let (timings, tokens) = if one { (Some(first.timings), first.tokens) } else { (None, None) };
+    let (timings, tokens) = one_answers_extras(answers, count);
     Ok(axum::Json(Completion {
         id,
         object: "text_completion".into(),
@@ -208,6 +222,47 @@ async fn completions(
         tokens,
     })
     .into_response())
+}
+
+/// The answers to `jobs`, generated one after another, under the first one's id and model.
+async fn answer(
+    s: &Arc<Scheduler>,
+    jobs: Vec<Job>,
+    shape: Shape,
+) -> Result<(String, String, Vec<Finished>), ServeError> {
+    let mut first = None;
+    let mut answers = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let running = s.submit(job).await?;
+        first.get_or_insert_with(|| (shape.id(&running.started.id), running.started.model.clone()));
+        answers.push(running.collect().await?);
+    }
+    let (id, model) = first.ok_or_else(|| ServeError::internal(None, "a request without a choice"))?;
+    Ok((id, model, answers))
+}
+
+/// pocketd's statistics and tokens describe one completion: with several, they are left out.
+fn one_answers_extras(
+    mut answers: Vec<Finished>,
+    n: usize,
+) -> (Option<pocket_api::Timings>, Option<Vec<u32>>) {
+    match answers.pop() {
+        Some(f) if n == 1 => (Some(f.timings), f.tokens),
+        _ => (None, None),
+    }
+}
+
+/// The usage of several choices of one prompt: the prompt counted once (as OpenAI's), what
+/// they generated summed.
+fn choices_usage(answers: &[Finished]) -> pocket_api::Usage {
+    answers.iter().map(|f| f.usage).reduce(with_choice).unwrap_or_default()
+}
+
+/// `usage` with one more choice of the same prompt, which used `more`.
+fn with_choice(mut usage: pocket_api::Usage, more: pocket_api::Usage) -> pocket_api::Usage {
+    usage.completion_tokens += more.completion_tokens;
+    usage.total_tokens += more.completion_tokens;
+    usage
 }
 
 /// The usage of two completions together.
@@ -242,8 +297,10 @@ impl Shape {
 enum Phase {
     Opening,
     Body,
-    /// The tool calls were sent; the last chunk follows.
+    /// The tool calls were sent; the choice's last chunk follows.
     Ending(Box<Finished>),
+    /// A choice ended; the next one starts.
+    Next,
     /// The last chunk was sent; the usage follows (`include_usage`).
     Usage(pocket_api::Usage),
     Closing,
@@ -256,16 +313,29 @@ fn include_usage(o: &pocket_api::GenerationOptions) -> bool {
 }
 
 struct StreamState {
+    scheduler: Arc<Scheduler>,
     running: Running,
+    /// The choices still to generate, after `running`'s.
+    rest: std::vec::IntoIter<Job>,
+    /// The choice streaming now.
+    index: u32,
     shape: Shape,
     phase: Phase,
     id: String,
     model: String,
     created: u64,
     /// Text held back while it may be a tool call (an answer that may call tools and starts
-    /// with `<`): sent as `tool_calls` at the end, or as text if it was not one.
+    /// with `<`): sent as `tool_calls` at the end, or as text if it was not one; and its
+    /// tokens' log-probabilities.
     holding: bool,
     held: String,
+    held_logprobs: Vec<TokenLogprob>,
+    /// Of this choice's log-probabilities, how many were sent, and the bytes of their tokens
+    /// (a completion's `text_offset`).
+    sent_logprobs: usize,
+    sent_bytes: usize,
+    /// The usage of the choices that ended.
+    usage: Option<pocket_api::Usage>,
     include_usage: bool,
 }
 
@@ -290,7 +360,7 @@ impl StreamState {
             object: "chat.completion.chunk".into(),
             created: self.created,
             model: self.model.clone(),
-            choices: vec![ChatChunkChoice { index: 0, delta, finish_reason: None, logprobs: None }],
+            choices: vec![ChatChunkChoice { index: self.index, delta, finish_reason: None, logprobs: None }],
             usage: None,
             timings: None,
             tokens: None,
@@ -298,9 +368,19 @@ impl StreamState {
         Event::default().data(serde_json::to_string(&chunk).unwrap_or_default())
     }
 
-    fn chunk(&self, text: Option<String>, role: bool, end: Option<&Finished>) -> Event {
+    /// A chunk of text (`None`: none, as the last chunk), with its tokens' log-probabilities.
+    fn chunk(
+        &mut self,
+        text: Option<String>,
+        logprobs: Vec<TokenLogprob>,
+        role: bool,
+        end: Option<&Finished>,
+    ) -> Event {
         let finish_reason = end.map(|f| f.finish_reason);
-        let logprobs = end.and_then(|f| f.logprobs.clone());
+        let offset = self.sent_bytes;
+        self.sent_logprobs += logprobs.len();
+        self.sent_bytes += logprobs.iter().map(|l| l.bytes.len()).sum::<usize>();
+        let logprobs = (!logprobs.is_empty()).then_some(logprobs);
         let json = match self.shape {
             Shape::Chat => serde_json::to_string(&ChatCompletionChunk {
                 id: self.id.clone(),
@@ -308,7 +388,7 @@ impl StreamState {
                 created: self.created,
                 model: self.model.clone(),
                 choices: vec![ChatChunkChoice {
-                    index: 0,
+                    index: self.index,
                     delta: ChatDelta {
                         role: role.then_some(pocket_core::Role::Assistant),
                         content: text,
@@ -327,10 +407,10 @@ impl StreamState {
                 created: self.created,
                 model: self.model.clone(),
                 choices: vec![CompletionChoice {
-                    index: 0,
+                    index: self.index,
                     text: text.unwrap_or_default(),
                     finish_reason,
-                    logprobs: logprobs.as_deref().map(CompletionLogprobs::from_tokens),
+                    logprobs: logprobs.as_deref().map(|l| CompletionLogprobs::from_tokens_at(l, offset)),
                 }],
                 usage: None,
                 timings: end.map(|f| f.timings.clone()),
@@ -338,6 +418,15 @@ impl StreamState {
             }),
         };
         Event::default().data(json.unwrap_or_default())
+    }
+
+    /// A choice's last chunk: its finish reason, and the log-probabilities of its tokens no
+    /// text carried (a stop string's, a tool call's).
+    fn last(&mut self, f: &Finished) -> Event {
+        let unsent = f.logprobs.as_deref().and_then(|l| l.get(self.sent_logprobs..)).unwrap_or_default();
+        let event = self.chunk(None, unsent.to_vec(), false, Some(f));
+        self.phase = self.after_choice(f);
+        event
     }
 
     /// The chunk of the usage that ends a stream with `include_usage`: no choices, as OpenAI's
@@ -354,95 +443,146 @@ impl StreamState {
         Event::default().data(chunk.to_string())
     }
 
-    /// What follows the last chunk: the usage if asked for, then `[DONE]`.
-    fn after_last(&self, f: &Finished) -> Phase {
-        if self.include_usage { Phase::Usage(f.usage) } else { Phase::Closing }
+    /// What follows a choice's last chunk: the next choice, or the usage if asked for, then
+    /// `[DONE]`.
+    fn after_choice(&mut self, f: &Finished) -> Phase {
+        let usage = self.usage.map_or(f.usage, |u| with_choice(u, f.usage));
+        self.usage = Some(usage);
+        if self.rest.len() > 0 {
+            Phase::Next
+        } else if self.include_usage {
+            Phase::Usage(usage)
+        } else {
+            Phase::Closing
+        }
+    }
+
+    /// The first phase of a choice.
+    fn opening(shape: Shape) -> Phase {
+        match shape {
+            Shape::Chat => Phase::Opening,
+            Shape::Text => Phase::Body,
+        }
+    }
+
+    /// The next event: `None` when the stream is over.
+    async fn next_event(&mut self) -> Option<Event> {
+        loop {
+            let event = match self.phase {
+                Phase::Opening => {
+                    self.phase = Phase::Body;
+                    self.chunk(Some(String::new()), Vec::new(), true, None)
+                }
+                Phase::Body => match self.running.pieces.recv().await? {
+                    Piece::Text { text, logprobs } if self.holding => {
+                        // The grammar lets text start with anything but '<' or '{', and a
+                        // call with nothing else: the first character decides.
+                        self.held.push_str(&text);
+                        self.held_logprobs.extend(logprobs);
+                        if self.held.is_empty() || self.held.starts_with(['<', '{']) {
+                            continue;
+                        }
+                        self.holding = false;
+                        let (text, logprobs) =
+                            (std::mem::take(&mut self.held), std::mem::take(&mut self.held_logprobs));
+                        self.chunk(Some(text), logprobs, false, None)
+                    }
+                    Piece::Text { text, logprobs } => self.chunk(Some(text), logprobs, false, None),
+                    Piece::Done(f) if self.holding && !(f.tool_calls.is_empty() && f.content.is_empty()) => {
+                        let event = if f.tool_calls.is_empty() {
+                            let logprobs = std::mem::take(&mut self.held_logprobs);
+                            self.chunk(Some(f.content.clone()), logprobs, false, None)
+                        } else {
+                            self.calls(&f)
+                        };
+                        self.phase = Phase::Ending(f);
+                        event
+                    }
+                    Piece::Done(f) => self.last(&f),
+                    Piece::Failed(e) => {
+                        self.phase = Phase::Closing;
+                        Event::default().data(serde_json::to_string(&e.to_openai()).unwrap_or_default())
+                    }
+                },
+                Phase::Ending(ref f) => {
+                    let f = f.clone();
+                    self.last(&f)
+                }
+                Phase::Next => {
+                    let job = self.rest.next()?;
+                    match self.scheduler.submit(job).await {
+                        Ok(running) => {
+                            self.holding = running.started.tools && matches!(self.shape, Shape::Chat);
+                            self.running = running;
+                            self.index += 1;
+                            (self.held_logprobs, self.sent_logprobs, self.sent_bytes) = (Vec::new(), 0, 0);
+                            self.held.clear();
+                            self.phase = StreamState::opening(self.shape);
+                            continue;
+                        }
+                        Err(e) => {
+                            self.phase = Phase::Closing;
+                            Event::default().data(serde_json::to_string(&e.to_openai()).unwrap_or_default())
+                        }
+                    }
+                }
+                Phase::Usage(usage) => {
+                    self.phase = Phase::Closing;
+                    self.usage(usage)
+                }
+                Phase::Closing => {
+                    self.phase = Phase::Over;
+                    Event::default().data("[DONE]")
+                }
+                Phase::Over => return None,
+            };
+            return Some(event);
+        }
     }
 }
 
-/// Server-sent events: (for chat, an opening chunk with the role), a chunk per piece of text,
-/// a last chunk with `finish_reason` and `timings`, with `include_usage` a chunk of the
-/// `usage`, then `data: [DONE]`. A failure after the start is sent as an `{"error": ...}`
-/// event. Dropping the stream (the client went away) drops the [`Running`] and so cancels the
-/// generation.
-fn sse(running: Running, shape: Shape, include_usage: bool) -> Response {
+/// Server-sent events, for each choice in turn: (for chat, an opening chunk with the role), a
+/// chunk per piece of text with its tokens' log-probabilities, a last chunk with
+/// `finish_reason` and `timings`; then, with `include_usage`, a chunk of the `usage`, and
+/// `data: [DONE]`. A failure after the start is sent as an `{"error": ...}` event. Dropping
+/// the stream (the client went away) drops the [`Running`] and so cancels the generation.
+async fn sse(
+    s: &Arc<Scheduler>,
+    jobs: Vec<Job>,
+    shape: Shape,
+    include_usage: bool,
+) -> Result<Response, ServeError> {
+    let mut jobs = jobs.into_iter();
+    let first = jobs.next().ok_or_else(|| ServeError::internal(None, "a request without a choice"))?;
+    let running = s.submit(first).await?;
     let state = StreamState {
+        scheduler: s.clone(),
         id: shape.id(&running.started.id),
         model: running.started.model.clone(),
         created: now_seconds(),
-        phase: match shape {
-            Shape::Chat => Phase::Opening,
-            Shape::Text => Phase::Body,
-        },
+        phase: StreamState::opening(shape),
         holding: running.started.tools && matches!(shape, Shape::Chat),
         held: String::new(),
+        held_logprobs: Vec::new(),
+        sent_logprobs: 0,
+        sent_bytes: 0,
+        usage: None,
         include_usage,
+        index: 0,
+        rest: jobs,
         running,
         shape,
     };
     let stream = futures_util::stream::unfold(state, |mut st| async move {
-        let event = match st.phase {
-            Phase::Opening => {
-                st.phase = Phase::Body;
-                st.chunk(Some(String::new()), true, None)
-            }
-            Phase::Body => loop {
-                match st.running.pieces.recv().await {
-                    Some(Piece::Text(t)) if st.holding => {
-                        // The grammar lets text start with anything but '<' or '{', and a
-                        // call with nothing else: the first character decides.
-                        st.held.push_str(&t);
-                        if !st.held.is_empty() && !st.held.starts_with(['<', '{']) {
-                            st.holding = false;
-                            let text = std::mem::take(&mut st.held);
-                            break st.chunk(Some(text), false, None);
-                        }
-                    }
-                    Some(Piece::Text(t)) => break st.chunk(Some(t), false, None),
-                    Some(Piece::Done(f))
-                        if st.holding && !(f.tool_calls.is_empty() && f.content.is_empty()) =>
-                    {
-                        let event = if f.tool_calls.is_empty() {
-                            st.chunk(Some(f.content.clone()), false, None)
-                        } else {
-                            st.calls(&f)
-                        };
-                        st.phase = Phase::Ending(f);
-                        break event;
-                    }
-                    Some(Piece::Done(f)) => {
-                        st.phase = st.after_last(&f);
-                        break st.chunk(None, false, Some(&f));
-                    }
-                    Some(Piece::Failed(e)) => {
-                        st.phase = Phase::Closing;
-                        break Event::default()
-                            .data(serde_json::to_string(&e.to_openai()).unwrap_or_default());
-                    }
-                    None => return None,
-                }
-            },
-            Phase::Ending(ref f) => {
-                let event = st.chunk(None, false, Some(f));
-                st.phase = st.after_last(f);
-                event
-            }
-            Phase::Usage(usage) => {
-                st.phase = Phase::Closing;
-                st.usage(usage)
-            }
-            Phase::Closing => {
-                st.phase = Phase::Over;
-                Event::default().data("[DONE]")
-            }
-            Phase::Over => return None,
-        };
+        let event = st.next_event().await?;
         Some((Ok::<_, Infallible>(event), st))
     });
-    sse_response(stream)
+    Ok(sse_response(stream))
 }
 
-fn sse_response(stream: impl Stream<Item = Result<Event, Infallible>> + Send + 'static) -> Response {
+pub(super) fn sse_response(
+    stream: impl Stream<Item = Result<Event, Infallible>> + Send + 'static,
+) -> Response {
     let mut response = Sse::new(stream).into_response();
     // Proxies (nginx) would otherwise hold the events back.
     response.headers_mut().insert("x-accel-buffering", header::HeaderValue::from_static("no"));
@@ -450,7 +590,9 @@ fn sse_response(stream: impl Stream<Item = Result<Event, Infallible>> + Send + '
 }
 
 async fn models(State(s): Shared) -> Result<axum::Json<ModelList>, ServeError> {
-    let data = s.registry.available()?.into_iter().map(model_object).collect();
+    let mut available = s.registry.available()?;
+    available.extend(s.registry.aliases()?);
+    let data = available.into_iter().map(model_object).collect();
     Ok(axum::Json(ModelList { object: "list".into(), data }))
 }
 
@@ -487,6 +629,70 @@ async fn unload_model(
 ) -> Result<axum::Json<ModelAction>, ServeError> {
     let model = s.registry.unload(&name)?;
     Ok(axum::Json(ModelAction { model, loaded: false, bytes: 0 }))
+}
+
+/// `POST /tokenize`: a text's tokens (`content`), or a conversation's as a chat request's
+/// prompt (`messages`), in the model's vocabulary.
+async fn tokenize(State(s): Shared, body: Result<Bytes, BytesRejection>) -> Result<Response, ServeError> {
+    let request: TokenizeRequest = parse(body)?;
+    let input = match (request.content, request.messages) {
+        (Some(text), None) => Input::Text(text),
+        (None, Some(messages)) if !request.add_special => Input::Chat(messages),
+        (None, Some(_)) => {
+            return Err(ServeError::invalid(
+                "add_special",
+                "add_special is for content: messages are tokenized as a chat prompt, special tokens and all",
+            ));
+        }
+        _ => {
+            return Err(ServeError::invalid(
+                "content",
+                "send content (a text) or messages (a conversation): one of them",
+            ));
+        }
+    };
+    let m = s.registry.get(request.model.as_deref().unwrap_or(&s.config().default_model)).await?;
+    let tokenizer = m.model.model().tokenizer();
+    let tokens = match &input {
+        Input::Text(text) => tokenizer
+            .encode(text, request.add_special)
+            .map_err(|e| ServeError::invalid("content", e.to_string())),
+        _ => pocket_runtime::pipeline::render(&m.model, &input, &Default::default())
+            .map_err(|e| ServeError::from_runtime(e, None)),
+    };
+    s.registry.release(&m.name);
+    let tokens = tokens?;
+    let count = tokens.len();
+    let tokens = if request.with_pieces {
+        let piece = |t| String::from_utf8_lossy(&tokenizer.piece(t)).into_owned();
+        Tokens::Pieces(tokens.into_iter().map(|id| TokenPiece { id, piece: piece(id) }).collect())
+    } else {
+        Tokens::Ids(tokens)
+    };
+    let max_model_len = m.model.model().info().n_ctx_train;
+    Ok(axum::Json(TokenizeResponse { tokens, count, max_model_len, model: m.name.clone() }).into_response())
+}
+
+/// `POST /detokenize`: the text of token ids, as a generated text starting with them.
+async fn detokenize(State(s): Shared, body: Result<Bytes, BytesRejection>) -> Result<Response, ServeError> {
+    let request: DetokenizeRequest = parse(body)?;
+    let m = s.registry.get(request.model.as_deref().unwrap_or(&s.config().default_model)).await?;
+    s.registry.release(&m.name);
+    let n_vocab = m.model.model().info().n_vocab;
+    if let Some(t) = request.tokens.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(ServeError::invalid(
+            "tokens",
+            format!("token {t} is not in {}'s vocabulary: ids go from 0 to {}", m.name, n_vocab - 1),
+        ));
+    }
+    let tokenizer = m.model.model().tokenizer();
+    let mut bytes = Vec::new();
+    for &t in &request.tokens {
+        // The first token with text starts the text (SentencePiece's word-start space dropped).
+        bytes.extend(if bytes.is_empty() { tokenizer.first_piece(t) } else { tokenizer.piece(t) });
+    }
+    let content = String::from_utf8_lossy(&bytes).into_owned();
+    Ok(axum::Json(DetokenizeResponse { content, model: m.name.clone() }).into_response())
 }
 
 /// The connection table, which the accept loop puts in every request's extensions.

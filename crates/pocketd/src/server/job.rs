@@ -149,6 +149,8 @@ pub struct Finished {
     pub tokens: Option<Vec<u32>>,
     /// OpenAI's `finish_reason`.
     pub finish_reason: FinishReason,
+    /// The stop string that ended the answer, if one did.
+    pub stop_string: Option<String>,
     /// Usage.
     pub usage: pocket_api::Usage,
     /// Speed and speculation.
@@ -162,8 +164,14 @@ pub struct Finished {
 /// What a running generation sends.
 #[derive(Debug)]
 pub enum Piece {
-    /// Text made final.
-    Text(String),
+    /// Text made final, with the log-probabilities of the tokens that made it (when asked
+    /// for; empty otherwise).
+    Text {
+        /// The text.
+        text: String,
+        /// Its tokens' log-probabilities.
+        logprobs: Vec<pocket_api::TokenLogprob>,
+    },
     /// The end.
     Done(Box<Finished>),
     /// A failure after the start.
@@ -198,7 +206,7 @@ impl Running {
     pub async fn collect(mut self) -> Result<Finished, ServeError> {
         while let Some(piece) = self.pieces.recv().await {
             match piece {
-                Piece::Text(_) => {}
+                Piece::Text { .. } => {}
                 Piece::Done(f) => return Ok(*f),
                 Piece::Failed(e) => return Err(e),
             }

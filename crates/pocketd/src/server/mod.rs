@@ -19,6 +19,7 @@ pub mod http;
 pub mod job;
 pub mod learner;
 pub mod listen;
+pub mod messages;
 pub mod metrics;
 pub mod openai;
 pub mod registry;

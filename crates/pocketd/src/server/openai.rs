@@ -29,14 +29,7 @@ impl JobOptions {
                 "stream_options is only allowed with stream: true",
             ));
         }
-        if let Some(n) = o.n
-            && n != 1
-        {
-            return Err(ServeError::invalid(
-                "n",
-                format!("n = {n}: pocketd generates one choice per request"),
-            ));
-        }
+        choices(o)?;
         let mut sampling = SamplingConfig::default();
         if let Some(t) = o.temperature {
             sampling.temperature = t;
@@ -136,6 +129,36 @@ impl JobOptions {
             logprobs: logprobs.map(|n| n as usize),
             priority,
         })
+    }
+}
+
+/// The most choices one request may ask for (`n`): they are generated one after another.
+pub const MAX_CHOICES: u32 = 16;
+
+/// How many choices a request asks for (`n`, 1 by default), or the 400 that says what is
+/// allowed.
+pub fn choices(o: &pocket_api::GenerationOptions) -> Result<u32, ServeError> {
+    match o.n.unwrap_or(1) {
+        n @ 1..=MAX_CHOICES => Ok(n),
+        n => Err(ServeError::invalid(
+            "n",
+            format!("n = {n}: from 1 to {MAX_CHOICES} choices (pocketd generates them one after another)"),
+        )),
+    }
+}
+
+impl super::job::Job {
+    /// This job asked `n` times, a job per choice. Sampled choices differ: choice `i` seeds
+    /// its sampler with the request's seed + `i` (greedy ones are the same answer `n` times,
+    /// as OpenAI's at temperature 0).
+    pub fn choices(self, n: u32) -> Vec<super::job::Job> {
+        (0..u64::from(n))
+            .map(|i| {
+                let mut job = self.clone();
+                job.options.sampling.seed = job.options.sampling.seed.wrapping_add(i);
+                job
+            })
+            .collect()
     }
 }
 

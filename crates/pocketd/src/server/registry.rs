@@ -8,6 +8,7 @@
 //! while they are used. An idle model is unloaded after `keep_alive_seconds`, or earlier when
 //! the budget needs its memory: least recently used first.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -66,6 +67,8 @@ pub struct Registry {
     device: DeviceChoice,
     prompt_cache: Option<Arc<PromptCache>>,
     keep_alive: Duration,
+    /// Other names for models (the configuration's `model_aliases`).
+    aliases: BTreeMap<String, String>,
     loaded: Mutex<Vec<Slot>>,
     /// One load at a time: two requests for the same model wait for one load, and loads
     /// never race each other for the budget.
@@ -115,11 +118,27 @@ impl Registry {
             device,
             prompt_cache,
             keep_alive,
+            aliases: BTreeMap::new(),
             loaded: Mutex::new(Vec::new()),
             loading: tokio::sync::Mutex::new(()),
             loaded_notify: tokio::sync::Notify::new(),
             changes: tokio::sync::watch::Sender::new(()),
         }
+    }
+
+    /// This registry with other names for models (alias → a model's name).
+    pub fn with_aliases(mut self, aliases: BTreeMap<String, String>) -> Registry {
+        self.aliases = aliases;
+        self
+    }
+
+    /// The aliases whose model is available, each as that model under the alias's name.
+    pub fn aliases(&self) -> Result<Vec<Available>, ServeError> {
+        Ok(self
+            .aliases
+            .keys()
+            .filter_map(|alias| Some(Available { name: alias.clone(), ..self.find(alias).ok()? }))
+            .collect())
     }
 
     /// Tell those watching [`Registry::changes`].
@@ -178,8 +197,10 @@ impl Registry {
         Ok(out)
     }
 
-    /// The model served as `name`: a pulled manifest's name, or a loose file's name or stem.
+    /// The model served as `name`: an alias's model, a pulled manifest's name, or a loose
+    /// file's name or stem.
     pub fn find(&self, name: &str) -> Result<Available, ServeError> {
+        let name = self.aliases.get(name).map_or(name, String::as_str);
         if name.is_empty() || name.contains('/') || name.starts_with('.') {
             return Err(ServeError::invalid(
                 "model",

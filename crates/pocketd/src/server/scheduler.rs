@@ -101,7 +101,8 @@ impl Scheduler {
             device.clone(),
             Duration::from_secs(config.keep_alive_seconds),
             prompt_cache.clone(),
-        );
+        )
+        .with_aliases(config.model_aliases.clone());
         let threads = config.threads;
         let worker = Arc::new(Worker {
             ledger: ledger.clone(),

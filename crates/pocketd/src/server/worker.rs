@@ -105,6 +105,7 @@ impl Worker {
             tx: &tx,
             queued_seconds,
             started: Some(started),
+            logprobs: Vec::new(),
         };
         let result =
             pipeline::run(&model.model, draft.as_ref().map(|d| &d.model), &prepared, &ledger, &mut sink);
@@ -172,6 +173,8 @@ struct Forward<'a> {
     tx: &'a mpsc::UnboundedSender<Piece>,
     queued_seconds: f64,
     started: Option<oneshot::Sender<Result<Started, ServeError>>>,
+    /// Log-probabilities of tokens whose text has not been sent yet.
+    logprobs: Vec<pocket_api::TokenLogprob>,
 }
 
 impl Sink for Forward<'_> {
@@ -205,8 +208,17 @@ impl Sink for Forward<'_> {
         if event.token.is_some() {
             self.generated.fetch_add(1, Ordering::Relaxed);
         }
-        if !event.text.is_empty() && self.tx.send(Piece::Text(event.text.to_owned())).is_err() {
-            return ControlFlow::Break(()); // the client is gone
+        if let Some(lp) = event.logprob {
+            self.logprobs.push(wire_logprob(lp, self.model.model.model().tokenizer()));
+        }
+        // A token's log-probability goes with the text it made final (text held back, as a
+        // possible stop string, takes its tokens' along when it comes).
+        if !event.text.is_empty() {
+            let piece =
+                Piece::Text { text: event.text.to_owned(), logprobs: std::mem::take(&mut self.logprobs) };
+            if self.tx.send(piece).is_err() {
+                return ControlFlow::Break(()); // the client is gone
+            }
         }
         if self.cancel.load(Ordering::Relaxed) || self.tx.is_closed() {
             return ControlFlow::Break(());
@@ -236,6 +248,30 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A token's log-probability as the API sends it: the token's text and bytes, and its
+/// alternatives'.
+fn wire_logprob(
+    lp: &pocket_core::sampling::TokenLogprob,
+    tokenizer: &dyn Tokenizer,
+) -> pocket_api::TokenLogprob {
+    let wire = |token: u32, logprob: f32| {
+        let bytes = tokenizer.piece(token);
+        // OpenAI never sends -inf; JSON cannot carry it.
+        let logprob = if logprob.is_finite() { logprob } else { -9999.0 };
+        (String::from_utf8_lossy(&bytes).into_owned(), logprob, bytes)
+    };
+    let (token, logprob, bytes) = wire(lp.token, lp.logprob);
+    let top_logprobs = lp
+        .top
+        .iter()
+        .map(|&(t, l)| {
+            let (token, logprob, bytes) = wire(t, l);
+            pocket_api::TopLogprob { token, logprob, bytes }
+        })
+        .collect();
+    pocket_api::TokenLogprob { token, logprob, bytes, top_logprobs }
+}
+
 /// What a finished generation reports.
 fn finished(outcome: &pocket_runtime::Outcome, return_tokens: bool, tokenizer: &dyn Tokenizer) -> Finished {
     let generation = &outcome.generation;
@@ -246,30 +282,8 @@ fn finished(outcome: &pocket_runtime::Outcome, return_tokens: bool, tokenizer: &
         StopReason::Eos | StopReason::StopString => FinishReason::Stop,
     };
     let completion = generation.tokens.len() as u32;
-    let wire = |token: u32, logprob: f32| {
-        let bytes = tokenizer.piece(token);
-        // OpenAI never sends -inf; JSON cannot carry it.
-        let logprob = if logprob.is_finite() { logprob } else { -9999.0 };
-        (String::from_utf8_lossy(&bytes).into_owned(), logprob, bytes)
-    };
-    let logprobs = (!generation.logprobs.is_empty()).then(|| {
-        generation
-            .logprobs
-            .iter()
-            .map(|lp| {
-                let (token, logprob, bytes) = wire(lp.token, lp.logprob);
-                let top_logprobs = lp
-                    .top
-                    .iter()
-                    .map(|&(t, l)| {
-                        let (token, logprob, bytes) = wire(t, l);
-                        pocket_api::TopLogprob { token, logprob, bytes }
-                    })
-                    .collect();
-                pocket_api::TokenLogprob { token, logprob, bytes, top_logprobs }
-            })
-            .collect()
-    });
+    let logprobs = (!generation.logprobs.is_empty())
+        .then(|| generation.logprobs.iter().map(|lp| wire_logprob(lp, tokenizer)).collect());
     Finished {
         text: generation.text.clone(),
         content: outcome.content.clone(),
@@ -277,6 +291,7 @@ fn finished(outcome: &pocket_runtime::Outcome, return_tokens: bool, tokenizer: &
         logprobs,
         tokens: return_tokens.then(|| generation.tokens.clone()),
         finish_reason,
+        stop_string: generation.stop_string.clone(),
         usage: pocket_api::Usage {
             prompt_tokens: generation.prompt_tokens as u32,
             completion_tokens: completion,
