@@ -263,9 +263,6 @@ struct Closing {
     ending: Vec<Token>,
     /// Whether an ending was forced.
     forced: bool,
-    /// How many tokens the last walk of the grammar took to end it (`usize::MAX`: it could
-    /// not within the room).
-    walked: Option<usize>,
 }
 
 /// Tokens of room kept beyond what the ending takes when closing starts: a token can open
@@ -275,6 +272,9 @@ const CLOSING_MARGIN: usize = 3;
 /// Endings are looked for only this close to the end (no ending takes more tokens): before,
 /// a step pays nothing for closing.
 const CLOSING_HORIZON: usize = 48;
+
+/// The longest ending a walk of the grammar looks for.
+const MAX_WALK: usize = 24;
 
 /// Values tried, in order, for a key cut before its value: the first the schema accepts.
 const FILLERS: [&str; 6] = ["null", "\"\"", "0", "false", "[]", "{}"];
@@ -297,14 +297,7 @@ impl GrammarConstraint {
     /// forced.
     pub fn close_within(&mut self, room: usize) {
         if let Ok(env) = self.matcher.tok_env() {
-            self.closing = Some(Closing {
-                env,
-                room,
-                text: Vec::new(),
-                ending: Vec::new(),
-                forced: false,
-                walked: None,
-            });
+            self.closing = Some(Closing { env, room, text: Vec::new(), ending: Vec::new(), forced: false });
         }
     }
 
@@ -341,23 +334,24 @@ impl GrammarConstraint {
         if best.is_some() {
             return best;
         }
-        // Walking costs a mask per token: done again only when the room nears what the last
-        // walk took, and never again once no ending fits.
-        let closing = self.closing.as_ref()?;
-        let room = closing.room;
-        if closing.walked.is_some_and(|took| took == usize::MAX || room > took + CLOSING_MARGIN + 2) {
-            return None;
-        }
-        let walked = self.walked_ending(room);
-        self.closing.as_mut()?.walked = Some(walked.as_ref().map_or(usize::MAX, Vec::len));
-        walked
+        // A walk costs a mask per token, so it looks no further than the room (and
+        // `MAX_WALK`): past that, no ending would fit anyway.
+        let room = self.closing.as_ref()?.room;
+        self.walked_ending(room.min(MAX_WALK))
     }
 
     /// An ending found by walking the grammar itself, for when closing what is open is not
     /// enough (a required member still to write, a string's `minLength`): at each step the
-    /// forced tokens, else the allowed token that closes most (`"`, `]`, `}`), else the
-    /// shortest allowed one — at most `max` tokens, the state as it was afterwards.
+    /// forced tokens, else the allowed token that closes most (in a string, one starting with
+    /// its closing `"`; outside, `]` and `}`), else the shortest allowed one — at most `max`
+    /// tokens, the state as it was afterwards.
     fn walked_ending(&mut self, max: usize) -> Option<Vec<Token>> {
+        let text = self.closing.as_ref()?.text.clone();
+        self.walk_from(text, max)
+    }
+
+    /// [`GrammarConstraint::walked_ending`] from the matcher's state, whose text is `text`.
+    fn walk_from(&mut self, mut text: Vec<u8>, max: usize) -> Option<Vec<Token>> {
         let env = self.closing.as_ref()?.env.clone();
         let trie = env.tok_trie();
         let mut tokens: Vec<Token> = Vec::new();
@@ -370,13 +364,18 @@ impl GrammarConstraint {
             let forced = self.matcher.compute_ff_tokens();
             let step = if forced.is_empty() {
                 let Ok(mask) = self.matcher.compute_mask() else { break };
+                let in_string = crate::json_close::in_string(&String::from_utf8_lossy(&text));
                 let mut pick: Option<(bool, usize, Token)> = None;
                 mask.iter_set_entries(|t| {
                     let bytes = trie.token(t as Token);
                     if bytes.is_empty() || bytes[0] == TokTrie::SPECIAL_TOKEN_MARKER {
                         return;
                     }
-                    let closes = bytes.iter().all(|b| matches!(b, b'"' | b']' | b'}'));
+                    let closers = |b: &[u8]| b.iter().all(|b| matches!(b, b']' | b'}'));
+                    let closes = match bytes.split_first() {
+                        Some((b'"', rest)) if in_string => closers(rest),
+                        _ => !in_string && closers(bytes),
+                    };
                     // Closers first, the longest; then the shortest token.
                     let better = match pick {
                         None => true,
@@ -404,12 +403,33 @@ impl GrammarConstraint {
             let step = &step[..step.len().min(room)];
             let Ok(consumed) = self.matcher.try_consume_tokens(step) else { break };
             tokens.extend_from_slice(&step[..consumed]);
+            text.extend(step[..consumed].iter().flat_map(|&t| trie.token(t)));
             if consumed < step.len() {
                 break;
             }
         }
         self.matcher.rollback(tokens.len()).ok()?;
         whole.then_some(tokens)
+    }
+
+    /// Whether a separator now — one more item or member, which the grammar allows here —
+    /// would leave no room to end: then the answer is closed now, while it still can be.
+    /// (After a comma, closing must write a whole value first: its ending jumps from a
+    /// bracket or two to a member or an item.)
+    fn one_more_leaves_no_room(&mut self, room: usize) -> bool {
+        let Some(closing) = self.closing.as_ref() else { return false };
+        if crate::json_close::in_string(&String::from_utf8_lossy(&closing.text)) {
+            return false;
+        }
+        let env = closing.env.clone();
+        let comma = env.tok_trie().greedy_tokenize(b", ");
+        let mut text = closing.text.clone();
+        text.extend_from_slice(b", ");
+        let Ok(consumed) = self.matcher.try_consume_tokens(&comma) else { return false };
+        let no_room = consumed == comma.len()
+            && self.walk_from(text, room.saturating_sub(consumed).min(MAX_WALK)).is_none();
+        let _ = self.matcher.rollback(consumed);
+        no_room
     }
 
     /// The token closing forces next, if closing has started (or must start now).
@@ -419,7 +439,8 @@ impl GrammarConstraint {
             let room = closing.room;
             if let Some(mut ending) = self.ending()
                 && !ending.is_empty()
-                && ending.len() + CLOSING_MARGIN >= room
+                && ending.len() <= room
+                && (ending.len() + CLOSING_MARGIN >= room || self.one_more_leaves_no_room(room))
             {
                 ending.reverse();
                 let closing = self.closing.as_mut()?;

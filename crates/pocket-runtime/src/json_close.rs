@@ -18,6 +18,11 @@ pub fn json_ending(partial: &str, filler: &str) -> Option<String> {
     full.strip_prefix(partial).map(str::to_owned)
 }
 
+/// Whether `partial`, the start of a JSON value, ends inside a string.
+pub fn in_string(partial: &str) -> bool {
+    scan(partial).is_some_and(|s| s.string.is_some())
+}
+
 fn scan(partial: &str) -> Option<Scan> {
     let mut scan = Scan::default();
     for c in partial.chars() {

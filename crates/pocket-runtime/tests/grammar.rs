@@ -124,3 +124,26 @@ fn a_required_tool_call_comes_back_in_openais_shape_with_valid_arguments() {
     );
     assert_eq!(out.content, "");
 }
+
+#[test]
+fn a_json_answer_cut_by_max_tokens_is_closed_in_time_and_parses() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = smollm2(cache.path());
+    let grammar = Grammar::JsonSchema { schema: person(), strict: true };
+    let ask = "Describe a programmer named Ada as JSON.";
+    let whole = run(&model, &request(ask, grammar.clone(), SpecMode::Off)).generation.tokens.len();
+    let mut cut = 0;
+    for max_tokens in whole.saturating_sub(6)..whole {
+        for spec in [SpecMode::Off, SpecMode::Auto] {
+            let mut r = request(ask, grammar.clone(), spec);
+            r.stop.max_tokens = max_tokens;
+            let out = run(&model, &r).generation;
+            let text = &out.text;
+            serde_json::from_str::<Value>(text)
+                .unwrap_or_else(|e| panic!("cut at {max_tokens} ({spec}): not JSON ({e}): {text}"));
+            assert!(out.tokens.len() <= max_tokens);
+            cut += usize::from(out.stop == pocket_core::StopReason::MaxTokens);
+        }
+    }
+    assert!(cut > 0, "no answer was cut");
+}

@@ -20,9 +20,10 @@ use pocket_runtime::tools::{ToolChoice, Tools};
 use serde_json::{Value, json};
 
 use super::error::ServeError;
-use super::http::{Peer, parse, sse_response};
+use super::http::{Peer, parse};
 use super::job::{Finished, Input, Job, JobOptions, Piece, Running};
 use super::scheduler::Scheduler;
+use super::stream::sse_response;
 
 /// A [`ServeError`] in Anthropic's body: `{"type": "error", "error": {"type", "message"}}`.
 pub(super) struct AnthropicError(ServeError);

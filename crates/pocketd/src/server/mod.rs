@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod openai;
 pub mod registry;
 pub mod scheduler;
+mod stream;
 pub mod turns;
 pub mod worker;
 
