@@ -291,10 +291,10 @@ impl GrammarConstraint {
     }
 
     /// Make the answer — a JSON value — whole within `room` tokens: when the tokens left are
-    /// what closing it takes (an open string ended, a key's missing value filled, brackets
-    /// closed), that ending is forced, so an answer cut by `max_tokens` is still valid JSON.
-    /// An ending the grammar does not accept (a required member not yet written) is not
-    /// forced.
+    /// what closing it takes (an open string ended, a key's missing value filled, required
+    /// members written with the least they take, brackets closed), or when one more item or
+    /// member would leave too few, that ending is forced, so an answer cut by `max_tokens` is
+    /// still valid JSON. Only a room smaller than the schema's least document cannot be met.
     pub fn close_within(&mut self, room: usize) {
         if let Ok(env) = self.matcher.tok_env() {
             self.closing = Some(Closing { env, room, text: Vec::new(), ending: Vec::new(), forced: false });
@@ -412,24 +412,35 @@ impl GrammarConstraint {
         whole.then_some(tokens)
     }
 
-    /// Whether a separator now — one more item or member, which the grammar allows here —
-    /// would leave no room to end: then the answer is closed now, while it still can be.
-    /// (After a comma, closing must write a whole value first: its ending jumps from a
-    /// bracket or two to a member or an item.)
+    /// Whether a separator soon — one more item or member after closing none, some or all
+    /// of what is open (`, `, `", `, `}, `, `}], `…: a token often carries both) — would
+    /// leave no room to end: then the answer is closed now, while it still can be. (After a
+    /// comma, closing must write a whole value first: its ending jumps from a bracket or two
+    /// to a member or an item.)
     fn one_more_leaves_no_room(&mut self, room: usize) -> bool {
         let Some(closing) = self.closing.as_ref() else { return false };
-        if crate::json_close::in_string(&String::from_utf8_lossy(&closing.text)) {
+        let (env, text) = (closing.env.clone(), closing.text.clone());
+        let Some(ending) =
+            std::str::from_utf8(&text).ok().and_then(|t| crate::json_close::json_ending(t, "null"))
+        else {
             return false;
-        }
-        let env = closing.env.clone();
-        let comma = env.tok_trie().greedy_tokenize(b", ");
-        let mut text = closing.text.clone();
-        text.extend_from_slice(b", ");
-        let Ok(consumed) = self.matcher.try_consume_tokens(&comma) else { return false };
-        let no_room = consumed == comma.len()
-            && self.walk_from(text, room.saturating_sub(consumed).min(MAX_WALK)).is_none();
-        let _ = self.matcher.rollback(consumed);
-        no_room
+        };
+        // The ending's leading run of closers, cut after each.
+        let closers = ending.bytes().take_while(|b| matches!(b, b'"' | b']' | b'}')).count();
+        (0..=closers).any(|cut| {
+            let mut separator = ending.as_bytes()[..cut].to_vec();
+            separator.extend_from_slice(b", ");
+            let tokens = env.tok_trie().greedy_tokenize(&separator);
+            let Ok(consumed) = self.matcher.try_consume_tokens(&tokens) else { return false };
+            // With the margin closing keeps: the model writes more than the least a value
+            // takes, and closing must still find room when it starts.
+            let after = room.saturating_sub(consumed + CLOSING_MARGIN).min(MAX_WALK);
+            let mut then = text.clone();
+            then.extend_from_slice(&separator);
+            let no_room = consumed == tokens.len() && self.walk_from(then, after).is_none();
+            let _ = self.matcher.rollback(consumed);
+            no_room
+        })
     }
 
     /// The token closing forces next, if closing has started (or must start now).

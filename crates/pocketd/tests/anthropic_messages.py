@@ -6,41 +6,21 @@ tests/daemon.rs; prints one line per check and exits non-zero at the first that 
 """
 
 import argparse
+import pathlib
 import sys
-
-import importlib
 
 import anthropic
 import httpx
 
-WEATHER = {
-    "name": "get_weather",
-    "description": "The weather now in a city",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
+# The example's client over the Unix socket (httpx2 or httpx, whichever the package takes).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "examples"))
+from anthropic_client import WEATHER, unix_socket_client  # noqa: E402
 
 
 def check(ok: bool, what: str) -> None:
     print(("ok    " if ok else "FAILED ") + what, flush=True)
     if not ok:
         sys.exit(1)
-
-
-def unix_socket_client(socket: str) -> anthropic.Anthropic:
-    """Anthropic's client over a Unix socket. Its 2.x releases are built on httpx2, earlier
-    ones on httpx; whichever it takes, that package's transport speaks HTTP over the socket
-    (`uds=`), and the host in base_url is only a name. No API key is needed, but the client
-    insists on one."""
-    for name in ("httpx2", "httpx"):
-        try:
-            http = importlib.import_module(name)
-            transport = http.HTTPTransport(uds=socket)
-            return anthropic.Anthropic(
-                base_url="http://pocketd", api_key="not-needed", http_client=http.Client(transport=transport, timeout=600)
-            )
-        except (ImportError, TypeError):
-            continue
-    raise SystemExit("neither httpx2 nor httpx fits this anthropic package")
 
 
 def main() -> None:

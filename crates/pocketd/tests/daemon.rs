@@ -700,19 +700,16 @@ fn the_openai_python_client_talks_over_the_socket() {
     assert!(id.starts_with("chatcmpl-") && !id.contains(','), "{out}");
 }
 
-#[test]
-fn openais_edges_hold_for_the_openai_python_client() {
+/// Run one of the Python check scripts in tests/ against `d` (`--socket` and `args`): each
+/// prints a line per check and "all passed" at the end.
+fn python_checks(d: &Daemon, script: &str, args: &[&str]) {
     let python = root().join("target/pyenv/bin/python");
     assert!(python.exists(), "the tests need the test venv: run scripts/test");
-    let d = Daemon::start(Setup {
-        extra: "[model_aliases]\n\"gpt-4o-mini\" = \"smollm2\"\n".into(),
-        ..Setup::default()
-    });
     let o = Command::new(&python)
-        .arg(root().join("crates/pocketd/tests/openai_edges.py"))
+        .arg(root().join("crates/pocketd/tests").join(script))
         .arg("--socket")
         .arg(&d.socket)
-        .args(["--alias", "gpt-4o-mini"])
+        .args(args)
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
@@ -724,22 +721,18 @@ fn openais_edges_hold_for_the_openai_python_client() {
 }
 
 #[test]
+fn openais_edges_hold_for_the_openai_python_client() {
+    let d = Daemon::start(Setup {
+        extra: "[model_aliases]\n\"gpt-4o-mini\" = \"smollm2\"\n".into(),
+        ..Setup::default()
+    });
+    python_checks(&d, "openai_edges.py", &["--alias", "gpt-4o-mini"]);
+}
+
+#[test]
 fn the_anthropic_python_client_speaks_the_messages_api() {
-    let python = root().join("target/pyenv/bin/python");
-    assert!(python.exists(), "the tests need the test venv: run scripts/test");
     let d = Daemon::start(Setup::default());
-    let o = Command::new(&python)
-        .arg(root().join("crates/pocketd/tests/anthropic_messages.py"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success() && out.contains("all passed"),
-        "{out}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    python_checks(&d, "anthropic_messages.py", &[]);
 }
 
 /// `pocket` with its speculation cache in `cache`.
