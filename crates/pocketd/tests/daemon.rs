@@ -180,8 +180,11 @@ fn bad_requests_get_openai_shaped_errors_with_the_right_status() {
     check(code, &body, 400, "invalid_request_error", "max_tokens");
     let (code, body) = d.curl("POST", "/v1/chat/completions", Some(br#"{"messages": []}"#));
     check(code, &body, 400, "invalid_request_error", "messages is empty");
-    let (code, body) = d.curl("POST", "/v1/completions", Some(br#"{"prompt": "hi", "n": 3}"#));
-    check(code, &body, 400, "invalid_request_error", "one choice");
+    for n in [0, 17] {
+        let body = json!({"prompt": "hi", "n": n}).to_string();
+        let (code, body) = d.curl("POST", "/v1/completions", Some(body.as_bytes()));
+        check(code, &body, 400, "invalid_request_error", "from 1 to 16");
+    }
     let big = vec![b'a'; 5 << 20];
     let (code, body) = d.curl("POST", "/v1/completions", Some(&big));
     check(code, &body, 413, "invalid_request_error", "larger than");
