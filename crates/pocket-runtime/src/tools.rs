@@ -151,6 +151,13 @@ impl Tools {
     }
 }
 
+/// Whether an answer that may call tools and starts with `start` is text, not a call: the
+/// [`Tools::grammar`] lets text start with anything but `<` or `{`, and a call with nothing
+/// else, so the first character decides (a stream holds the answer back until it does).
+pub fn starts_as_text(start: &str) -> bool {
+    !start.is_empty() && !start.starts_with(['<', '{'])
+}
+
 fn function(tool: &Value) -> Option<&Value> {
     tool.get("function")
 }

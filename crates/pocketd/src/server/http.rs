@@ -336,7 +336,7 @@ async fn tokenize(State(s): Shared, body: Result<Bytes, BytesRejection>) -> Resu
             ));
         }
     };
-    let m = s.registry.get(request.model.as_deref().unwrap_or(&s.config().default_model)).await?;
+    let m = s.model_or_default(request.model.as_deref()).await?;
     let tokenizer = m.model.model().tokenizer();
     let tokens = match &input {
         Input::Text(text) => tokenizer
@@ -361,7 +361,7 @@ async fn tokenize(State(s): Shared, body: Result<Bytes, BytesRejection>) -> Resu
 /// `POST /detokenize`: the text of token ids, as a generated text starting with them.
 async fn detokenize(State(s): Shared, body: Result<Bytes, BytesRejection>) -> Result<Response, ServeError> {
     let request: DetokenizeRequest = parse(body)?;
-    let m = s.registry.get(request.model.as_deref().unwrap_or(&s.config().default_model)).await?;
+    let m = s.model_or_default(request.model.as_deref()).await?;
     s.registry.release(&m.name);
     let n_vocab = m.model.model().info().n_vocab;
     if let Some(t) = request.tokens.iter().find(|&&t| t as usize >= n_vocab) {

@@ -100,7 +100,7 @@ pub(super) async fn count_tokens(
     let request: MessagesRequest = parse(body)?;
     let messages = chat_messages(&request)?;
     let tools = tools(&request)?;
-    let m = s.registry.get(request.model.as_deref().unwrap_or(&s.config().default_model)).await?;
+    let m = s.model_or_default(request.model.as_deref()).await?;
     let tokens = pocket_runtime::pipeline::render(&m.model, &Input::Chat(messages), &tools);
     s.registry.release(&m.name);
     let tokens = tokens.map_err(|e| ServeError::from_runtime(e, None))?;
@@ -356,9 +356,8 @@ impl EventStream {
             }
             match self.running.pieces.recv().await {
                 Some(Piece::Text { text, .. }) if self.holding => {
-                    // The first character decides whether it may be a call (see http.rs).
                     self.held.push_str(&text);
-                    if !self.held.is_empty() && !self.held.starts_with(['<', '{']) {
+                    if pocket_runtime::tools::starts_as_text(&self.held) {
                         self.holding = false;
                         let held = std::mem::take(&mut self.held);
                         self.text(held);

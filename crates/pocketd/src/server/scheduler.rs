@@ -36,7 +36,7 @@ use super::error::ServeError;
 use super::job::{Job, Running};
 use super::learner::{Activity, IdleLearning, Learner};
 use super::metrics::Metrics;
-use super::registry::Registry;
+use super::registry::{Registry, ServedModel};
 use super::worker::{GenerationContext, Worker, lock, session_statuses};
 
 /// The scheduler, shared by the transports.
@@ -145,6 +145,12 @@ impl Scheduler {
     /// The effective configuration.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The model named `name`, or the configured default, loaded (for the endpoints that use
+    /// a model's tokenizer without generating: call [`Registry::release`] after).
+    pub async fn model_or_default(&self, name: Option<&str>) -> Result<Arc<ServedModel>, ServeError> {
+        self.registry.get(name.unwrap_or(&self.config.default_model)).await
     }
 
     /// CPU threads of each pass: a count, or `auto`.

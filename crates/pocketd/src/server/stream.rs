@@ -218,11 +218,9 @@ impl StreamState {
                 }
                 Phase::Body => match self.running.pieces.recv().await? {
                     Piece::Text { text, logprobs } if self.holding => {
-                        // The grammar lets text start with anything but '<' or '{', and a
-                        // call with nothing else: the first character decides.
                         self.held.push_str(&text);
                         self.held_logprobs.extend(logprobs);
-                        if self.held.is_empty() || self.held.starts_with(['<', '{']) {
+                        if !pocket_runtime::tools::starts_as_text(&self.held) {
                             continue;
                         }
                         self.holding = false;
