@@ -738,6 +738,12 @@ fn the_anthropic_python_client_speaks_the_messages_api() {
     python_checks(&d, "anthropic_messages.py", &[]);
 }
 
+#[test]
+fn the_openai_python_client_speaks_the_responses_api() {
+    let d = Daemon::start(Setup::default());
+    python_checks(&d, "responses_api.py", &[]);
+}
+
 /// `pocket` with its speculation cache in `cache`.
 fn pocket(cache: &Path, args: &[&str]) -> Output {
     let o = Command::new(env!("CARGO_BIN_EXE_pocket"))

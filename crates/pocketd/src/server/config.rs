@@ -216,6 +216,10 @@ pub struct Config {
     pub idle_timeout_seconds: u64,
     /// `Generate` and `Start` calls one D-Bus caller may have running or queued at once.
     pub dbus_jobs_per_caller: usize,
+    /// Responses the Responses API keeps (`store`) for `previous_response_id` and `GET
+    /// /v1/responses/{id}`, the oldest going first; 0 keeps none. The memory budget pays for
+    /// them too.
+    pub stored_responses: usize,
     /// Other names for models, each to a model's name (`"gpt-4o-mini" = "qwen2.5-coder-0.5b"`):
     /// an app that hard-codes a hosted model's name is pointed at a local one by the operator.
     /// An alias is read before the models' own names, once (not an alias of an alias).
@@ -254,6 +258,7 @@ impl Default for Config {
             header_timeout_seconds: 10,
             idle_timeout_seconds: 60,
             dbus_jobs_per_caller: 4,
+            stored_responses: 256,
             model_aliases: BTreeMap::new(),
         }
     }

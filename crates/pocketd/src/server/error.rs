@@ -19,6 +19,9 @@ pub enum ServeError {
     /// No endpoint at that path (HTTP only).
     #[error("{0}")]
     UnknownEndpoint(String),
+    /// No stored response by that id (HTTP only: the Responses API).
+    #[error("{0}")]
+    UnknownResponse(String),
     /// The prompt does not fit the context.
     #[error("{0}")]
     ContextLength(String),
@@ -139,7 +142,9 @@ impl ServeError {
     pub fn http_status(&self) -> u16 {
         match self {
             ServeError::InvalidArgument { .. } => 400,
-            ServeError::UnknownModel(_) | ServeError::UnknownEndpoint(_) => 404,
+            ServeError::UnknownModel(_) | ServeError::UnknownEndpoint(_) | ServeError::UnknownResponse(_) => {
+                404
+            }
             // OpenAI's status for a prompt over the context, which clients map to their
             // context-window errors.
             ServeError::ContextLength(_) => 400,
@@ -158,7 +163,9 @@ impl ServeError {
             ServeError::InvalidArgument { .. } | ServeError::ContextLength(_) | ServeError::TooLarge(_) => {
                 "invalid_request_error"
             }
-            ServeError::UnknownModel(_) | ServeError::UnknownEndpoint(_) => "not_found_error",
+            ServeError::UnknownModel(_) | ServeError::UnknownEndpoint(_) | ServeError::UnknownResponse(_) => {
+                "not_found_error"
+            }
             ServeError::Busy(_) => "conflict_error",
             ServeError::QueueFull(_) | ServeError::CallerLimit(_) => "rate_limit_error",
             ServeError::OverBudget { .. } | ServeError::ShuttingDown => "service_unavailable_error",
@@ -174,6 +181,7 @@ impl ServeError {
             ServeError::InvalidArgument { .. } => "invalid_value",
             ServeError::UnknownModel(_) => "model_not_found",
             ServeError::UnknownEndpoint(_) => "unknown_url",
+            ServeError::UnknownResponse(_) => "not_found",
             ServeError::ContextLength(_) => "context_length_exceeded",
             ServeError::TooLarge(_) => "request_too_large",
             ServeError::QueueFull(_) | ServeError::CallerLimit(_) => "rate_limit_exceeded",
@@ -192,6 +200,7 @@ impl ServeError {
             ServeError::InvalidArgument { .. } => "InvalidArgument",
             ServeError::UnknownModel(_) => "UnknownModel",
             ServeError::UnknownEndpoint(_) => "UnknownEndpoint",
+            ServeError::UnknownResponse(_) => "UnknownResponse",
             ServeError::ContextLength(_) | ServeError::TooLarge(_) => "TooLarge",
             ServeError::QueueFull(_) | ServeError::CallerLimit(_) => "QueueFull",
             ServeError::OverBudget { .. } => "OverBudget",

@@ -262,6 +262,7 @@ const CONFIG_KEYS: &[&str] = &[
     "header_timeout_seconds",
     "idle_timeout_seconds",
     "dbus_jobs_per_caller",
+    "stored_responses",
     "model_aliases",
     "colour",
 ];

@@ -1,6 +1,7 @@
 //! HTTP/1.1 on the Unix socket (and the optional loopback TCP listener): OpenAI's
 //! `/v1/chat/completions`, `/v1/completions` (their streams in [`super::stream`]) and
-//! `/v1/models`, Anthropic's `/v1/messages` (in [`super::messages`]), llama.cpp's `/health`,
+//! `/v1/models`, the Responses API's `/v1/responses` (in [`super::responses`]), Anthropic's
+//! `/v1/messages` (in [`super::messages`]), llama.cpp's `/health`,
 //! `/tokenize` and `/detokenize`, pocketd's `/v1/status`, `/v1/models/{name}/load|unload`
 //! and `/metrics`.
 //!
@@ -60,6 +61,8 @@ pub fn router(scheduler: Arc<Scheduler>) -> Router {
         .route("/v1/models/{name}", get(model))
         .route("/v1/models/{name}/load", post(load_model))
         .route("/v1/models/{name}/unload", post(unload_model))
+        .route("/v1/responses", post(super::responses::create))
+        .route("/v1/responses/{id}", get(super::responses::get).delete(super::responses::delete))
         .route("/v1/messages", post(super::messages::messages))
         .route("/v1/messages/count_tokens", post(super::messages::count_tokens))
         .route("/tokenize", post(tokenize))

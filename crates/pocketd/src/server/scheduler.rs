@@ -37,6 +37,7 @@ use super::job::{Job, Running};
 use super::learner::{Activity, IdleLearning, Learner};
 use super::metrics::Metrics;
 use super::registry::{Registry, ServedModel};
+use super::stored::ResponseStore;
 use super::worker::{GenerationContext, Worker, lock, session_statuses};
 
 /// The scheduler, shared by the transports.
@@ -63,6 +64,8 @@ pub struct Scheduler {
     /// What learns about the loaded models while the daemon is idle.
     learner: Arc<Learner>,
     prompt_cache: Option<Arc<PromptCache>>,
+    /// The Responses API's stored responses.
+    pub responses: ResponseStore,
 }
 
 impl Scheduler {
@@ -111,7 +114,9 @@ impl Scheduler {
             metrics: Arc::new(Metrics::default()),
             session_ended: Arc::new(Notify::new()),
         });
+        let responses = ResponseStore::new(&ledger, config.stored_responses);
         Ok(Arc::new(Scheduler {
+            responses,
             admission: Admission::new(config.parallel, config.queue),
             config,
             registry: worker.registry.clone(),
