@@ -16,7 +16,7 @@ use pocket_core::spec::Draft;
 use pocket_core::{Constraint, Model, Token};
 use serde_json::{Value, json};
 
-use crate::{Error, Result};
+use crate::{Error, Result, gbnf};
 
 /// The largest grammar source accepted (a JSON schema's or a Lark grammar's text): schemas
 /// apps send are a few kilobytes; one this large would take long to compile and is refused
@@ -41,7 +41,9 @@ pub enum Grammar {
         /// OpenAI's `strict`.
         strict: bool,
     },
-    /// A grammar in llguidance's Lark dialect (it may inline JSON schemas with `%json`).
+    /// A grammar in llguidance's Lark dialect (it may inline JSON schemas with `%json`), or in
+    /// llama.cpp's GBNF, recognised by its `name ::= …` rules and converted to Lark
+    /// ([`crate::gbnf`]).
     Lark(String),
 }
 
@@ -82,9 +84,15 @@ impl Grammar {
             }
             Grammar::Lark(text) => {
                 check_size(self.param(), text.len())?;
+                // GBNF (llama.cpp's) comes in the same field: converted, it is Lark too.
+                let mut text = if gbnf::looks_like_gbnf(text) {
+                    gbnf::to_lark(text)
+                        .map_err(|e| Error::invalid(self.param(), format!("GBNF grammar: {e}")))?
+                } else {
+                    text.clone()
+                };
                 // llguidance's lexer wants a grammar's last line ended (a final string literal
                 // without a newline is a lexer error); people rarely write one.
-                let mut text = text.clone();
                 if !text.ends_with('\n') {
                     text.push('\n');
                 }
@@ -96,15 +104,15 @@ impl Grammar {
 
 /// How deep objects and arrays nest in a `json_object` answer (2: the object's values may be
 /// objects or arrays of plain values), how many members or items each holds, and how many
-/// tokens a string may take: any JSON object within these bounds is allowed. An open
+/// characters a string may hold: any JSON object within these bounds is allowed. An open
 /// `{"type": "object"}` lets a small model add keys, nest lists of objects, or write one
 /// string, until `max_tokens` cuts the JSON off; bounded, it has to close them within a few
 /// hundred tokens, so the answer parses. Apps that want more send a `json_schema`.
-pub const JSON_OBJECT_BOUNDS: (usize, usize, usize) = (2, 6, 32);
+pub const JSON_OBJECT_BOUNDS: (usize, usize, usize) = (2, 6, 128);
 
 /// The Lark grammar of a `json_object` answer (see [`JSON_OBJECT_BOUNDS`]).
 fn json_object_lark() -> String {
-    let (depth, members, string_tokens) = JSON_OBJECT_BOUNDS;
+    let (depth, members, string_chars) = JSON_OBJECT_BOUNDS;
     let more = members - 1;
     let mut g = String::from("start: object0\n");
     for d in 0..depth {
@@ -118,10 +126,12 @@ fn json_object_lark() -> String {
         }
     }
     g += "scalar: string | NUMBER | \"true\" | \"false\" | \"null\"\n";
-    // The string's body is cut after so many tokens; the closing quote is then forced.
-    g += "string: \"\\\"\" string_body \"\\\"\"\n";
+    // The string's body ends after so many characters; the closing quote is then forced. (A
+    // bound in tokens, `[max_tokens=…]`, would do as well but llguidance cannot roll such a
+    // lexeme back, which closing the JSON before `max_tokens` does.)
+    g += "string: \"\\\"\" STRING_BODY \"\\\"\"\n";
     g += &format!(
-        r#"string_body[max_tokens={string_tokens}]: /([^"\\\x00-\x1f]|\\(["\\\/bfnrt]|u[0-9a-fA-F]{{4}}))*/"#
+        r#"STRING_BODY: /([^"\\\x00-\x1f]|\\(["\\\/bfnrt]|u[0-9a-fA-F]{{4}})){{0,{string_chars}}}/"#
     );
     g += "\nNUMBER: /-?(0|[1-9][0-9]{0,15})(\\.[0-9]{1,15})?([eE][+-]?[0-9]{1,3})?/\n";
     g
@@ -529,5 +539,57 @@ impl Constraint for GrammarConstraint {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pocket_core::testing::FakeModel;
+
+    use super::*;
+    use crate::ErrorKind;
+
+    /// The grammars of the fake model, whose tokens are `a` to `h`.
+    fn grammars() -> Grammars {
+        Grammars::new(Arc::new(FakeModel::default())).unwrap()
+    }
+
+    /// Whether `grammar` accepts `text` (of `a` to `g`) whole.
+    fn accepts(grammar: &mut GrammarConstraint, text: &str) -> bool {
+        let tokens: Vec<Token> = text.bytes().map(|b| Token::from(b - b'a')).collect();
+        let consumed = grammar.matcher.try_consume_tokens(&tokens).unwrap();
+        let whole = consumed == tokens.len() && grammar.matcher.is_accepting().unwrap();
+        grammar.matcher.rollback(consumed).unwrap();
+        whole
+    }
+
+    #[test]
+    fn a_gbnf_grammar_in_the_grammar_field_is_converted_and_enforced() {
+        let grammars = grammars();
+        let gbnf = "# llama.cpp's format\nroot ::= (\"ab\" | [c-d])+ tail\ntail ::= \"e\"\n";
+        let mut g = grammars.compile(&Grammar::Lark(gbnf.into())).unwrap();
+        for text in ["abe", "cde", "abcabde"] {
+            assert!(accepts(&mut g, text), "{text}");
+        }
+        for text in ["e", "ace", "abef", "ab"] {
+            assert!(!accepts(&mut g, text), "{text}");
+        }
+        // Lark is still Lark.
+        let mut g = grammars.compile(&Grammar::Lark("start: \"ab\" | \"c\"".into())).unwrap();
+        assert!(accepts(&mut g, "ab") && accepts(&mut g, "c") && !accepts(&mut g, "abc"));
+    }
+
+    #[test]
+    fn a_gbnf_grammar_that_cannot_convert_is_an_invalid_grammar_naming_the_field() {
+        let grammars = grammars();
+        let refuse = |text: &str| grammars.compile(&Grammar::Lark(text.into())).unwrap_err();
+        let e = refuse("root ::= \"a\" <think>");
+        assert_eq!((e.kind(), e.param()), (ErrorKind::Invalid, Some("grammar")), "{e}");
+        assert!(e.to_string().starts_with("GBNF grammar: line 1, column 14: token references"), "{e}");
+        let e = refuse("answer ::= \"a\"");
+        assert!(e.to_string().starts_with("GBNF grammar: no `root` rule"), "{e}");
+        // Lark's own errors are llguidance's, as before.
+        let e = refuse("start: (");
+        assert!(e.to_string().starts_with("cannot compile the grammar"), "{e}");
     }
 }

@@ -24,6 +24,8 @@ pub mod chat_template;
 pub mod drafters;
 mod engine;
 mod error;
+/// GBNF grammars (llama.cpp's format) converted to llguidance's Lark dialect.
+pub mod gbnf;
 pub mod grammar;
 pub mod json_close;
 mod knowledge;

@@ -1,5 +1,5 @@
 """OpenAI's edges, through the `openai` package against a running pocketd: several choices
-(`n`), streamed log-probabilities chunk by chunk, prompt arrays, a model alias, and
+(`n`), streamed log-probabilities chunk by chunk, prompt arrays, a model alias, a GBNF grammar, and
 llama.cpp's /tokenize and /detokenize. Run by tests/openai_edges.rs; prints one line per
 check and exits non-zero at the first that fails.
 
@@ -10,7 +10,7 @@ import argparse
 import sys
 
 import httpx
-from openai import OpenAI
+from openai import BadRequestError, OpenAI
 
 QUESTION = [{"role": "user", "content": "Name three colours."}]
 
@@ -115,6 +115,24 @@ def tokenize(http: httpx.Client) -> None:
     check(bad.status_code == 400 and bad.json()["error"]["param"] == "tokens", "an id outside the vocabulary is a 400")
 
 
+def gbnf(client: OpenAI, model: str) -> None:
+    # What a llama.cpp user sends in `grammar`: GBNF, converted to Lark by pocketd.
+    grammar = 'root ::= answer "."\nanswer ::= "yes" | "no"\n'
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Is the sky blue?"}], max_tokens=8,
+        extra_body={"grammar": grammar},
+    )
+    text = r.choices[0].message.content
+    check(text in ("yes.", "no."), f"a GBNF grammar is followed ({text!r})")
+    try:
+        client.chat.completions.create(
+            model=model, messages=QUESTION, max_tokens=8, extra_body={"grammar": 'root ::= <[1000]>'}
+        )
+        check(False, "a GBNF token reference is refused")
+    except BadRequestError as e:
+        check("GBNF grammar" in e.message and e.body["param"] == "grammar", f"a GBNF token reference is refused ({e.message})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--socket", required=True)
@@ -128,6 +146,7 @@ def main() -> None:
     prompt_arrays(client, model)
     alias(client, args.alias)
     tokenize(http)
+    gbnf(client, model)
     print("all passed")
 
 

@@ -85,7 +85,9 @@ impl From<ServeError> for PocketError {
             ServeError::InvalidArgument { .. } => PocketError::InvalidArgument(m),
             ServeError::UnknownModel(_) => PocketError::UnknownModel(m),
             // Not a D-Bus error: D-Bus has no paths to get wrong.
-            ServeError::UnknownEndpoint(_) | ServeError::UnknownResponse(_) => PocketError::InvalidArgument(m),
+            ServeError::UnknownEndpoint(_) | ServeError::UnknownResponse(_) => {
+                PocketError::InvalidArgument(m)
+            }
             ServeError::OverBudget { .. } => PocketError::OverBudget(m),
             ServeError::QueueFull(_) | ServeError::CallerLimit(_) => PocketError::QueueFull(m),
             ServeError::ContextLength(_) | ServeError::TooLarge(_) => PocketError::TooLarge(m),
