@@ -41,6 +41,11 @@ pub struct MessagesRequest {
     /// How it may call them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoice>,
+    /// `{"type": "enabled", "budget_tokens": N}` or `{"type": "disabled"}`: whether a model
+    /// that thinks does (its template's `enable_thinking`); the budget is not enforced apart
+    /// from `max_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<Value>,
     /// Accepted and ignored (`user_id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,
@@ -85,6 +90,15 @@ pub enum Block {
         name: String,
         /// Its arguments.
         input: Value,
+    },
+    /// An earlier answer's thinking, sent back (not shown to the model again).
+    Thinking {
+        /// The thinking.
+        #[serde(default)]
+        thinking: String,
+        /// Its signature.
+        #[serde(default)]
+        signature: String,
     },
     /// A call's result, in a user turn.
     ToolResult {
@@ -146,6 +160,13 @@ pub struct ToolChoice {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OutputBlock {
+    /// A thinking model's thinking, before the answer.
+    Thinking {
+        /// The thinking.
+        thinking: String,
+        /// Empty: pocketd signs nothing (a client sends the block back as it came).
+        signature: String,
+    },
     /// Text.
     Text {
         /// The text.

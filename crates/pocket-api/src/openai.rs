@@ -130,6 +130,14 @@ pub struct GenerationOptions {
     /// Added to the logits of the given token ids (−100 to 100), keys as strings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logit_bias: Option<BTreeMap<String, f32>>,
+    /// How hard a reasoning model thinks: `"none"` turns a thinking model's thinking off
+    /// (its template's `enable_thinking = false`); any other effort leaves it on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
+    /// More variables for the model's chat template (vLLM's and llama.cpp's server's field),
+    /// as `{"enable_thinking": false}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// Every other field of the request; the daemon refuses those that would change the answer.
     #[serde(flatten, default, skip_serializing_if = "BTreeMap::is_empty")]
     pub unsupported: BTreeMap<String, Value>,
@@ -420,6 +428,9 @@ pub struct AssistantMessage {
     pub role: Role,
     /// The text; `null` when the answer only calls tools.
     pub content: Option<String>,
+    /// A thinking model's thinking, apart from the answer (vLLM's and llama.cpp's field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// The calls.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
@@ -524,6 +535,9 @@ pub struct ChatDelta {
     /// Text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Thinking, of a model that thinks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Tool calls, each whole in one chunk.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<DeltaToolCall>,

@@ -366,6 +366,15 @@ pub enum OutputItem {
         /// One `output_text` part.
         content: Vec<OutputText>,
     },
+    /// A thinking model's thinking, before the answer.
+    Reasoning {
+        /// `rs_…`.
+        id: String,
+        /// Always empty (pocketd does not summarise).
+        summary: Vec<Value>,
+        /// One `reasoning_text` part.
+        content: Vec<ReasoningText>,
+    },
     /// A call of a function tool.
     FunctionCall {
         /// `fc_…`.
@@ -399,6 +408,23 @@ impl OutputText {
     /// A part holding `text`.
     pub fn new(text: String) -> OutputText {
         OutputText { kind: "output_text".into(), text, annotations: Vec::new(), logprobs: Vec::new() }
+    }
+}
+
+/// A `reasoning_text` part.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReasoningText {
+    /// `reasoning_text`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The thinking.
+    pub text: String,
+}
+
+impl ReasoningText {
+    /// A part holding `text`.
+    pub fn new(text: String) -> ReasoningText {
+        ReasoningText { kind: "reasoning_text".into(), text }
     }
 }
 

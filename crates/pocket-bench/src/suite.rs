@@ -502,7 +502,8 @@ fn prepare<'p>(
                 PromptInput::Messages(m) => Input::Chat(m.clone()),
                 PromptInput::Text(t) => Input::Text(t.clone()),
             };
-            let tokens = pipeline::render(model, &input, &Default::default()).map_err(|e| fail(e.into()))?;
+            let tokens = pipeline::render(model, &input, &Default::default(), &Default::default())
+                .map_err(|e| fail(e.into()))?;
             if tokens.is_empty() {
                 return Err(fail(Error::Invalid("the prompt has no tokens".into())));
             }

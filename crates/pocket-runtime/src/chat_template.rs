@@ -21,6 +21,7 @@ pub struct ChatTemplate {
     bos_token: String,
     eos_token: String,
     renders_tools: bool,
+    thinks: bool,
 }
 
 /// Why a template could not be compiled or rendered: the message says what (a
@@ -66,28 +67,37 @@ impl ChatTemplate {
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
             renders_tools,
+            thinks: crate::reasoning::template_thinks(source),
         })
     }
 
     /// Render `messages` (and `tools`, OpenAI tool definitions as JSON values:
     /// `{"type":"function","function":{"name","description","parameters"}}`), ending with the
-    /// assistant's turn opened when `add_generation_prompt`.
+    /// assistant's turn opened when `add_generation_prompt`. `extra` are more variables for
+    /// the template (`chat_template_kwargs`: `enable_thinking`, …); they cannot replace the
+    /// ones above.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         tools: &[serde_json::Value],
         add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, TemplateError> {
         // transformers passes `tools=None` without tools: defined, none, and falsy.
         let tools = if tools.is_empty() { Value::from(()) } else { tools.iter().map(json_value).collect() };
-        let context = Value::from_pairs([
+        let own = [
             ("messages", messages.iter().map(message_value).collect()),
             ("tools", tools),
             ("documents", Value::from(())),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
             ("bos_token", Value::from(self.bos_token.as_str())),
             ("eos_token", Value::from(self.eos_token.as_str())),
-        ]);
+        ];
+        let extra = extra
+            .iter()
+            .filter(|(k, _)| !own.iter().any(|(name, _)| name == k))
+            .map(|(k, v)| (k.as_str(), json_value(v)));
+        let context = Value::from_pairs(own.iter().cloned().chain(extra).collect::<Vec<_>>());
         let template = self.env.get_template(NAME).map_err(render_error)?;
         template.render(context).map_err(render_error)
     }
@@ -96,6 +106,12 @@ impl ChatTemplate {
     /// so a caller knows whether it must describe tools in a system message instead.
     pub fn renders_tools(&self) -> bool {
         self.renders_tools
+    }
+
+    /// Whether the model thinks before it answers (the template speaks of its tags): see
+    /// [`crate::reasoning`].
+    pub fn thinks(&self) -> bool {
+        self.thinks
     }
 }
 
@@ -431,6 +447,9 @@ mod tests {
         messages: Vec<ChatMessage>,
         #[serde(default)]
         tools: Vec<serde_json::Value>,
+        /// `chat_template_kwargs`.
+        #[serde(default)]
+        kwargs: serde_json::Map<String, serde_json::Value>,
     }
 
     fn fixture_dir() -> PathBuf {
@@ -451,7 +470,7 @@ mod tests {
             serde_json::from_str(&read(&format!("{name}.expected.json"))).unwrap();
         assert_eq!(cases.len(), expected.len(), "{name}: rerun render_reference.py");
         for (case, expected) in cases.iter().zip(expected) {
-            let got = template.render(&case.messages, &case.tools, case.add_generation_prompt);
+            let got = template.render(&case.messages, &case.tools, case.add_generation_prompt, &case.kwargs);
             match (got, expected.as_str()) {
                 // A difference in key order means serde_json lost its `preserve_order` feature.
                 (Ok(got), Some(expected)) => assert_eq!(got, expected, "{name}, case {}", case.name),
@@ -484,7 +503,7 @@ mod tests {
     }
 
     fn render_str(source: &str, messages: &[ChatMessage]) -> Result<String, TemplateError> {
-        ChatTemplate::new(source, "<s>", "</s>")?.render(messages, &[], false)
+        ChatTemplate::new(source, "<s>", "</s>")?.render(messages, &[], false, &Default::default())
     }
 
     #[test]

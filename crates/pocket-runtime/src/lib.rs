@@ -34,6 +34,7 @@ mod learning_text;
 pub mod pipeline;
 pub mod process;
 pub mod prompt_cache;
+pub mod reasoning;
 pub mod tools;
 mod validate;
 pub mod weight_choice;

@@ -20,6 +20,7 @@ use pocket_core::{
 use crate::drafters::{self, Setup};
 use crate::grammar::{GRAMMAR_STATE_BYTES, Grammar, GrammarConstraint};
 use crate::prompt_cache::{Adoption, PrefixKey};
+use crate::reasoning::{self, ThinkingGate};
 use crate::tools::{self, Tools};
 use crate::{DEFAULT_MAX_DRAFT, Error, LoadedModel, Result, Settings, validate};
 
@@ -70,6 +71,8 @@ pub struct Request {
     pub logprobs: Option<usize>,
     /// The tools the model may call (OpenAI's `tools`, `tool_choice`, `parallel_tool_calls`).
     pub tools: Tools,
+    /// More variables for the chat template (`chat_template_kwargs`: `enable_thinking`, …).
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Request {
@@ -89,6 +92,7 @@ impl Request {
             grammar: None,
             logprobs: None,
             tools: Tools::default(),
+            template_kwargs: serde_json::Map::new(),
         }
     }
 }
@@ -125,6 +129,10 @@ pub struct Prepared {
     pub logprobs: Option<usize>,
     /// The functions the answer may call, by name (none: it is not read for tool calls).
     pub tool_names: Vec<String>,
+    /// For a model that thinks ([`crate::reasoning`]), whether its output starts inside the
+    /// thinking (`None`: it does not think, its thinking was turned off, or the input is not
+    /// a chat).
+    pub thinking: Option<bool>,
 }
 
 /// Where a finished session is parked.
@@ -179,8 +187,11 @@ pub struct Outcome {
     pub session_bytes: u64,
     /// Seconds compiling the request's grammar took.
     pub grammar_seconds: f64,
-    /// The answer's text without its tool calls (the generation's text when it made none).
+    /// The answer's text without its thinking and its tool calls (the generation's text when
+    /// it made neither).
     pub content: String,
+    /// The thinking of a model that thinks, apart from the answer.
+    pub reasoning: Option<String>,
     /// The tools the answer calls, in OpenAI's shape.
     pub tool_calls: Vec<ToolCall>,
 }
@@ -196,12 +207,29 @@ pub struct Outcome {
 /// The model's BOS is added when its vocabulary asks for one, unless the rendered text
 /// already starts with it: some templates write the BOS themselves (Gemma's), llama.cpp's
 /// built-in ones mostly do not (Llama 3's), and a doubled BOS changes the output.
-pub fn render(model: &LoadedModel, input: &Input, tools: &Tools) -> Result<Vec<Token>> {
+pub fn render(
+    model: &LoadedModel,
+    input: &Input,
+    tools: &Tools,
+    template_kwargs: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Vec<Token>> {
+    render_and_think(model, input, tools, template_kwargs).map(|(tokens, _)| tokens)
+}
+
+/// [`render`], and whether the output starts inside a thinking block (`None` when the model
+/// does not think or the input is not a chat).
+fn render_and_think(
+    model: &LoadedModel,
+    input: &Input,
+    tools: &Tools,
+    template_kwargs: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(Vec<Token>, Option<bool>)> {
     let target = model.model();
     let info = target.info();
     let tokenizer = target.tokenizer();
+    let mut thinking = None;
     let text = match input {
-        Input::Tokens(tokens) => return Ok(tokens.clone()),
+        Input::Tokens(tokens) => return Ok((tokens.clone(), None)),
         Input::Chat(_) if info.kind == ModelKind::EncoderDecoder => {
             return Err(Error::invalid(
                 "messages",
@@ -212,7 +240,13 @@ pub fn render(model: &LoadedModel, input: &Input, tools: &Tools) -> Result<Vec<T
                 ),
             ));
         }
-        Input::Chat(messages) => render_chat(model, messages, tools)?,
+        Input::Chat(messages) => {
+            let text = render_chat(model, messages, tools, template_kwargs)?;
+            if model.chat_template().as_ref().is_some_and(|t| t.thinks()) {
+                thinking = reasoning::thinking_after(&text);
+            }
+            text
+        }
         Input::Text(text) => text.clone(),
     };
     let encode =
@@ -221,10 +255,15 @@ pub fn render(model: &LoadedModel, input: &Input, tools: &Tools) -> Result<Vec<T
     let doubled_bos = with_special.len() == plain.len() + 1
         && with_special.get(1..) == Some(&plain[..])
         && plain.first() == with_special.first();
-    Ok(if doubled_bos { plain } else { with_special })
+    Ok((if doubled_bos { plain } else { with_special }, thinking))
 }
 
-fn render_chat(model: &LoadedModel, messages: &[ChatMessage], tools: &Tools) -> Result<String> {
+fn render_chat(
+    model: &LoadedModel,
+    messages: &[ChatMessage],
+    tools: &Tools,
+    template_kwargs: &serde_json::Map<String, serde_json::Value>,
+) -> Result<String> {
     let template = model.chat_template();
     let offered = tools.offered();
     let mut described;
@@ -243,7 +282,7 @@ fn render_chat(model: &LoadedModel, messages: &[ChatMessage], tools: &Tools) -> 
     match template {
         Some(t) => {
             let defs: &[serde_json::Value] = if offered { &tools.tools } else { &[] };
-            t.render(messages, defs, true).map_err(|e| invalid(e.to_string()))
+            t.render(messages, defs, true, template_kwargs).map_err(|e| invalid(e.to_string()))
         }
         None => {
             model.model().tokenizer().apply_chat_template(messages, true).map_err(|e| invalid(e.to_string()))
@@ -294,7 +333,8 @@ pub fn prepare(
             (Some(compiled), start.elapsed().as_secs_f64())
         }
     };
-    let tokens = render(model, &request.input, &request.tools)?;
+    let (tokens, thinking) =
+        render_and_think(model, &request.input, &request.tools, &request.template_kwargs)?;
     if tokens.is_empty() {
         return Err(Error::invalid("prompt", "the prompt is empty; it needs at least one token"));
     }
@@ -387,6 +427,7 @@ pub fn prepare(
         } else {
             Vec::new()
         },
+        thinking,
     })
 }
 
@@ -456,17 +497,36 @@ pub fn run(
         .as_ref()
         .map(|_| ledger.reserve(GRAMMAR_STATE_BYTES, "the output grammar's state"))
         .transpose()?;
-    let guide = Guide {
-        drafter: built.as_mut().map(|b| b.as_drafter()),
-        constraint: constraint.as_mut().map(|c| c as &mut dyn Constraint),
-        // Forced tokens ride in the draft window the plan gave speculation.
-        max_forced: if p.spec == SpecMode::Off { 0 } else { p.max_draft },
-        logprobs: p.logprobs,
+    // A model that thinks: the answer's grammar (a schema, a tool call) waits for the
+    // thinking to end.
+    let gate = match (&constraint, p.thinking) {
+        (Some(_), Some(inside)) => {
+            let tokenizer = target.tokenizer();
+            let open = tokenizer.encode(reasoning::OPEN, false)?;
+            Some(((open.len() == 1).then(|| open[0]), tokenizer.encode(reasoning::CLOSE, false)?, inside))
+        }
+        _ => None,
     };
-    let mut generation =
+    let mut generation = {
+        let mut gated;
+        let guided: Option<&mut dyn Constraint> = match (constraint.as_mut(), gate) {
+            (Some(c), Some((open, close, inside))) => {
+                gated = ThinkingGate::new(c, open, close, inside);
+                Some(&mut gated)
+            }
+            (c, _) => c.map(|c| c as &mut dyn Constraint),
+        };
+        let guide = Guide {
+            drafter: built.as_mut().map(|b| b.as_drafter()),
+            constraint: guided,
+            // Forced tokens ride in the draft window the plan gave speculation.
+            max_forced: if p.spec == SpecMode::Off { 0 } else { p.max_draft },
+            logprobs: p.logprobs,
+        };
         generate_guided(info, session.as_mut(), target.tokenizer(), &request, guide, &mut |event| {
             sink.event(event)
-        })?;
+        })?
+    };
     // An answer closed early so that it would end as valid JSON was cut all the same.
     if constraint.as_ref().is_some_and(GrammarConstraint::closed) && generation.stop == StopReason::Eos {
         generation.stop = StopReason::MaxTokens;
@@ -481,11 +541,15 @@ pub fn run(
         tracing::info!(model = %info.name, skip = ?set.skip, agreement = set.agreement, "found a layer-skip set");
         model.knowledge().remember_skip_set(set);
     }
+    let (reasoning, answer) = match p.thinking {
+        Some(inside) => reasoning::split(&generation.text, inside),
+        None => (None, generation.text.clone()),
+    };
     let (content, tool_calls) = if !p.tool_names.is_empty() {
         let seed = format!("{:?}/{}", std::time::SystemTime::now(), generation.tokens.len());
-        tools::parse_calls(&generation.text, &p.tool_names, &seed)
+        tools::parse_calls(&answer, &p.tool_names, &seed)
     } else {
-        (generation.text.clone(), Vec::new())
+        (answer, Vec::new())
     };
     let (kv_bytes, session_bytes) = (session.kv_bytes(), session.memory());
     if let (Some(park), Some(cache)) = (&p.park, model.prompt_cache())
@@ -501,6 +565,7 @@ pub fn run(
         session_bytes,
         grammar_seconds: p.grammar_seconds,
         content,
+        reasoning,
         tool_calls,
         generation,
     })

@@ -120,6 +120,7 @@ impl PipelineRunner {
             grammar: None,
             logprobs: None,
             tools: Default::default(),
+            template_kwargs: Default::default(),
         };
         let draft = self.draft_model.as_deref();
         let prepared = pipeline::prepare(&self.model, draft, &request, &self.ledger)?;

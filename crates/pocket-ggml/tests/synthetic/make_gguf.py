@@ -270,6 +270,27 @@ def read_tokenizer(path: str) -> tuple[list[tuple[str, object, GGUFValueType, GG
     return kvs, n_vocab
 
 
+def adapt_tokenizer(kvs, n_vocab: int, chat_template: str | None, user_tokens: list[str]):
+    """The borrowed tokenizer with another chat template and some tokens renamed as
+    user-defined ones (token type 4, which llama.cpp matches in any text)."""
+    kvs = [list(kv) for kv in kvs]
+    by_key = {kv[0]: kv for kv in kvs}
+    if chat_template is not None:
+        text = open(chat_template, "rb").read()
+        if "tokenizer.chat_template" in by_key:
+            by_key["tokenizer.chat_template"][1] = text
+        else:
+            kvs.append(["tokenizer.chat_template", text, GGUFValueType.STRING, None])
+    for spec in user_tokens:
+        tid, _, text = spec.partition("=")
+        if not tid.isdigit() or not text or int(tid) >= n_vocab:
+            raise Refused(f"--user-token {spec!r}: ID=TEXT with ID below {n_vocab}")
+        by_key["tokenizer.ggml.tokens"][1][int(tid)] = text.encode()
+        if "tokenizer.ggml.token_type" in by_key:
+            by_key["tokenizer.ggml.token_type"][1][int(tid)] = 4
+    return [tuple(kv) for kv in kvs]
+
+
 # --------------------------------------------------------------------------
 # checks (what llama.cpp would reject or mis-run)
 # --------------------------------------------------------------------------
@@ -331,6 +352,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "is SWA iff il %% N < N-1 (0: every layer). Omitted by default, as in real "
                         "Gemma 3 GGUFs: llama.cpp then uses 6")
     p.add_argument("--final-logit-softcapping", type=float, default=None, help="gemma3 only; default off")
+    p.add_argument("--chat-template", default=None,
+                   help="a file whose text replaces the borrowed tokenizer's chat template")
+    p.add_argument("--user-token", action="append", default=[], metavar="ID=TEXT",
+                   help="token ID becomes the user-defined token TEXT (as Qwen3's <think>, which a "
+                        "borrowed Qwen2.5 vocabulary holds as padding); may be repeated")
     args = p.parse_args(argv)
     if args.arch == "gemma3" and args.sliding_window is None:
         args.sliding_window = 64
@@ -346,6 +372,7 @@ def main(argv: list[str]) -> int:
                 raise Refused(f"n_embd ({args.n_embd}) is not a multiple of n_head ({args.n_head}); pass --head-dim")
             args.head_dim = args.n_embd // args.n_head
         tok_kvs, n_vocab = read_tokenizer(args.tokenizer_from)
+        tok_kvs = adapt_tokenizer(tok_kvs, n_vocab, args.chat_template, args.user_token)
         m = Model(a, args.n_layer, args.n_embd, args.n_head, args.n_head_kv, args.head_dim, args.n_ff, n_vocab)
         check(args, m)
     except Refused as e:

@@ -309,6 +309,7 @@ fn request_of(args: &Args, prompt: String, stop: StopConfig, spec: SpecMode) -> 
         Input::Text(prompt)
     };
     Request {
+        template_kwargs: Default::default(),
         input,
         sampling: args.sampling.config(),
         stop,

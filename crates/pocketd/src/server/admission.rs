@@ -208,6 +208,7 @@ impl Admitted {
             grammar: job.options.grammar.clone(),
             logprobs: job.options.logprobs,
             tools: job.options.tools.clone(),
+            template_kwargs: job.options.template_kwargs.clone(),
         }
     }
 }

@@ -361,6 +361,11 @@ fn stats(f: &Finished) -> HashMap<String, OwnedVariant> {
         m.insert("tool_calls".into(), OwnedVariant::from(Str::from(calls)));
         m.insert("content".into(), OwnedVariant::from(Str::from(f.content.clone())));
     }
+    if let Some(reasoning) = &f.reasoning {
+        // A thinking model: its thinking, and the answer without it.
+        m.insert("reasoning".into(), OwnedVariant::from(Str::from(reasoning.clone())));
+        m.insert("content".into(), OwnedVariant::from(Str::from(f.content.clone())));
+    }
     m
 }
 
@@ -615,6 +620,8 @@ async fn stream_job(
                 state.lock().unwrap_or_else(|e| e.into_inner()).text.push_str(&t);
                 JobObject::token(&emitter, &t).await?;
             }
+            // The thinking comes whole with the result (`reasoning`), not as tokens.
+            Piece::Reasoning(_) => {}
             Piece::Done(f) => {
                 let cancelled = f.finish_reason == pocket_api::FinishReason::Cancelled;
                 set(if cancelled { JobState::Cancelled } else { JobState::Finished });

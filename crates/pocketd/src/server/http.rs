@@ -135,6 +135,7 @@ async fn chat_completions(
             message: AssistantMessage {
                 role: pocket_core::Role::Assistant,
                 content: (f.tool_calls.is_empty() || !f.content.is_empty()).then(|| f.content.clone()),
+                reasoning_content: f.reasoning.clone(),
                 tool_calls: f.tool_calls.clone(),
             },
             finish_reason: f.finish_reason,
@@ -345,7 +346,7 @@ async fn tokenize(State(s): Shared, body: Result<Bytes, BytesRejection>) -> Resu
         Input::Text(text) => tokenizer
             .encode(text, request.add_special)
             .map_err(|e| ServeError::invalid("content", e.to_string())),
-        _ => pocket_runtime::pipeline::render(&m.model, &input, &Default::default())
+        _ => pocket_runtime::pipeline::render(&m.model, &input, &Default::default(), &Default::default())
             .map_err(|e| ServeError::from_runtime(e, None)),
     };
     s.registry.release(&m.name);

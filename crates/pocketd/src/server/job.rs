@@ -49,6 +49,8 @@ pub struct JobOptions {
     pub logprobs: Option<usize>,
     /// Lower is sooner: the queue's order, and the order rows go into a full shared pass.
     pub priority: i32,
+    /// More variables for the chat template (`enable_thinking`, …).
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// The priorities a request may ask for (vLLM's `priority`: lower is sooner, 0 by default).
@@ -70,6 +72,7 @@ impl Default for JobOptions {
             tools: Tools::default(),
             logprobs: None,
             priority: 0,
+            template_kwargs: serde_json::Map::new(),
         }
     }
 }
@@ -139,8 +142,11 @@ pub struct Started {
 pub struct Finished {
     /// The whole text.
     pub text: String,
-    /// The text without its tool calls (the whole text when it calls none).
+    /// The text without its thinking and its tool calls (the whole text when it has
+    /// neither).
     pub content: String,
+    /// A thinking model's thinking.
+    pub reasoning: Option<String>,
     /// The tools the answer calls.
     pub tool_calls: Vec<ToolCall>,
     /// Each token's log-probability, when asked for.
@@ -172,6 +178,9 @@ pub enum Piece {
         /// Its tokens' log-probabilities.
         logprobs: Vec<pocket_api::TokenLogprob>,
     },
+    /// Thinking made final, of a model that thinks (its tokens' log-probabilities are not
+    /// sent).
+    Reasoning(String),
     /// The end.
     Done(Box<Finished>),
     /// A failure after the start.
@@ -206,7 +215,7 @@ impl Running {
     pub async fn collect(mut self) -> Result<Finished, ServeError> {
         while let Some(piece) = self.pieces.recv().await {
             match piece {
-                Piece::Text { .. } => {}
+                Piece::Text { .. } | Piece::Reasoning(_) => {}
                 Piece::Done(f) => return Ok(*f),
                 Piece::Failed(e) => return Err(e),
             }

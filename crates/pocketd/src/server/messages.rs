@@ -84,7 +84,7 @@ pub(super) async fn messages(
         kind: "message".into(),
         role: "assistant".into(),
         model,
-        content: output_blocks(&f.content, &f.tool_calls),
+        content: output_blocks(f.reasoning.as_deref(), &f.content, &f.tool_calls),
         stop_reason: Some(stop_reason.into()),
         stop_sequence,
         usage: usage(&f.usage),
@@ -101,7 +101,8 @@ pub(super) async fn count_tokens(
     let messages = chat_messages(&request)?;
     let tools = tools(&request)?;
     let m = s.model_or_default(request.model.as_deref()).await?;
-    let tokens = pocket_runtime::pipeline::render(&m.model, &Input::Chat(messages), &tools);
+    let tokens =
+        pocket_runtime::pipeline::render(&m.model, &Input::Chat(messages), &tools, &Default::default());
     s.registry.release(&m.name);
     let tokens = tokens.map_err(|e| ServeError::from_runtime(e, None))?;
     Ok(axum::Json(TokenCount { input_tokens: tokens.len() as u32 }).into_response())
@@ -143,6 +144,8 @@ fn chat_messages(request: &MessagesRequest) -> Result<Vec<ChatMessage>, ServeErr
         for block in blocks {
             match block {
                 Block::Text { text } => texts.push(text),
+                // Thinking is not shown to the model again (as chat templates drop it).
+                Block::Thinking { .. } => {}
                 Block::ToolUse { id, name, input } if message.role == Role::Assistant => {
                     message.tool_calls.push(ToolCall {
                         id,
@@ -219,11 +222,26 @@ fn options(request: &MessagesRequest, max_tokens: u32) -> Result<JobOptions, Ser
     if let Some(k) = request.top_k {
         sampling.top_k = k as usize;
     }
+    let mut template_kwargs = serde_json::Map::new();
+    if let Some(thinking) = &request.thinking {
+        let enabled = match thinking.get("type").and_then(Value::as_str) {
+            Some("enabled" | "adaptive") => true,
+            Some("disabled") => false,
+            _ => {
+                return Err(ServeError::invalid(
+                    "thinking",
+                    "thinking is {\"type\": \"enabled\", \"budget_tokens\": …} or {\"type\": \"disabled\"}",
+                ));
+            }
+        };
+        template_kwargs.insert("enable_thinking".into(), enabled.into());
+    }
     Ok(JobOptions {
         max_tokens: Some(max_tokens),
         sampling,
         stop: request.stop_sequences.clone(),
         tools: tools(request)?,
+        template_kwargs,
         ..JobOptions::default()
     })
 }
@@ -254,9 +272,13 @@ fn input(call: &ToolCall) -> Value {
     serde_json::from_str(&call.function.arguments).unwrap_or_else(|_| json!({}))
 }
 
-fn output_blocks(content: &str, calls: &[ToolCall]) -> Vec<OutputBlock> {
+fn output_blocks(reasoning: Option<&str>, content: &str, calls: &[ToolCall]) -> Vec<OutputBlock> {
+    let thinking =
+        reasoning.map(|t| OutputBlock::Thinking { thinking: t.to_owned(), signature: String::new() });
     let text = (!content.is_empty()).then(|| OutputBlock::Text { text: content.to_owned() });
-    text.into_iter()
+    thinking
+        .into_iter()
+        .chain(text)
         .chain(calls.iter().map(|c| OutputBlock::ToolUse {
             id: c.id.clone(),
             name: c.function.name.clone(),
@@ -272,6 +294,8 @@ struct EventStream {
     /// Text held back while it may be a tool call (as the OpenAI stream holds it).
     holding: bool,
     held: String,
+    /// Whether a thinking block is open.
+    thinking_open: bool,
     /// Whether a text block is open, and how many blocks were opened.
     text_open: bool,
     blocks: usize,
@@ -283,7 +307,40 @@ fn event(kind: &str, data: Value) -> Event {
 }
 
 impl EventStream {
+    fn thinking(&mut self, thinking: String) {
+        if !self.thinking_open {
+            self.ready.push_back(event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": self.blocks,
+                    "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+            ));
+            self.thinking_open = true;
+            self.blocks += 1;
+        }
+        self.ready.push_back(event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": self.blocks - 1,
+                "delta": {"type": "thinking_delta", "thinking": thinking}}),
+        ));
+    }
+
+    fn close_thinking(&mut self) {
+        if self.thinking_open {
+            self.thinking_open = false;
+            self.ready.push_back(event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": self.blocks - 1,
+                    "delta": {"type": "signature_delta", "signature": ""}}),
+            ));
+            self.ready.push_back(event(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": self.blocks - 1}),
+            ));
+        }
+    }
+
     fn text(&mut self, text: String) {
+        self.close_thinking();
         if !self.text_open {
             self.ready.push_back(event(
                 "content_block_start",
@@ -313,6 +370,7 @@ impl EventStream {
         if self.holding && !f.content.is_empty() {
             self.text(f.content.clone());
         }
+        self.close_thinking();
         self.close_text();
         for call in &f.tool_calls {
             let index = self.blocks;
@@ -364,6 +422,7 @@ impl EventStream {
                     }
                 }
                 Some(Piece::Text { text, .. }) => self.text(text),
+                Some(Piece::Reasoning(thinking)) => self.thinking(thinking),
                 Some(Piece::Done(f)) => {
                     self.end(&f);
                     self.over = true;
@@ -392,6 +451,7 @@ fn events(running: Running, id: String, model: String) -> Response {
         running,
         ready: VecDeque::from([event("message_start", start)]),
         held: String::new(),
+        thinking_open: false,
         text_open: false,
         blocks: 0,
         over: false,

@@ -114,6 +114,10 @@ impl JobOptions {
         }
         let priority = o.priority.unwrap_or(0);
         check_priority(priority)?;
+        let mut template_kwargs = o.chat_template_kwargs.clone().unwrap_or_default();
+        if let Some(effort) = &o.reasoning_effort {
+            thinking_effort(effort, &mut template_kwargs)?;
+        }
         Ok(JobOptions {
             max_tokens: o.max_tokens,
             sampling,
@@ -128,7 +132,29 @@ impl JobOptions {
             tools,
             logprobs: logprobs.map(|n| n as usize),
             priority,
+            template_kwargs,
         })
+    }
+}
+
+/// OpenAI's `reasoning_effort` (and the Responses API's `reasoning.effort`) for a model that
+/// thinks: `none` turns the thinking off (`enable_thinking = false` for its template, unless
+/// the request's `chat_template_kwargs` say otherwise); the other efforts leave it on — small
+/// models have no budget to spend more or less of.
+pub fn thinking_effort(
+    effort: &str,
+    kwargs: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<(), ServeError> {
+    match effort {
+        "none" => {
+            kwargs.entry("enable_thinking").or_insert(false.into());
+            Ok(())
+        }
+        "minimal" | "low" | "medium" | "high" | "xhigh" => Ok(()),
+        other => Err(ServeError::invalid(
+            "reasoning_effort",
+            format!("reasoning_effort is none, minimal, low, medium, high or xhigh, not {other:?}"),
+        )),
     }
 }
 

@@ -14,8 +14,8 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use pocket_api::FinishReason;
 use pocket_api::responses::{
-    InputItem, OutputItem, OutputText, ResponseDeleted, ResponseObject, ResponsesInput, ResponsesRequest,
-    ResponsesUsage, TextFormat,
+    InputItem, OutputItem, OutputText, ReasoningText, ResponseDeleted, ResponseObject, ResponsesInput,
+    ResponsesRequest, ResponsesUsage, TextFormat,
 };
 use pocket_core::{ChatMessage, FunctionCall, Role, SamplingConfig, ToolCall};
 use pocket_runtime::grammar::Grammar;
@@ -78,7 +78,7 @@ pub(super) async fn create(
         return Ok(events(s, running, shell));
     }
     let f = running.collect().await?;
-    let output = output_items(&shell.id, &f.content, &f.tool_calls, status_of(&f)?);
+    let output = output_items(&shell.id, f.reasoning.as_deref(), &f.content, &f.tool_calls, status_of(&f)?);
     let response = shell.response(status_of(&f)?, output, Some(ResponsesUsage::from(&f.usage)));
     shell.keep(&s, &response, &f);
     Ok(axum::Json(response).into_response())
@@ -204,7 +204,12 @@ fn options(request: &ResponsesRequest) -> Result<JobOptions, ServeError> {
             Some(Grammar::JsonSchema { schema: schema.clone(), strict: strict.unwrap_or(false) })
         }
     };
+    let mut template_kwargs = serde_json::Map::new();
+    if let Some(effort) = request.reasoning.as_ref().and_then(|r| r.get("effort")).and_then(Value::as_str) {
+        super::openai::thinking_effort(effort, &mut template_kwargs)?;
+    }
     Ok(JobOptions {
+        template_kwargs,
         max_tokens: request.max_output_tokens,
         sampling,
         cache_key: request.prompt_cache_key.clone().or_else(|| request.user.clone()),
@@ -266,6 +271,14 @@ fn message_item(response: &str, text: String, status: &str) -> OutputItem {
     }
 }
 
+fn reasoning_item(response: &str, text: String) -> OutputItem {
+    OutputItem::Reasoning {
+        id: format!("rs_{}", response.trim_start_matches("resp_")),
+        summary: Vec::new(),
+        content: vec![ReasoningText::new(text)],
+    }
+}
+
 fn call_item(response: &str, index: usize, call: &ToolCall, status: &str) -> OutputItem {
     OutputItem::FunctionCall {
         id: format!("fc_{}_{index}", response.trim_start_matches("resp_")),
@@ -276,12 +289,21 @@ fn call_item(response: &str, index: usize, call: &ToolCall, status: &str) -> Out
     }
 }
 
-/// The answer as items: its text as a message (left out when it only calls tools), then one
-/// `function_call` per call.
-fn output_items(response: &str, content: &str, calls: &[ToolCall], status: &str) -> Vec<OutputItem> {
+/// The answer as items: a thinking model's thinking, its text as a message (left out when it
+/// only calls tools), then one `function_call` per call.
+fn output_items(
+    response: &str,
+    reasoning: Option<&str>,
+    content: &str,
+    calls: &[ToolCall],
+    status: &str,
+) -> Vec<OutputItem> {
+    let thinking = reasoning.map(|t| reasoning_item(response, t.to_owned()));
     let text =
         (!content.is_empty() || calls.is_empty()).then(|| message_item(response, content.to_owned(), status));
-    text.into_iter()
+    thinking
+        .into_iter()
+        .chain(text)
         .chain(calls.iter().enumerate().map(|(i, c)| call_item(response, i, c, "completed")))
         .collect()
 }
@@ -356,6 +378,10 @@ struct EventStream {
     /// Text held back while it may be a tool call (as the chat stream holds it).
     holding: bool,
     held: String,
+    /// The items done, in order (the response's `output`).
+    output: Vec<OutputItem>,
+    /// The thinking sent so far, while its item is open.
+    thinking: Option<String>,
     /// The message's text sent so far (`None` until the message is opened).
     text: Option<String>,
     over: bool,
@@ -373,18 +399,53 @@ impl EventStream {
         self.shell.as_ref().map(|s| s.id.clone()).unwrap_or_default()
     }
 
-    fn message_id(&self) -> String {
-        format!("msg_{}", self.id().trim_start_matches("resp_"))
+    fn item_id(&self, prefix: &str) -> String {
+        format!("{prefix}_{}", self.id().trim_start_matches("resp_"))
+    }
+
+    /// The index the open item has (the items done come before it).
+    fn index(&self) -> usize {
+        self.output.len()
+    }
+
+    fn send_thinking(&mut self, delta: String) {
+        let (item_id, index) = (self.item_id("rs"), self.index());
+        if self.thinking.is_none() {
+            let item = json!({"type": "reasoning", "id": item_id, "summary": [], "content": []});
+            self.push("response.output_item.added", json!({"output_index": index, "item": item}));
+            self.thinking = Some(String::new());
+        }
+        if let Some(thinking) = self.thinking.as_mut() {
+            thinking.push_str(&delta);
+        }
+        self.push(
+            "response.reasoning_text.delta",
+            json!({"item_id": item_id, "output_index": index, "content_index": 0, "delta": delta}),
+        );
+    }
+
+    fn close_thinking(&mut self) {
+        let Some(text) = self.thinking.take() else { return };
+        let (item_id, index) = (self.item_id("rs"), self.index());
+        self.push(
+            "response.reasoning_text.done",
+            json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text}),
+        );
+        let item = reasoning_item(&self.id(), text);
+        self.push("response.output_item.done", json!({"output_index": index, "item": item}));
+        self.output.push(item);
     }
 
     fn send_text(&mut self, delta: String) {
+        self.close_thinking();
+        let (item_id, index) = (self.item_id("msg"), self.index());
         if self.text.is_none() {
             let item = message_item(&self.id(), String::new(), "in_progress");
-            self.push("response.output_item.added", json!({"output_index": 0, "item": item}));
+            self.push("response.output_item.added", json!({"output_index": index, "item": item}));
             let part = OutputText::new(String::new());
             self.push(
                 "response.content_part.added",
-                json!({"item_id": self.message_id(), "output_index": 0, "content_index": 0, "part": part}),
+                json!({"item_id": item_id, "output_index": index, "content_index": 0, "part": part}),
             );
             self.text = Some(String::new());
         }
@@ -396,12 +457,12 @@ impl EventStream {
         }
         self.push(
             "response.output_text.delta",
-            json!({"item_id": self.message_id(), "output_index": 0, "content_index": 0, "delta": delta, "logprobs": []}),
+            json!({"item_id": item_id, "output_index": index, "content_index": 0, "delta": delta, "logprobs": []}),
         );
     }
 
-    /// The end: held text, the message closed, the calls, then `response.completed` (or
-    /// `incomplete`), and the response kept.
+    /// The end: held text, the thinking and the message closed, the calls, then
+    /// `response.completed` (or `incomplete`), and the response kept.
     fn end(&mut self, f: &Finished) {
         let status = match status_of(f) {
             Ok(status) => status,
@@ -413,23 +474,24 @@ impl EventStream {
         if self.text.is_none() && f.tool_calls.is_empty() {
             self.send_text(String::new());
         }
-        let mut output = Vec::new();
-        if let Some(text) = self.text.clone() {
-            let (item_id, part) = (self.message_id(), OutputText::new(text.clone()));
+        self.close_thinking();
+        if let Some(text) = self.text.take() {
+            let (item_id, index) = (self.item_id("msg"), self.index());
+            let part = OutputText::new(text.clone());
             self.push(
                 "response.output_text.done",
-                json!({"item_id": item_id, "output_index": 0, "content_index": 0, "text": text, "logprobs": []}),
+                json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}),
             );
             self.push(
                 "response.content_part.done",
-                json!({"item_id": item_id, "output_index": 0, "content_index": 0, "part": part}),
+                json!({"item_id": item_id, "output_index": index, "content_index": 0, "part": part}),
             );
             let item = message_item(&self.id(), text, status);
-            self.push("response.output_item.done", json!({"output_index": 0, "item": item}));
-            output.push(item);
+            self.push("response.output_item.done", json!({"output_index": index, "item": item}));
+            self.output.push(item);
         }
         for (i, call) in f.tool_calls.iter().enumerate() {
-            let index = output.len();
+            let index = self.index();
             let mut item = call_item(&self.id(), i, call, "in_progress");
             if let OutputItem::FunctionCall { arguments, .. } = &mut item {
                 arguments.clear();
@@ -446,9 +508,10 @@ impl EventStream {
                 json!({"item_id": id, "output_index": index, "name": name, "arguments": arguments}),
             );
             self.push("response.output_item.done", json!({"output_index": index, "item": done}));
-            output.push(done);
+            self.output.push(done);
         }
         let Some(shell) = self.shell.take() else { return };
+        let output = std::mem::take(&mut self.output);
         let response = shell.response(status, output, Some(ResponsesUsage::from(&f.usage)));
         let kind = if status == "completed" { "response.completed" } else { "response.incomplete" };
         self.push(kind, json!({"response": response}));
@@ -481,6 +544,7 @@ impl EventStream {
                     }
                 }
                 Some(Piece::Text { text, .. }) => self.send_text(text),
+                Some(Piece::Reasoning(thinking)) => self.send_thinking(thinking),
                 Some(Piece::Done(f)) => {
                     self.end(&f);
                     self.over = true;
@@ -508,6 +572,8 @@ fn events(scheduler: Arc<Scheduler>, running: Running, shell: Shell) -> Response
         ready: VecDeque::new(),
         sequence: 0,
         held: String::new(),
+        output: Vec::new(),
+        thinking: None,
         text: None,
         over: false,
     };
@@ -536,12 +602,12 @@ mod tests {
 
     #[test]
     fn an_answer_that_only_calls_has_no_message_and_an_empty_one_has_one() {
-        let items = output_items("resp_x-1", "", &[call("c1"), call("c2")], "completed");
+        let items = output_items("resp_x-1", None, "", &[call("c1"), call("c2")], "completed");
         assert_eq!(items.len(), 2);
         assert!(
             matches!(&items[1], OutputItem::FunctionCall { id, call_id, .. } if id == "fc_x-1_1" && call_id == "c2")
         );
-        let items = output_items("resp_x-1", "", &[], "incomplete");
+        let items = output_items("resp_x-1", None, "", &[], "incomplete");
         assert!(
             matches!(&items[..], [OutputItem::Message { id, status, .. }] if id == "msg_x-1" && status == "incomplete")
         );

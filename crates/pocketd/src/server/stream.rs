@@ -97,7 +97,23 @@ impl StreamState {
             })
             .collect();
         let content = (!f.content.is_empty()).then(|| f.content.clone());
-        let delta = ChatDelta { role: None, content, tool_calls };
+        let delta = ChatDelta { role: None, content, reasoning_content: None, tool_calls };
+        let chunk = ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.created,
+            model: self.model.clone(),
+            choices: vec![ChatChunkChoice { index: self.index, delta, finish_reason: None, logprobs: None }],
+            usage: None,
+            timings: None,
+            tokens: None,
+        };
+        Event::default().data(serde_json::to_string(&chunk).unwrap_or_default())
+    }
+
+    /// A chunk of a thinking model's thinking (chat streams only have them).
+    fn reasoning(&self, text: String) -> Event {
+        let delta = ChatDelta { reasoning_content: Some(text), ..ChatDelta::default() };
         let chunk = ChatCompletionChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk".into(),
@@ -135,6 +151,7 @@ impl StreamState {
                     delta: ChatDelta {
                         role: role.then_some(pocket_core::Role::Assistant),
                         content: text,
+                        reasoning_content: None,
                         tool_calls: Vec::new(),
                     },
                     finish_reason,
@@ -229,6 +246,7 @@ impl StreamState {
                         self.chunk(Some(text), logprobs, false, None)
                     }
                     Piece::Text { text, logprobs } => self.chunk(Some(text), logprobs, false, None),
+                    Piece::Reasoning(text) => self.reasoning(text),
                     Piece::Done(f) if self.holding && !(f.tool_calls.is_empty() && f.content.is_empty()) => {
                         let event = if f.tool_calls.is_empty() {
                             let logprobs = std::mem::take(&mut self.held_logprobs);

@@ -11,6 +11,7 @@ use pocket_api::FinishReason;
 use pocket_core::memory::{Ledger, Plan};
 use pocket_core::{StopReason, Tokenizer};
 use pocket_runtime::pipeline::{self, Prepared, Sink};
+use pocket_runtime::reasoning::Part;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::error::ServeError;
@@ -106,6 +107,7 @@ impl Worker {
             queued_seconds,
             started: Some(started),
             logprobs: Vec::new(),
+            thinking: prepared.thinking.map(pocket_runtime::reasoning::Splitter::new),
         };
         let result =
             pipeline::run(&model.model, draft.as_ref().map(|d| &d.model), &prepared, &ledger, &mut sink);
@@ -175,6 +177,8 @@ struct Forward<'a> {
     started: Option<oneshot::Sender<Result<Started, ServeError>>>,
     /// Log-probabilities of tokens whose text has not been sent yet.
     logprobs: Vec<pocket_api::TokenLogprob>,
+    /// A thinking model's output, told apart into thinking and answer as it comes.
+    thinking: Option<pocket_runtime::reasoning::Splitter>,
 }
 
 impl Sink for Forward<'_> {
@@ -213,9 +217,26 @@ impl Sink for Forward<'_> {
         }
         // A token's log-probability goes with the text it made final (text held back, as a
         // possible stop string, takes its tokens' along when it comes).
-        if !event.text.is_empty() {
-            let piece =
-                Piece::Text { text: event.text.to_owned(), logprobs: std::mem::take(&mut self.logprobs) };
+        let pieces = match self.thinking.as_mut() {
+            None if event.text.is_empty() => Vec::new(),
+            None => vec![Part::Answer(event.text.to_owned())],
+            Some(splitter) => {
+                let mut parts = splitter.push(event.text);
+                if event.token.is_none() {
+                    parts.extend(splitter.finish());
+                }
+                parts
+            }
+        };
+        for part in pieces {
+            let piece = match part {
+                Part::Answer(text) => Piece::Text { text, logprobs: std::mem::take(&mut self.logprobs) },
+                // The thinking's tokens' log-probabilities are not streamed.
+                Part::Thinking(text) => {
+                    self.logprobs.clear();
+                    Piece::Reasoning(text)
+                }
+            };
             if self.tx.send(piece).is_err() {
                 return ControlFlow::Break(()); // the client is gone
             }
@@ -287,6 +308,7 @@ fn finished(outcome: &pocket_runtime::Outcome, return_tokens: bool, tokenizer: &
     Finished {
         text: generation.text.clone(),
         content: outcome.content.clone(),
+        reasoning: outcome.reasoning.clone(),
         tool_calls: outcome.tool_calls.clone(),
         logprobs,
         tokens: return_tokens.then(|| generation.tokens.clone()),

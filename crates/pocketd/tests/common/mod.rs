@@ -99,6 +99,8 @@ pub(crate) struct Setup {
     pub(crate) cache: Option<PathBuf>,
     /// Start it with this limit on open files, soft and hard (`ulimit -n`).
     pub(crate) open_files: Option<u64>,
+    /// More models in its models directory: (name, file).
+    pub(crate) models: Vec<(String, PathBuf)>,
 }
 
 impl Daemon {
@@ -111,6 +113,9 @@ impl Daemon {
         std::os::unix::fs::symlink(smollm2(), models.join("smollm2.gguf")).unwrap();
         if setup.flan {
             std::os::unix::fs::symlink(flan_t5(), models.join("flan-t5-small")).unwrap();
+        }
+        for (name, file) in &setup.models {
+            std::os::unix::fs::symlink(file, models.join(name)).unwrap();
         }
         let socket = dir.path().join("pocketd.sock");
         let bus = setup.dbus.then(Bus::start);
