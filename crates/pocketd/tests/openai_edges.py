@@ -1,12 +1,13 @@
 """OpenAI's edges, through the `openai` package against a running pocketd: several choices
-(`n`), streamed log-probabilities chunk by chunk, prompt arrays, a model alias, a GBNF grammar, and
-llama.cpp's /tokenize and /detokenize. Run by tests/openai_edges.rs; prints one line per
+(`n`), streamed log-probabilities chunk by chunk, prompt arrays, a model alias, a GBNF grammar,
+llama.cpp's /tokenize and /detokenize, and litellm's mapping of an over-long prompt. Run by tests/openai_edges.rs; prints one line per
 check and exits non-zero at the first that fails.
 
     python3 openai_edges.py --socket PATH --alias NAME
 """
 
 import argparse
+import os
 import sys
 
 import httpx
@@ -133,6 +134,27 @@ def gbnf(client: OpenAI, model: str) -> None:
         check("GBNF grammar" in e.message and e.body["param"] == "grammar", f"a GBNF token reference is refused ({e.message})")
 
 
+def litellm_context_window(client: OpenAI, model: str) -> None:
+    # litellm maps a provider's errors by their text; pocketd words an over-long prompt as
+    # OpenAI does, so litellm raises its ContextWindowExceededError (apps catch it to trim).
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch from the internet
+    import litellm
+
+    try:
+        litellm.completion(
+            model=f"openai/{model}", messages=[{"role": "user", "content": "word " * 6000}], max_tokens=8,
+            client=client, api_base="http://pocketd/v1", api_key="not-needed",
+        )
+        check(False, "litellm: an over-long prompt is refused")
+    except litellm.ContextWindowExceededError as e:
+        check(True, f"litellm: an over-long prompt is a ContextWindowExceededError ({str(e)[:80]}…)")
+    r = litellm.completion(
+        model=f"openai/{model}", messages=QUESTION, max_tokens=8, client=client,
+        api_base="http://pocketd/v1", api_key="not-needed",
+    )
+    check(bool(r.choices[0].message.content), "litellm: and an answer otherwise")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--socket", required=True)
@@ -147,6 +169,7 @@ def main() -> None:
     alias(client, args.alias)
     tokenize(http)
     gbnf(client, model)
+    litellm_context_window(client, model)
     print("all passed")
 
 

@@ -103,7 +103,16 @@ impl ServeError {
             ErrorKind::Invalid => {
                 ServeError::InvalidArgument { param: e.param().map(str::to_owned), message: e.to_string() }
             }
-            ErrorKind::TooLarge => ServeError::ContextLength(e.to_string()),
+            // In OpenAI's words, which client libraries (litellm, LangChain) recognise to raise
+            // their context-window errors.
+            ErrorKind::TooLarge => match e.core() {
+                Some(pocket_core::Error::ContextOverflow { needed, limit, prompt }) => {
+                    ServeError::ContextLength(format!(
+                        "This model's maximum context length is {limit} tokens. However, your request needs                          {needed} tokens (the prompt's {prompt} and at least one to generate); the context                          holds {limit}: shorten the prompt, or raise ctx_size"
+                    ))
+                }
+                _ => ServeError::ContextLength(e.to_string()),
+            },
             ErrorKind::OverBudget => match e.core() {
                 Some(pocket_core::Error::OverBudget { what, needed, available, budget }) => {
                     ServeError::OverBudget {
@@ -257,6 +266,7 @@ mod tests {
         let e = pocket_core::Error::ContextOverflow { needed: 5000, limit: 4096, prompt: 4999 };
         let s = ServeError::from_runtime(e.into(), None);
         assert_eq!((s.http_status(), s.openai_code()), (400, "context_length_exceeded"));
+        assert!(s.to_string().starts_with("This model's maximum context length is 4096 tokens"), "{s}");
         let e = pocket_core::Error::engine("ggml fell over at /home/secret/model.gguf");
         let s = ServeError::from_runtime(e.into(), Some("pocketd-7"));
         assert_eq!(s.http_status(), 500);
