@@ -23,7 +23,7 @@ use super::error::ServeError;
 use super::http::{Peer, parse};
 use super::job::{Finished, Input, Job, JobOptions, Piece, Running};
 use super::scheduler::Scheduler;
-use super::stream::sse_response;
+use super::stream::{HeldText, sse_response};
 
 /// A [`ServeError`] in Anthropic's body: `{"type": "error", "error": {"type", "message"}}`.
 pub(super) struct AnthropicError(ServeError);
@@ -291,9 +291,8 @@ fn output_blocks(reasoning: Option<&str>, content: &str, calls: &[ToolCall]) -> 
 struct EventStream {
     running: Running,
     ready: VecDeque<Event>,
-    /// Text held back while it may be a tool call (as the OpenAI stream holds it).
-    holding: bool,
-    held: String,
+    /// Text held back while it may be a tool call.
+    held: HeldText,
     /// Whether a thinking block is open.
     thinking_open: bool,
     /// Whether a text block is open, and how many blocks were opened.
@@ -367,7 +366,7 @@ impl EventStream {
 
     /// The end: text held back, the tool calls, then `message_delta` and `message_stop`.
     fn end(&mut self, f: &Finished) {
-        if self.holding && !f.content.is_empty() {
+        if self.held.holding() && !f.content.is_empty() {
             self.text(f.content.clone());
         }
         self.close_thinking();
@@ -413,15 +412,11 @@ impl EventStream {
                 return None;
             }
             match self.running.pieces.recv().await {
-                Some(Piece::Text { text, .. }) if self.holding => {
-                    self.held.push_str(&text);
-                    if pocket_runtime::tools::starts_as_text(&self.held) {
-                        self.holding = false;
-                        let held = std::mem::take(&mut self.held);
-                        self.text(held);
+                Some(Piece::Text { text, .. }) => {
+                    if let Some(text) = self.held.pass(text) {
+                        self.text(text);
                     }
                 }
-                Some(Piece::Text { text, .. }) => self.text(text),
                 Some(Piece::Reasoning(thinking)) => self.thinking(thinking),
                 Some(Piece::Done(f)) => {
                     self.end(&f);
@@ -447,10 +442,9 @@ fn events(running: Running, id: String, model: String) -> Response {
         "usage": {"input_tokens": running.started.prompt_tokens, "output_tokens": 0},
     }});
     let state = EventStream {
-        holding: running.started.tools,
+        held: HeldText::new(running.started.tools),
         running,
         ready: VecDeque::from([event("message_start", start)]),
-        held: String::new(),
         thinking_open: false,
         text_open: false,
         blocks: 0,

@@ -27,7 +27,7 @@ use super::http::{Peer, parse};
 use super::job::{Finished, Input, Job, JobOptions, Piece, Running};
 use super::registry::now_seconds;
 use super::scheduler::Scheduler;
-use super::stream::sse_response;
+use super::stream::{HeldText, sse_response};
 
 type Shared = State<Arc<Scheduler>>;
 
@@ -375,9 +375,8 @@ struct EventStream {
     shell: Option<Shell>,
     ready: VecDeque<Event>,
     sequence: u64,
-    /// Text held back while it may be a tool call (as the chat stream holds it).
-    holding: bool,
-    held: String,
+    /// Text held back while it may be a tool call.
+    held: HeldText,
     /// The items done, in order (the response's `output`).
     output: Vec<OutputItem>,
     /// The thinking sent so far, while its item is open.
@@ -468,7 +467,7 @@ impl EventStream {
             Ok(status) => status,
             Err(e) => return self.fail(&e),
         };
-        if self.holding && !f.content.is_empty() {
+        if self.held.holding() && !f.content.is_empty() {
             self.send_text(f.content.clone());
         }
         if self.text.is_none() && f.tool_calls.is_empty() {
@@ -535,15 +534,11 @@ impl EventStream {
                 return None;
             }
             match self.running.pieces.recv().await {
-                Some(Piece::Text { text, .. }) if self.holding => {
-                    self.held.push_str(&text);
-                    if pocket_runtime::tools::starts_as_text(&self.held) {
-                        self.holding = false;
-                        let held = std::mem::take(&mut self.held);
-                        self.send_text(held);
+                Some(Piece::Text { text, .. }) => {
+                    if let Some(text) = self.held.pass(text) {
+                        self.send_text(text);
                     }
                 }
-                Some(Piece::Text { text, .. }) => self.send_text(text),
                 Some(Piece::Reasoning(thinking)) => self.send_thinking(thinking),
                 Some(Piece::Done(f)) => {
                     self.end(&f);
@@ -566,12 +561,11 @@ impl EventStream {
 fn events(scheduler: Arc<Scheduler>, running: Running, shell: Shell) -> Response {
     let mut state = EventStream {
         scheduler,
-        holding: running.started.tools,
+        held: HeldText::new(running.started.tools),
         running,
         shell: None,
         ready: VecDeque::new(),
         sequence: 0,
-        held: String::new(),
         output: Vec::new(),
         thinking: None,
         text: None,

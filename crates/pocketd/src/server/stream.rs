@@ -97,23 +97,16 @@ impl StreamState {
             })
             .collect();
         let content = (!f.content.is_empty()).then(|| f.content.clone());
-        let delta = ChatDelta { role: None, content, reasoning_content: None, tool_calls };
-        let chunk = ChatCompletionChunk {
-            id: self.id.clone(),
-            object: "chat.completion.chunk".into(),
-            created: self.created,
-            model: self.model.clone(),
-            choices: vec![ChatChunkChoice { index: self.index, delta, finish_reason: None, logprobs: None }],
-            usage: None,
-            timings: None,
-            tokens: None,
-        };
-        Event::default().data(serde_json::to_string(&chunk).unwrap_or_default())
+        self.delta(ChatDelta { role: None, content, reasoning_content: None, tool_calls })
     }
 
     /// A chunk of a thinking model's thinking (chat streams only have them).
     fn reasoning(&self, text: String) -> Event {
-        let delta = ChatDelta { reasoning_content: Some(text), ..ChatDelta::default() };
+        self.delta(ChatDelta { reasoning_content: Some(text), ..ChatDelta::default() })
+    }
+
+    /// A chat chunk of `delta` alone.
+    fn delta(&self, delta: ChatDelta) -> Event {
         let chunk = ChatCompletionChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk".into(),
@@ -337,6 +330,39 @@ pub(super) async fn sse(
         Some((Ok::<_, Infallible>(event), st))
     });
     Ok(sse_response(stream))
+}
+
+/// Text held back while an answer that may call tools may be starting a call (the Anthropic
+/// and Responses streams'; the chat stream holds log-probabilities too): released as soon as
+/// it cannot be one, else sent whole (as calls, or as text) at the end.
+pub(super) struct HeldText {
+    holding: bool,
+    held: String,
+}
+
+impl HeldText {
+    /// A holder for an answer that may call tools (`tools`), or one that passes text through.
+    pub(super) fn new(tools: bool) -> HeldText {
+        HeldText { holding: tools, held: String::new() }
+    }
+
+    /// Whether text is still held (the answer may still be a call).
+    pub(super) fn holding(&self) -> bool {
+        self.holding
+    }
+
+    /// The text to send now, given the next piece.
+    pub(super) fn pass(&mut self, text: String) -> Option<String> {
+        if !self.holding {
+            return Some(text);
+        }
+        self.held.push_str(&text);
+        if !pocket_runtime::tools::starts_as_text(&self.held) {
+            return None;
+        }
+        self.holding = false;
+        Some(std::mem::take(&mut self.held))
+    }
 }
 
 pub(super) fn sse_response(
