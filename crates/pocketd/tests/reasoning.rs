@@ -99,6 +99,15 @@ fn thinking_is_turned_off_by_each_apis_switch() {
     assert_eq!(code, 200, "{r}");
     assert_eq!(u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap(), off);
     let (code, r) = d.post(
+        "/v1/messages/count_tokens",
+        &json!({"model": "thinker", "messages": input, "thinking": {"type": "disabled"}}),
+    );
+    assert_eq!(
+        (code, r["input_tokens"].as_u64()),
+        (200, Some(off)),
+        "count_tokens renders as the request would: {r}"
+    );
+    let (code, r) = d.post(
         "/v1/chat/completions",
         &json!({"model": "thinker", "messages": input, "reasoning_effort": "lots"}),
     );

@@ -108,7 +108,9 @@ impl ServeError {
             ErrorKind::TooLarge => match e.core() {
                 Some(pocket_core::Error::ContextOverflow { needed, limit, prompt }) => {
                     ServeError::ContextLength(format!(
-                        "This model's maximum context length is {limit} tokens. However, your request needs                          {needed} tokens (the prompt's {prompt} and at least one to generate); the context                          holds {limit}: shorten the prompt, or raise ctx_size"
+                        "This model's maximum context length is {limit} tokens. However, your request needs \
+                         {needed} tokens (the prompt's {prompt} and at least one to generate); the context \
+                         holds {limit}: shorten the prompt, or raise ctx_size"
                     ))
                 }
                 _ => ServeError::ContextLength(e.to_string()),
@@ -267,6 +269,10 @@ mod tests {
         let s = ServeError::from_runtime(e.into(), None);
         assert_eq!((s.http_status(), s.openai_code()), (400, "context_length_exceeded"));
         assert!(s.to_string().starts_with("This model's maximum context length is 4096 tokens"), "{s}");
+        assert!(
+            s.to_string().contains("needs 5000 tokens") && s.to_string().contains("context holds 4096"),
+            "{s}"
+        );
         let e = pocket_core::Error::engine("ggml fell over at /home/secret/model.gguf");
         let s = ServeError::from_runtime(e.into(), Some("pocketd-7"));
         assert_eq!(s.http_status(), 500);

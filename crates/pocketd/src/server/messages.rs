@@ -100,9 +100,9 @@ pub(super) async fn count_tokens(
     let request: MessagesRequest = parse(body)?;
     let messages = chat_messages(&request)?;
     let tools = tools(&request)?;
+    let kwargs = template_kwargs(&request)?;
     let m = s.model_or_default(request.model.as_deref()).await?;
-    let tokens =
-        pocket_runtime::pipeline::render(&m.model, &Input::Chat(messages), &tools, &Default::default());
+    let tokens = pocket_runtime::pipeline::render(&m.model, &Input::Chat(messages), &tools, &kwargs);
     s.registry.release(&m.name);
     let tokens = tokens.map_err(|e| ServeError::from_runtime(e, None))?;
     Ok(axum::Json(TokenCount { input_tokens: tokens.len() as u32 }).into_response())
@@ -222,7 +222,19 @@ fn options(request: &MessagesRequest, max_tokens: u32) -> Result<JobOptions, Ser
     if let Some(k) = request.top_k {
         sampling.top_k = k as usize;
     }
-    let mut template_kwargs = serde_json::Map::new();
+    Ok(JobOptions {
+        max_tokens: Some(max_tokens),
+        sampling,
+        stop: request.stop_sequences.clone(),
+        tools: tools(request)?,
+        template_kwargs: template_kwargs(request)?,
+        ..JobOptions::default()
+    })
+}
+
+/// The template's variables `thinking` sets: `enable_thinking` for a model that thinks.
+fn template_kwargs(request: &MessagesRequest) -> Result<serde_json::Map<String, Value>, ServeError> {
+    let mut kwargs = serde_json::Map::new();
     if let Some(thinking) = &request.thinking {
         let enabled = match thinking.get("type").and_then(Value::as_str) {
             Some("enabled" | "adaptive") => true,
@@ -234,16 +246,9 @@ fn options(request: &MessagesRequest, max_tokens: u32) -> Result<JobOptions, Ser
                 ));
             }
         };
-        template_kwargs.insert("enable_thinking".into(), enabled.into());
+        kwargs.insert("enable_thinking".into(), enabled.into());
     }
-    Ok(JobOptions {
-        max_tokens: Some(max_tokens),
-        sampling,
-        stop: request.stop_sequences.clone(),
-        tools: tools(request)?,
-        template_kwargs,
-        ..JobOptions::default()
-    })
+    Ok(kwargs)
 }
 
 /// Anthropic's `stop_reason` and `stop_sequence`; a cancelled answer is an error.
