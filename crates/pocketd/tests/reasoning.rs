@@ -112,6 +112,9 @@ fn thinking_is_turned_off_by_each_apis_switch() {
         &json!({"model": "thinker", "messages": input, "reasoning_effort": "lots"}),
     );
     assert_eq!((code, r["error"]["param"].as_str()), (400, Some("reasoning_effort")), "{r}");
+    let (code, r) =
+        d.post("/v1/responses", &json!({"model": "thinker", "input": "hi", "reasoning": {"effort": "lots"}}));
+    assert_eq!((code, r["error"]["param"].as_str()), (400, Some("reasoning")), "{r}");
     // With thinking off, `<think>` is text like any other: nothing is taken for thinking.
     let r = chat(&d, json!({"reasoning_effort": "none", "logit_bias": {THINK: 100}}));
     assert!(r["choices"][0]["message"].get("reasoning_content").is_none(), "{r}");

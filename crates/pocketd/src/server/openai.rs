@@ -116,7 +116,7 @@ impl JobOptions {
         check_priority(priority)?;
         let mut template_kwargs = o.chat_template_kwargs.clone().unwrap_or_default();
         if let Some(effort) = &o.reasoning_effort {
-            thinking_effort(effort, &mut template_kwargs)?;
+            thinking_effort("reasoning_effort", effort, &mut template_kwargs)?;
         }
         Ok(JobOptions {
             max_tokens: o.max_tokens,
@@ -140,8 +140,9 @@ impl JobOptions {
 /// OpenAI's `reasoning_effort` (and the Responses API's `reasoning.effort`) for a model that
 /// thinks: `none` turns the thinking off (`enable_thinking = false` for its template, unless
 /// the request's `chat_template_kwargs` say otherwise); the other efforts leave it on — small
-/// models have no budget to spend more or less of.
+/// models have no budget to spend more or less of. `field` names it in the error.
 pub fn thinking_effort(
+    field: &str,
     effort: &str,
     kwargs: &mut serde_json::Map<String, serde_json::Value>,
 ) -> Result<(), ServeError> {
@@ -152,8 +153,8 @@ pub fn thinking_effort(
         }
         "minimal" | "low" | "medium" | "high" | "xhigh" => Ok(()),
         other => Err(ServeError::invalid(
-            "reasoning_effort",
-            format!("reasoning_effort is none, minimal, low, medium, high or xhigh, not {other:?}"),
+            field,
+            format!("{field} is none, minimal, low, medium, high or xhigh, not {other:?}"),
         )),
     }
 }

@@ -206,7 +206,7 @@ fn options(request: &ResponsesRequest) -> Result<JobOptions, ServeError> {
     };
     let mut template_kwargs = serde_json::Map::new();
     if let Some(effort) = request.reasoning.as_ref().and_then(|r| r.get("effort")).and_then(Value::as_str) {
-        super::openai::thinking_effort(effort, &mut template_kwargs)?;
+        super::openai::thinking_effort("reasoning", effort, &mut template_kwargs)?;
     }
     Ok(JobOptions {
         template_kwargs,
