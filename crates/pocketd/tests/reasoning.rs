@@ -1,7 +1,8 @@
 //! A model that thinks (Qwen3's shape: `<think>`, `</think>` as tokens of their own, a chat
 //! template with `enable_thinking`): its thinking comes apart from its answer in every API —
 //! `reasoning_content` in chat completions (and `delta.reasoning_content` in their stream), a
-//! `reasoning` item in the Responses API, a `thinking` block in Anthropic's Messages API —
+//! `reasoning` item in the Responses API, a `thinking` block in Anthropic's Messages API,
+//! `reasoning` in D-Bus's stats —
 //! thinking is turned off by `enable_thinking`, `reasoning_effort: "none"`,
 //! `reasoning.effort` and Anthropic's `thinking: disabled`, and a JSON format or a tool call
 //! constrains the answer, not the thinking.
@@ -55,6 +56,7 @@ fn thinking_model(template: &str) -> PathBuf {
 
 fn daemon() -> Daemon {
     Daemon::start(Setup {
+        dbus: true,
         models: vec![
             ("thinker.gguf".into(), thinking_model("qwen3-style")),
             ("opener.gguf".into(), thinking_model("opens-thinking")),
@@ -217,6 +219,31 @@ fn thinking_comes_apart_from_the_answer_in_every_api() {
         .filter_map(|e| e["delta"]["thinking"].as_str().map(str::to_owned))
         .collect();
     assert_eq!(streamed, r["content"][0]["thinking"].as_str().unwrap(), "{body}");
+
+    // D-Bus: the thinking and the answer apart in the stats.
+    let o = d.dbus(&[
+        "--json=short",
+        "call",
+        "org.pocketd.Pocketd1",
+        "/org/pocketd/Pocketd1",
+        "org.pocketd.Pocketd1",
+        "Generate",
+        "ssa{sv}",
+        "opener",
+        "hi",
+        "2",
+        "chat",
+        "b",
+        "true",
+        "max_tokens",
+        "u",
+        "4",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let reply: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let stats = &reply["data"][1];
+    assert_eq!(stats["reasoning"]["data"], message["reasoning_content"], "{reply}");
+    assert_eq!(stats["content"]["data"], "", "{reply}");
 }
 
 #[test]
