@@ -10,12 +10,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use llguidance::api::{ParserLimits, TopLevelGrammar};
-use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::toktrie::{self, SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use pocket_core::spec::Draft;
 use pocket_core::{Constraint, Model, Token};
 use serde_json::{Value, json};
 
+use crate::closing::{Closing, Markup};
+use crate::json_least::SchemaEnding;
 use crate::{Error, Result, gbnf};
 
 /// The largest grammar source accepted (a JSON schema's or a Lark grammar's text): schemas
@@ -168,6 +170,8 @@ pub struct Grammars {
     /// Every end token of the model: the grammar's end-of-sequence stands for all of them.
     ends: Vec<Token>,
     eos: Token,
+    /// The tokens holding JSON's punctuation, which closing a JSON answer looks at.
+    structural: Arc<[Token]>,
     /// Seconds building it took.
     pub build_seconds: f64,
 }
@@ -197,11 +201,12 @@ impl Grammars {
             .collect();
         let info = TokRxInfo::new(n_vocab as u32, eos);
         let trie = TokTrie::from(&info, &words);
+        let structural = Closing::structural_tokens(&trie);
         let env: TokEnv = Arc::new(ModelTokens { trie, model });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| grammar_error("response_format", e))?;
         factory.set_stderr_log_level(0);
         *factory.limits_mut() = limits();
-        Ok(Grammars { factory, ends, eos, build_seconds: start.elapsed().as_secs_f64() })
+        Ok(Grammars { factory, ends, eos, structural, build_seconds: start.elapsed().as_secs_f64() })
     }
 
     /// Compile `grammar` for one request. Errors name the request field and say what
@@ -221,6 +226,12 @@ impl Grammars {
             ends: self.ends.clone(),
             eos: self.eos,
             saved: Vec::new(),
+            schema: match grammar {
+                Grammar::JsonObject => Some(Arc::new(SchemaEnding::new(json!({"type": "object"})))),
+                Grammar::JsonSchema { schema, .. } => Some(Arc::new(SchemaEnding::new(schema.clone()))),
+                Grammar::Lark(_) => None,
+            },
+            structural: self.structural.clone(),
             closing: None,
         })
     }
@@ -256,38 +267,12 @@ pub struct GrammarConstraint {
     eos: Token,
     /// The end tokens' logits while a mask is applied.
     saved: Vec<(Token, f32)>,
+    /// For a JSON answer, what its endings are (the schema; any value for `json_object`).
+    schema: Option<Arc<SchemaEnding>>,
+    structural: Arc<[Token]>,
     /// For a JSON answer: closing it before `max_tokens` cuts it.
     closing: Option<Closing>,
 }
-
-/// A JSON answer that must be whole within so many tokens: what was generated, and, once
-/// the tokens left are what closing it takes, the ending being forced.
-#[derive(Clone)]
-struct Closing {
-    env: TokEnv,
-    /// Tokens that may still be generated.
-    room: usize,
-    /// The answer so far.
-    text: Vec<u8>,
-    /// The ending's tokens still to force, the next one last.
-    ending: Vec<Token>,
-    /// Whether an ending was forced.
-    forced: bool,
-}
-
-/// Tokens of room kept beyond what the ending takes when closing starts: a token can open
-/// more than one thing (`[{"`), lengthening the ending by the next step.
-const CLOSING_MARGIN: usize = 3;
-
-/// Endings are looked for only this close to the end (no ending takes more tokens): before,
-/// a step pays nothing for closing.
-const CLOSING_HORIZON: usize = 48;
-
-/// The longest ending a walk of the grammar looks for.
-const MAX_WALK: usize = 24;
-
-/// Values tried, in order, for a key cut before its value: the first the schema accepts.
-const FILLERS: [&str; 6] = ["null", "\"\"", "0", "false", "[]", "{}"];
 
 impl std::fmt::Debug for GrammarConstraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -300,15 +285,42 @@ impl GrammarConstraint {
         pocket_core::Error::invalid_field("response_format", format!("the output grammar failed {what}: {e}"))
     }
 
-    /// Make the answer — a JSON value — whole within `room` tokens: when the tokens left are
-    /// what closing it takes (an open string ended, a key's missing value filled, required
-    /// members written with the least they take, brackets closed), or when one more item or
-    /// member would leave too few, that ending is forced, so an answer cut by `max_tokens` is
-    /// still valid JSON. Only a room smaller than the schema's least document cannot be met.
+    /// Make the answer — a JSON value — whole within `room` tokens: near the end, a token
+    /// after which the least ending the schema accepts (an open string ended, required
+    /// members written with their least values, brackets closed) would no longer fit is not
+    /// allowed, and when only that ending fits it is forced — so an answer cut by
+    /// `max_tokens` is still valid JSON ([`crate::closing`]). Only a room smaller than the
+    /// schema's least document cannot be met. Grammars other than JSON's are not closed.
     pub fn close_within(&mut self, room: usize) {
-        if let Ok(env) = self.matcher.tok_env() {
-            self.closing = Some(Closing { env, room, text: Vec::new(), ending: Vec::new(), forced: false });
+        if let (Some(schema), Ok(env)) = (self.schema.clone(), self.matcher.tok_env()) {
+            self.closing = Some(Closing::new(env, schema, Markup::JSON, self.structural.clone(), room));
         }
+    }
+
+    /// [`GrammarConstraint::close_within`] for an answer of tool calls ([`crate::tools`]):
+    /// each call's JSON (`body`, its schema) between its tags closes before `max_tokens` cuts
+    /// it; an answer that may be text (`text`) is closed only once it starts a call.
+    pub fn close_calls_within(&mut self, room: usize, body: Value, text: bool, more: bool) {
+        let markup = Markup {
+            open: crate::tools::CALL_OPEN,
+            close: crate::tools::CALL_CLOSE,
+            again: more.then_some(crate::tools::CALL_AGAIN),
+            text,
+            chosen: Some("name"),
+        };
+        if let Ok(env) = self.matcher.tok_env() {
+            let schema = Arc::new(SchemaEnding::new(body));
+            self.closing = Some(Closing::new(env, schema, markup, self.structural.clone(), room));
+        }
+    }
+
+    /// The shortest answer the JSON grammar accepts, and the tokens it takes: an answer given
+    /// fewer tokens than that cannot be valid JSON. `None` for a grammar that is not JSON, or
+    /// a schema whose least answer cannot be told from the schema alone.
+    pub fn least_answer(&self) -> Option<(String, usize)> {
+        let text = self.schema.as_ref()?.ending("")?;
+        let tokens = self.matcher.tok_env().ok()?.tok_trie().greedy_tokenize(text.as_bytes()).len();
+        Some((text, tokens))
     }
 
     /// Whether the answer was closed early: it was cut, though it ended as valid JSON.
@@ -316,175 +328,33 @@ impl GrammarConstraint {
         self.closing.as_ref().is_some_and(|c| c.forced)
     }
 
-    /// The shortest ending of the answer so far that the grammar accepts, as tokens.
-    fn ending(&mut self) -> Option<Vec<Token>> {
-        let closing = self.closing.as_ref()?;
-        let text = std::str::from_utf8(&closing.text).ok()?;
-        let env = closing.env.clone();
-        let mut best: Option<Vec<Token>> = None;
-        for filler in FILLERS {
-            let Some(ending) = crate::json_close::json_ending(text, filler) else { continue };
-            // Tokens of exactly these bytes (a tokenizer of its own might prefix a space).
-            let tokens = env.tok_trie().greedy_tokenize(ending.as_bytes());
-            if best.as_ref().is_some_and(|b| b.len() <= tokens.len()) {
-                continue;
-            }
-            let consumed = self.matcher.try_consume_tokens(&tokens).ok()?;
-            let whole = consumed == tokens.len()
-                && (self.matcher.is_stopped() || self.matcher.is_accepting().ok()?);
-            self.matcher.rollback(consumed).ok()?;
-            if whole {
-                best = Some(tokens);
-            }
-            // Without a key cut before its value, every filler gives the same ending.
-            if !ending.contains(filler) {
-                break;
-            }
+    /// The token closing forces next, if any (`None` too when the grammar would not allow it,
+    /// which it should: closing then gives up).
+    fn closing_token(&mut self, mask: &SimpleVob) -> Option<Token> {
+        let t = self.closing.as_mut()?.forced_token(&mut self.matcher)?;
+        if mask.is_allowed(t) {
+            return Some(t);
         }
-        if best.is_some() {
-            return best;
-        }
-        // A walk costs a mask per token, so it looks no further than the room (and
-        // `MAX_WALK`): past that, no ending would fit anyway.
-        let room = self.closing.as_ref()?.room;
-        self.walked_ending(room.min(MAX_WALK))
+        tracing::debug!(token = t, "the grammar does not allow the ending's next token: closing gives up");
+        self.closing = None;
+        None
     }
+}
 
-    /// An ending found by walking the grammar itself, for when closing what is open is not
-    /// enough (a required member still to write, a string's `minLength`): at each step the
-    /// forced tokens, else the allowed token that closes most (in a string, one starting with
-    /// its closing `"`; outside, `]` and `}`), else the shortest allowed one — at most `max`
-    /// tokens, the state as it was afterwards.
-    fn walked_ending(&mut self, max: usize) -> Option<Vec<Token>> {
-        let text = self.closing.as_ref()?.text.clone();
-        self.walk_from(text, max)
-    }
-
-    /// [`GrammarConstraint::walked_ending`] from the matcher's state, whose text is `text`.
-    fn walk_from(&mut self, mut text: Vec<u8>, max: usize) -> Option<Vec<Token>> {
-        let env = self.closing.as_ref()?.env.clone();
-        let trie = env.tok_trie();
-        let mut tokens: Vec<Token> = Vec::new();
-        let mut whole = false;
-        while tokens.len() < max {
-            if self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false) {
-                whole = true;
-                break;
-            }
-            let forced = self.matcher.compute_ff_tokens();
-            let step = if forced.is_empty() {
-                let Ok(mask) = self.matcher.compute_mask() else { break };
-                let in_string = crate::json_close::in_string(&String::from_utf8_lossy(&text));
-                let mut pick: Option<(bool, usize, Token)> = None;
-                mask.iter_set_entries(|t| {
-                    let bytes = trie.token(t as Token);
-                    if bytes.is_empty() || bytes[0] == TokTrie::SPECIAL_TOKEN_MARKER {
-                        return;
-                    }
-                    let closers = |b: &[u8]| b.iter().all(|b| matches!(b, b']' | b'}'));
-                    let closes = match bytes.split_first() {
-                        Some((b'"', rest)) if in_string => closers(rest),
-                        _ => !in_string && closers(bytes),
-                    };
-                    // Closers first, the longest; then the shortest token.
-                    let better = match pick {
-                        None => true,
-                        Some((c, _, _)) if closes != c => closes,
-                        Some((c, len, _)) => {
-                            if c {
-                                bytes.len() > len
-                            } else {
-                                bytes.len() < len
-                            }
-                        }
-                    };
-                    if better {
-                        pick = Some((closes, bytes.len(), t as Token));
-                    }
-                });
-                match pick {
-                    Some((.., t)) => vec![t],
-                    None => break,
-                }
-            } else {
-                forced
-            };
-            let room = max - tokens.len();
-            let step = &step[..step.len().min(room)];
-            let Ok(consumed) = self.matcher.try_consume_tokens(step) else { break };
-            tokens.extend_from_slice(&step[..consumed]);
-            text.extend(step[..consumed].iter().flat_map(|&t| trie.token(t)));
-            if consumed < step.len() {
-                break;
-            }
-        }
-        self.matcher.rollback(tokens.len()).ok()?;
-        whole.then_some(tokens)
-    }
-
-    /// Whether a separator soon — one more item or member after closing none, some or all
-    /// of what is open (`, `, `", `, `}, `, `}], `…: a token often carries both) — would
-    /// leave no room to end: then the answer is closed now, while it still can be. (After a
-    /// comma, closing must write a whole value first: its ending jumps from a bracket or two
-    /// to a member or an item.)
-    fn one_more_leaves_no_room(&mut self, room: usize) -> bool {
-        let Some(closing) = self.closing.as_ref() else { return false };
-        let (env, text) = (closing.env.clone(), closing.text.clone());
-        let Some(ending) =
-            std::str::from_utf8(&text).ok().and_then(|t| crate::json_close::json_ending(t, "null"))
-        else {
-            return false;
-        };
-        // The ending's leading run of closers, cut after each.
-        let closers = ending.bytes().take_while(|b| matches!(b, b'"' | b']' | b'}')).count();
-        (0..=closers).any(|cut| {
-            let mut separator = ending.as_bytes()[..cut].to_vec();
-            separator.extend_from_slice(b", ");
-            let tokens = env.tok_trie().greedy_tokenize(&separator);
-            let Ok(consumed) = self.matcher.try_consume_tokens(&tokens) else { return false };
-            // With the margin closing keeps: the model writes more than the least a value
-            // takes, and closing must still find room when it starts.
-            let after = room.saturating_sub(consumed + CLOSING_MARGIN).min(MAX_WALK);
-            let mut then = text.clone();
-            then.extend_from_slice(&separator);
-            let no_room = consumed == tokens.len() && self.walk_from(then, after).is_none();
-            let _ = self.matcher.rollback(consumed);
-            no_room
-        })
-    }
-
-    /// The token closing forces next, if closing has started (or must start now).
-    fn closing_token(&mut self) -> Option<Token> {
-        let closing = self.closing.as_ref()?;
-        if closing.ending.is_empty() && closing.room <= CLOSING_HORIZON {
-            let room = closing.room;
-            if let Some(mut ending) = self.ending()
-                && !ending.is_empty()
-                && ending.len() <= room
-                && (ending.len() + CLOSING_MARGIN >= room || self.one_more_leaves_no_room(room))
-            {
-                ending.reverse();
-                let closing = self.closing.as_mut()?;
-                closing.ending = ending;
-                closing.forced = true;
-            }
-        }
-        self.closing.as_ref()?.ending.last().copied()
+/// `logits` with only `t` left (its own logit kept where the mask had left it one).
+fn force(logits: &mut [f32], t: Token) {
+    if let Some(&kept) = logits.get(t as usize) {
+        logits.fill(f32::NEG_INFINITY);
+        logits[t as usize] = if kept.is_finite() { kept } else { 0.0 };
     }
 }
 
 impl Constraint for GrammarConstraint {
     fn mask(&mut self, logits: &mut [f32]) -> pocket_core::Result<()> {
         let mask = self.matcher.compute_mask_or_eos().map_err(|e| self.error("computing a mask", e))?;
-        if let Some(t) = self.closing_token() {
-            if mask.is_allowed(t) && (t as usize) < logits.len() {
-                let kept = logits[t as usize];
-                logits.fill(f32::NEG_INFINITY);
-                logits[t as usize] = kept;
-                return Ok(());
-            }
-            // The grammar went another way (it should not): closing gives up.
-            self.closing = None;
+        if let Some(t) = self.closing_token(&mask) {
+            force(logits, t);
+            return Ok(());
         }
         // The grammar's one end token stands for all of the model's (`<|im_end|>` and
         // `<|endoftext|>` alike): they keep their own logits when it may end here.
@@ -510,19 +380,19 @@ impl Constraint for GrammarConstraint {
         for &(t, l) in &self.saved {
             logits[t as usize] = l;
         }
+        if let Some(c) = self.closing.as_mut()
+            && c.prune(&mut self.matcher, &mask, logits)
+            && let Some(t) = self.closing_token(&mask)
+        {
+            force(logits, t);
+        }
         Ok(())
     }
 
     fn advance(&mut self, token: Token) -> pocket_core::Result<()> {
         self.matcher.consume_token(token).map_err(|e| self.error("on a token", e))?;
         if let Some(c) = self.closing.as_mut() {
-            c.room = c.room.saturating_sub(1);
-            c.text.extend_from_slice(c.env.tok_trie().token(token));
-            if c.ending.last() == Some(&token) {
-                c.ending.pop();
-            } else {
-                c.ending.clear();
-            }
+            c.advance(token);
         }
         Ok(())
     }

@@ -1,39 +1,18 @@
 //! Closing a JSON value that was cut off: what an answer cut by `max_tokens` in the middle
-//! of a tool call's arguments needs to be one value again.
+//! of a tool call's arguments needs to be one value again; and the [`Scan`] of a cut value
+//! that [`crate::json_least`] completes against a schema.
 
 /// `partial` — the start of one JSON value, cut anywhere — made a complete value by the
 /// shortest ending: an unfinished string closed, a cut literal or number finished, a key
 /// without a value given `null`, a dangling comma dropped, brackets closed. `None` when
 /// `partial` is not the start of a JSON value (or holds more than one).
 pub fn close_json(partial: &str) -> Option<String> {
-    scan(partial)?.close(partial.trim_end(), "null")
-}
-
-/// What to append to `partial` — the start of one JSON value, as [`close_json`] takes it —
-/// to complete it without changing what is there: `filler` as the value of a key that has
-/// none. `None` when appending cannot do it (after a comma, a value or key must come first;
-/// a cut escape).
-pub fn json_ending(partial: &str, filler: &str) -> Option<String> {
-    let full = scan(partial)?.close(partial, filler)?;
-    full.strip_prefix(partial).map(str::to_owned)
-}
-
-/// Whether `partial`, the start of a JSON value, ends inside a string.
-pub fn in_string(partial: &str) -> bool {
-    scan(partial).is_some_and(|s| s.string.is_some())
-}
-
-fn scan(partial: &str) -> Option<Scan> {
-    let mut scan = Scan::default();
-    for c in partial.chars() {
-        scan.push(c)?;
-    }
-    Some(scan)
+    Scan::of(partial.as_bytes())?.close(partial.trim_end(), "null")
 }
 
 /// Where an object is between its members.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Member {
+pub(crate) enum Member {
     /// After `{` or `,`: a key (or, after `{`, the end) comes next.
     Key,
     /// After a key: the `:`.
@@ -44,78 +23,144 @@ enum Member {
     Next,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Open {
-    Object(Member),
-    /// Whether a value was read since the `[` or the last `,`.
-    Array(bool),
+/// An object being read.
+#[derive(Debug, Clone)]
+pub(crate) struct Object {
+    pub(crate) member: Member,
+    /// The members read, each key with its value's text when that is a string, number or
+    /// literal (what tells `anyOf` branches apart).
+    pub(crate) members: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// The key whose value comes next (from [`Member::Colon`] to the value's end).
+    pub(crate) key: Vec<u8>,
 }
 
-#[derive(Default)]
-struct Scan {
-    open: Vec<Open>,
-    /// Inside a string: whether it is a key, and whether a `\` was the last character.
-    string: Option<(bool, bool)>,
+impl Object {
+    /// Whether `key` was read already.
+    pub(crate) fn has(&self, key: &[u8]) -> bool {
+        self.members.iter().any(|(k, _)| k == key)
+    }
+}
+
+/// An open object or array.
+#[derive(Debug, Clone)]
+pub(crate) enum Open {
+    Object(Object),
+    /// The items read, and whether one was read since the `[` or the last `,`.
+    Array {
+        items: usize,
+        read: bool,
+    },
+}
+
+/// A string being read.
+#[derive(Debug, Clone)]
+pub(crate) struct Str {
+    /// Whether it is an object's key.
+    pub(crate) key: bool,
+    /// Whether a `\` was the last byte.
+    pub(crate) escaped: bool,
+    /// Its text so far, as written (escapes and all).
+    pub(crate) text: Vec<u8>,
+}
+
+/// What a JSON value cut anywhere holds open, read byte by byte (a cut character inside a
+/// string is only bytes of its text).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Scan {
+    pub(crate) open: Vec<Open>,
+    pub(crate) string: Option<Str>,
     /// A literal or number being read (its text so far).
-    word: String,
+    pub(crate) word: String,
     /// The top-level value ended.
-    done: bool,
+    pub(crate) done: bool,
+    /// The last byte read.
+    pub(crate) last: Option<u8>,
 }
 
 impl Scan {
-    fn push(&mut self, c: char) -> Option<()> {
-        if let Some((key, escaped)) = self.string {
-            self.string = match (escaped, c) {
-                (true, _) => Some((key, false)),
-                (false, '\\') => Some((key, true)),
-                (false, '"') => {
-                    self.value_ended(key);
-                    None
+    /// The scan of `partial`; `None` when it is not the start of one JSON value.
+    pub(crate) fn of(partial: &[u8]) -> Option<Scan> {
+        let mut scan = Scan::default();
+        scan.push_all(partial)?;
+        Some(scan)
+    }
+
+    /// Read `bytes`; `None` (the scan then half-moved) when they cannot continue the value.
+    pub(crate) fn push_all(&mut self, bytes: &[u8]) -> Option<()> {
+        bytes.iter().try_for_each(|&b| self.push(b))
+    }
+
+    /// Whether the value ends inside a string.
+    pub(crate) fn in_string(&self) -> bool {
+        self.string.is_some()
+    }
+
+    fn push(&mut self, c: u8) -> Option<()> {
+        self.last = Some(c);
+        if let Some(s) = self.string.as_mut() {
+            match (s.escaped, c) {
+                (true, _) => s.escaped = false,
+                (false, b'\\') => s.escaped = true,
+                (false, b'"') => {
+                    let s = self.string.take()?;
+                    let mut raw = Vec::with_capacity(s.text.len() + 2);
+                    raw.push(b'"');
+                    raw.extend_from_slice(&s.text);
+                    raw.push(b'"');
+                    self.value_ended(s.key, Some(if s.key { s.text } else { raw }));
+                    return Some(());
                 }
-                _ => Some((key, false)),
-            };
+                _ => {}
+            }
+            s.text.push(c);
             return Some(());
         }
         if !self.word.is_empty() {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-') {
-                self.word.push(c);
+            if c.is_ascii_alphanumeric() || matches!(c, b'.' | b'+' | b'-') {
+                self.word.push(c as char);
                 return Some(());
             }
             self.word_ended()?;
         }
         match c {
-            ' ' | '\t' | '\n' | '\r' => {}
-            '{' | '[' => {
+            b' ' | b'\t' | b'\n' | b'\r' => {}
+            b'{' | b'[' => {
                 self.value_starts()?;
-                self.open.push(if c == '{' { Open::Object(Member::Key) } else { Open::Array(false) });
+                self.open.push(if c == b'{' {
+                    Open::Object(Object { member: Member::Key, members: Vec::new(), key: Vec::new() })
+                } else {
+                    Open::Array { items: 0, read: false }
+                });
             }
-            '}' => match self.open.pop()? {
-                Open::Object(Member::Key | Member::Next) => self.value_ended(false),
+            b'}' => match self.open.pop()? {
+                Open::Object(Object { member: Member::Key | Member::Next, .. }) => {
+                    self.value_ended(false, None)
+                }
                 _ => return None,
             },
-            ']' => match self.open.pop()? {
-                Open::Array(_) => self.value_ended(false),
+            b']' => match self.open.pop()? {
+                Open::Array { .. } => self.value_ended(false, None),
                 Open::Object(_) => return None,
             },
-            ',' => match self.open.last_mut()? {
-                Open::Object(m @ Member::Next) => *m = Member::Key,
-                Open::Array(read @ true) => *read = false,
+            b',' => match self.open.last_mut()? {
+                Open::Object(o) if o.member == Member::Next => o.member = Member::Key,
+                Open::Array { read: read @ true, .. } => *read = false,
                 _ => return None,
             },
-            ':' => match self.open.last_mut()? {
-                Open::Object(m @ Member::Colon) => *m = Member::Value,
+            b':' => match self.open.last_mut()? {
+                Open::Object(o) if o.member == Member::Colon => o.member = Member::Value,
                 _ => return None,
             },
-            '"' => {
-                let key = matches!(self.open.last(), Some(Open::Object(Member::Key)));
+            b'"' => {
+                let key = matches!(self.open.last(), Some(Open::Object(o)) if o.member == Member::Key);
                 if !key {
                     self.value_starts()?;
                 }
-                self.string = Some((key, false));
+                self.string = Some(Str { key, escaped: false, text: Vec::new() });
             }
-            c if c.is_ascii_alphanumeric() || c == '-' => {
+            c if c.is_ascii_alphanumeric() || c == b'-' => {
                 self.value_starts()?;
-                self.word.push(c);
+                self.word.push(c as char);
             }
             _ => return None,
         }
@@ -126,25 +171,37 @@ impl Scan {
     fn value_starts(&self) -> Option<()> {
         let ok = match self.open.last() {
             None => !self.done,
-            Some(Open::Object(m)) => *m == Member::Value,
-            Some(Open::Array(read)) => !read,
+            Some(Open::Object(o)) => o.member == Member::Value,
+            Some(Open::Array { read, .. }) => !read,
         };
         ok.then_some(())
     }
 
-    /// A value (or, `key`, an object's key) ended.
-    fn value_ended(&mut self, key: bool) {
+    /// A value ended — `text`, when it was a string, number or literal — or, `key`, an
+    /// object's key (`text` is then the key).
+    pub(crate) fn value_ended(&mut self, key: bool, text: Option<Vec<u8>>) {
         match self.open.last_mut() {
             None => self.done = true,
-            Some(Open::Object(m)) => *m = if key { Member::Colon } else { Member::Next },
-            Some(Open::Array(read)) => *read = true,
+            Some(Open::Object(o)) if key => {
+                o.key = text.unwrap_or_default();
+                o.member = Member::Colon;
+            }
+            Some(Open::Object(o)) => {
+                let key = std::mem::take(&mut o.key);
+                o.members.push((key, text));
+                o.member = Member::Next;
+            }
+            Some(Open::Array { items, read }) => {
+                *items += 1;
+                *read = true;
+            }
         }
     }
 
     fn word_ended(&mut self) -> Option<()> {
         let word = std::mem::take(&mut self.word);
         (json_number(&word) || matches!(word.as_str(), "true" | "false" | "null")).then_some(())?;
-        self.value_ended(false);
+        self.value_ended(false, Some(word.into_bytes()));
         Some(())
     }
 
@@ -152,8 +209,8 @@ impl Scan {
     /// or a cut escape), with `filler` as a missing value.
     fn close(mut self, partial: &str, filler: &str) -> Option<String> {
         let mut out = partial.to_owned();
-        if let Some((key, escaped)) = self.string.take() {
-            if escaped {
+        if let Some(s) = self.string.take() {
+            if s.escaped {
                 out.pop();
             }
             // A cut `\u` escape is dropped with its digits.
@@ -163,19 +220,12 @@ impl Scan {
                 out.truncate(at);
             }
             out.push('"');
-            self.value_ended(key);
+            self.value_ended(s.key, None);
         }
         if !self.word.is_empty() {
             let word = std::mem::take(&mut self.word);
-            let ending = ["true", "false", "null"].iter().find_map(|l| l.strip_prefix(word.as_str()));
-            match ending {
-                Some(rest) => out.push_str(rest),
-                None if json_number(&word) => {}
-                // A number cut after its point, exponent or sign takes a 0.
-                None if json_number(&format!("{word}0")) => out.push('0'),
-                None => return None,
-            }
-            self.value_ended(false);
+            out.push_str(word_ending(&word)?);
+            self.value_ended(false, None);
         }
         let top_level_empty = self.open.is_empty() && !self.done;
         if top_level_empty {
@@ -183,25 +233,42 @@ impl Scan {
         }
         while let Some(open) = self.open.pop() {
             match open {
-                Open::Object(Member::Colon) => out.push_str(&format!(": {filler}}}")),
-                Open::Object(Member::Value) if out.ends_with(char::is_whitespace) => {
-                    out.push_str(&format!("{filler}}}"));
-                }
-                Open::Object(Member::Value) => out.push_str(&format!(" {filler}}}")),
-                Open::Object(Member::Key) => {
-                    drop_dangling_comma(&mut out);
-                    out.push('}');
-                }
-                Open::Object(Member::Next) => out.push('}'),
-                Open::Array(_) => {
+                Open::Object(o) => match o.member {
+                    Member::Colon => out.push_str(&format!(": {filler}}}")),
+                    Member::Value if out.ends_with(char::is_whitespace) => {
+                        out.push_str(&format!("{filler}}}"))
+                    }
+                    Member::Value => out.push_str(&format!(" {filler}}}")),
+                    Member::Key => {
+                        drop_dangling_comma(&mut out);
+                        out.push('}');
+                    }
+                    Member::Next => out.push('}'),
+                },
+                Open::Array { .. } => {
                     drop_dangling_comma(&mut out);
                     out.push(']');
                 }
             }
             // The container closed is its parent's value.
-            self.value_ended(false);
+            self.value_ended(false, None);
         }
         Some(out)
+    }
+}
+
+/// What finishes `word`, a literal or number cut: the rest of a literal, nothing for a whole
+/// number, a `0` for one cut after its point, exponent or sign. `None` for no such start.
+pub(crate) fn word_ending(word: &str) -> Option<&'static str> {
+    if let Some(rest) = ["true", "false", "null"].iter().find_map(|l| l.strip_prefix(word)) {
+        return Some(rest);
+    }
+    if json_number(word) {
+        Some("")
+    } else if json_number(&format!("{word}0")) {
+        Some("0")
+    } else {
+        None
     }
 }
 
@@ -253,23 +320,8 @@ mod tests {
         closes(r#"{"a": "x\\"#, r#"{"a": "x\\"}"#);
         closes(r#"[{"a": [], "b": {}}, "#, r#"[{"a": [], "b": {}}]"#);
         closes(r#"{"a": 1}"#, r#"{"a": 1}"#);
+        closes(r#"{"é": "ü"#, r#"{"é": "ü"}"#);
         closes("{", "{}");
-    }
-
-    #[test]
-    fn an_ending_only_appends() {
-        let ending = |p: &str| json_ending(p, "0");
-        assert_eq!(ending(r#"{"steps": ["Toast the br"#).as_deref(), Some(r#""]}"#));
-        assert_eq!(ending(r#"{"a": "#).as_deref(), Some("0}"));
-        assert_eq!(ending(r#"{"a":"#).as_deref(), Some(" 0}"));
-        assert_eq!(ending(r#"{"a""#).as_deref(), Some(": 0}"));
-        assert_eq!(ending(r#"{"a": 1"#).as_deref(), Some("}"));
-        assert_eq!(ending(r#"{"a": [1, 2]"#).as_deref(), Some("}"));
-        assert_eq!(ending(r#"{"a": 1}"#).as_deref(), Some(""));
-        // A comma wants a member or an item next, and a cut escape its characters.
-        for stuck in [r#"{"a": 1, "#, r#"{"a": [1,"#, r#"{"a": "x\"#, r#"{"a": "x\u0"#] {
-            assert_eq!(ending(stuck), None, "{stuck:?}");
-        }
     }
 
     #[test]
@@ -279,5 +331,20 @@ mod tests {
         {
             assert_eq!(close_json(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_scan_knows_the_members_and_items_read() {
+        let scan = Scan::of(br#"{"a": 1, "b": "x", "c": [true, {"d": nu"#).unwrap();
+        let [Open::Object(top), Open::Array { items: 1, read: false }, Open::Object(inner)] = &scan.open[..]
+        else {
+            panic!("{scan:?}")
+        };
+        let read: Vec<_> = top.members.iter().map(|(k, v)| (k.as_slice(), v.as_deref())).collect();
+        assert_eq!(read, [(&b"a"[..], Some(&b"1"[..])), (b"b", Some(br#""x""#))]);
+        assert_eq!(
+            (top.key.as_slice(), inner.key.as_slice(), scan.word.as_str()),
+            (&b"c"[..], &b"d"[..], "nu")
+        );
     }
 }

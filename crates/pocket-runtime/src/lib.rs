@@ -21,6 +21,7 @@
 #![deny(missing_docs)]
 
 pub mod chat_template;
+mod closing;
 pub mod drafters;
 mod engine;
 mod error;
@@ -28,6 +29,7 @@ mod error;
 pub mod gbnf;
 pub mod grammar;
 pub mod json_close;
+pub mod json_least;
 mod knowledge;
 pub mod learn;
 mod learning_text;

@@ -21,7 +21,7 @@ use crate::drafters::{self, Setup};
 use crate::grammar::{GRAMMAR_STATE_BYTES, Grammar, GrammarConstraint};
 use crate::prompt_cache::{Adoption, PrefixKey};
 use crate::reasoning::{self, ThinkingGate};
-use crate::tools::{self, Tools};
+use crate::tools::{self, ToolChoice, Tools};
 use crate::{DEFAULT_MAX_DRAFT, Error, LoadedModel, Result, Settings, validate};
 
 /// What a request gives the model.
@@ -362,7 +362,25 @@ pub fn prepare(
         (grammar.as_mut(), &request.grammar)
     {
         let context_room = if seq2seq { usize::MAX } else { n_ctx - tokens.len() };
-        g.close_within(request.stop.max_tokens.min(context_room));
+        let room = request.stop.max_tokens.min(context_room);
+        // Fewer tokens than the least answer could only give broken JSON: said before trying.
+        if let Some((least, n)) = g.least_answer().filter(|&(_, n)| n > room) {
+            let (param, what) = if room == request.stop.max_tokens {
+                ("max_tokens", format!("max_tokens is {room}"))
+            } else {
+                ("prompt", format!("the context leaves {room} tokens after the prompt"))
+            };
+            return Err(Error::invalid(
+                param,
+                format!("{what}, but the shortest JSON the schema accepts takes {n} tokens: {least}"),
+            ));
+        }
+        g.close_within(room);
+    } else if let (Some(g), Some(body)) = (grammar.as_mut(), request.tools.call_schema()) {
+        // A tool call's arguments close the same way; a cut call is then still a call.
+        let context_room = if seq2seq { usize::MAX } else { n_ctx - tokens.len() };
+        let text = request.tools.choice == ToolChoice::Auto;
+        g.close_calls_within(request.stop.max_tokens.min(context_room), body, text, request.tools.parallel);
     }
     let mut config = SessionConfig { n_ctx, ..request.session.clone() };
     // The parked session sharing the longest prefix, in the KV type asked for.

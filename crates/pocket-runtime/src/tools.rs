@@ -90,9 +90,9 @@ impl Tools {
         !self.tools.is_empty() && self.choice != ToolChoice::None
     }
 
-    /// The grammar the answer must follow: text or calls (`auto`), calls only (`required`),
-    /// calls of one function (a named choice).
-    pub fn grammar(&self) -> Option<Grammar> {
+    /// The schema of one call's JSON: `{"name": …, "arguments": …}` of each function the
+    /// answer may call.
+    pub fn call_schema(&self) -> Option<Value> {
         if !self.offered() {
             return None;
         }
@@ -114,11 +114,15 @@ impl Tools {
                 })
             })
             .collect();
-        let body = json!({
-            "anyOf": variants,
-            "x-guidance": {
-                "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "lenient": true
-            },
+        Some(json!({"anyOf": variants}))
+    }
+
+    /// The grammar the answer must follow: text or calls (`auto`), calls only (`required`),
+    /// calls of one function (a named choice).
+    pub fn grammar(&self) -> Option<Grammar> {
+        let mut body = self.call_schema()?;
+        body["x-guidance"] = json!({
+            "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": ", "lenient": true
         });
         let more =
             if self.parallel { format!("(\"\\n\" call){{0,{}}}", MAX_CALLS - 1) } else { String::new() };
@@ -158,6 +162,13 @@ pub fn starts_as_text(start: &str) -> bool {
     !start.is_empty() && !start.starts_with(['<', '{'])
 }
 
+/// What opens a call in the answer (the grammar's `"<tool_call>\n"`).
+pub const CALL_OPEN: &str = "<tool_call>\n";
+/// What closes a call.
+pub const CALL_CLOSE: &str = "\n</tool_call>";
+/// What opens a call after another.
+pub const CALL_AGAIN: &str = "\n<tool_call>\n";
+
 fn function(tool: &Value) -> Option<&Value> {
     tool.get("function")
 }
@@ -182,7 +193,10 @@ pub fn parse_calls(text: &str, names: &[String], seed: &str) -> (String, Vec<Too
         let Some(end) = after.find(CLOSE) else {
             // A call cut off (by `max_tokens`) is a call all the same, its JSON closed, when
             // its name was written; the markup is never left in the text.
-            let cut = close_json(after.trim())
+            // (Cut in its closing tag, the JSON is whole.)
+            let body = after.trim();
+            let tag = (1..CLOSE.len()).rev().find(|&n| body.ends_with(&CLOSE[..n])).unwrap_or(0);
+            let cut = close_json(body[..body.len() - tag].trim_end())
                 .and_then(|json| read_call(&json))
                 .filter(|c| names.contains(&c.name));
             if let Some(call) = cut {
@@ -221,7 +235,8 @@ fn read_call(body: &str) -> Option<FunctionCall> {
     let value: Value = serde_json::from_str(body.trim()).ok()?;
     let name = value.get("name")?.as_str()?.to_owned();
     let arguments = match value.get("arguments") {
-        None => "{}".to_owned(),
+        // Arguments cut before they began (closed as `null`) are none.
+        None | Some(Value::Null) => "{}".to_owned(),
         Some(Value::String(s)) => s.clone(),
         Some(v) => v.to_string(),
     };
@@ -279,6 +294,11 @@ mod tests {
         let two =
             format!("<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{}}}}\n</tool_call>\n{cut}");
         assert_eq!(parse_calls(&two, &names, "x").1.len(), 2);
+        // Cut in its closing tag, or with its arguments not begun.
+        let tag = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"\"}}\n</tool_c";
+        assert_eq!(parse_calls(tag, &names, "x").1[0].function.arguments, r#"{"city":""}"#);
+        let bare = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\":";
+        assert_eq!(parse_calls(bare, &names, "x").1[0].function.arguments, "{}");
         // Cut before the name is whole: no call, and no markup left.
         for early in ["<tool_call>", "<tool_call>\n{\"na", "<tool_call>\n{\"name\": \"get_wea"] {
             assert_eq!(parse_calls(early, &names, "x"), (String::new(), Vec::new()), "{early:?}");

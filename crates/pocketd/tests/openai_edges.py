@@ -1,12 +1,13 @@
 """OpenAI's edges, through the `openai` package against a running pocketd: several choices
 (`n`), streamed log-probabilities chunk by chunk, prompt arrays, a model alias, a GBNF grammar,
-llama.cpp's /tokenize and /detokenize, and litellm's mapping of an over-long prompt. Run by tests/openai_edges.rs; prints one line per
+llama.cpp's /tokenize and /detokenize, tool calls cut by max_tokens, and litellm's mapping of an over-long prompt. Run by tests/openai_edges.rs; prints one line per
 check and exits non-zero at the first that fails.
 
     python3 openai_edges.py --socket PATH --alias NAME
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -134,6 +135,34 @@ def gbnf(client: OpenAI, model: str) -> None:
         check("GBNF grammar" in e.message and e.body["param"] == "grammar", f"a GBNF token reference is refused ({e.message})")
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]},
+                                     "days": {"type": "integer", "minimum": 1}},
+    "required": ["city", "unit", "days"]}}}
+
+
+def cut_tool_calls(client: OpenAI, model: str) -> None:
+    # A call that max_tokens cuts is closed in time: its arguments are whole and valid,
+    # `finish_reason` says length, and nothing of the markup is left in the content.
+    import jsonschema
+
+    for max_tokens in (40, 44, 48):
+        r = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "What will the weather be in Paris for three days, in celsius?"}],
+            tools=[WEATHER], tool_choice="required", max_tokens=max_tokens,
+        )
+        c = r.choices[0]
+        calls = c.message.tool_calls or []
+        args = calls[0].function.arguments if calls else None
+        try:
+            jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+            valid = True
+        except (TypeError, ValueError, jsonschema.ValidationError):
+            valid = False
+        check(len(calls) == 1 and valid and not c.message.content,
+              f"a call cut at {max_tokens} tokens is whole ({c.finish_reason}: {args}, content {c.message.content!r})")
+
+
 def litellm_context_window(client: OpenAI, model: str) -> None:
     # litellm maps a provider's errors by their text; pocketd words an over-long prompt as
     # OpenAI does, so litellm raises its ContextWindowExceededError (apps catch it to trim).
@@ -169,6 +198,7 @@ def main() -> None:
     alias(client, args.alias)
     tokenize(http)
     gbnf(client, model)
+    cut_tool_calls(client, model)
     litellm_context_window(client, model)
     print("all passed")
 
