@@ -354,6 +354,16 @@ pub struct Usage {
     /// What the prompt's tokens were (OpenAI's shape).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_details: Option<PromptTokensDetails>,
+    /// What the generated tokens were (OpenAI's shape): given when the model thought.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+/// `usage.completion_tokens_details`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CompletionTokensDetails {
+    /// Tokens of thinking (`<think>…</think>`), part of `completion_tokens`.
+    pub reasoning_tokens: u32,
 }
 
 /// `usage.prompt_tokens_details`.

@@ -465,7 +465,9 @@ impl From<&crate::Usage> for ResponsesUsage {
                 cached_tokens: u.prompt_tokens_details.map_or(0, |d| d.cached_tokens),
             },
             output_tokens: u.completion_tokens,
-            output_tokens_details: OutputTokensDetails::default(),
+            output_tokens_details: OutputTokensDetails {
+                reasoning_tokens: u.completion_tokens_details.map_or(0, |d| d.reasoning_tokens),
+            },
             total_tokens: u.total_tokens,
         }
     }

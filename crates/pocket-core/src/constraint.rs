@@ -38,6 +38,11 @@ pub trait Constraint: Send {
     /// string), at most `max` (no more than a draft holds), appended to `out`. Does not change
     /// the state.
     fn forced(&mut self, max: usize, out: &mut Draft) -> Result<()>;
+
+    /// Count `token`, generated outside what the grammar holds (a model's thinking before the
+    /// answer the grammar is for): it is not taken, but it used one of the tokens
+    /// `max_tokens` allows, which a grammar that closes its answer in time must know.
+    fn passed(&mut self, _token: Token) {}
 }
 
 /// Applies an optional [`Constraint`] to rows of logits before they are sampled: the rows

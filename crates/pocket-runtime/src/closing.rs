@@ -228,6 +228,11 @@ impl Closing {
         self.room <= HORIZON && chosen
     }
 
+    /// A token was generated outside the answer (thinking): one less of room.
+    pub(crate) fn passed(&mut self) {
+        self.room = self.room.saturating_sub(1);
+    }
+
     /// The token closing forces next, if it has started or must start now.
     pub(crate) fn forced_token(&mut self, matcher: &mut Matcher) -> Option<Token> {
         if self.ending.is_empty()

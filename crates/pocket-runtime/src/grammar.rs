@@ -397,6 +397,12 @@ impl Constraint for GrammarConstraint {
         Ok(())
     }
 
+    fn passed(&mut self, _token: Token) {
+        if let Some(c) = self.closing.as_mut() {
+            c.passed();
+        }
+    }
+
     fn allowed_prefix(&mut self, tokens: &[Token]) -> pocket_core::Result<usize> {
         self.matcher.validate_tokens(tokens).map_err(|e| self.error("checking a draft", e))
     }

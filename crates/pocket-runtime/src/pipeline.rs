@@ -192,6 +192,8 @@ pub struct Outcome {
     pub content: String,
     /// The thinking of a model that thinks, apart from the answer.
     pub reasoning: Option<String>,
+    /// Tokens of the thinking, `</think>` included (0 without any).
+    pub reasoning_tokens: usize,
     /// The tools the answer calls, in OpenAI's shape.
     pub tool_calls: Vec<ToolCall>,
 }
@@ -563,6 +565,17 @@ pub fn run(
         Some(inside) => reasoning::split(&generation.text, inside),
         None => (None, generation.text.clone()),
     };
+    // The thinking's tokens: up to `</think>`'s last, or all of them when it never closed.
+    let reasoning_tokens = match &reasoning {
+        Some(_) => {
+            let close = target.tokenizer().encode(reasoning::CLOSE, false)?;
+            let tokens = &generation.tokens;
+            (0..tokens.len())
+                .find(|&i| tokens[i..].starts_with(&close))
+                .map_or(tokens.len(), |i| i + close.len())
+        }
+        None => 0,
+    };
     let (content, tool_calls) = if !p.tool_names.is_empty() {
         let seed = format!("{:?}/{}", std::time::SystemTime::now(), generation.tokens.len());
         tools::parse_calls(&answer, &p.tool_names, &seed)
@@ -584,6 +597,7 @@ pub fn run(
         grammar_seconds: p.grammar_seconds,
         content,
         reasoning,
+        reasoning_tokens,
         tool_calls,
         generation,
     })

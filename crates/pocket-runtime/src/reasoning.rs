@@ -260,6 +260,7 @@ impl Constraint for ThinkingGate<'_> {
         match &mut self.phase {
             Phase::Answering => self.inner.advance(token),
             Phase::Start if Some(token) == self.open => {
+                self.inner.passed(token);
                 self.phase = Phase::Thinking(Vec::new());
                 Ok(())
             }
@@ -268,6 +269,7 @@ impl Constraint for ThinkingGate<'_> {
                 self.inner.advance(token)
             }
             Phase::Thinking(seen) => {
+                self.inner.passed(token);
                 seen.push(token);
                 // Only the last tokens matter for spotting the end.
                 let keep = self.close.len();

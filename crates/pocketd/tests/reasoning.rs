@@ -131,6 +131,9 @@ fn thinking_comes_apart_from_the_answer_in_every_api() {
     let message = &r["choices"][0]["message"];
     assert_eq!(message["reasoning_content"], "<think><think><think>", "{r}");
     assert_eq!(message["content"], "", "{r}");
+    // All of it was thinking, `<think>` included.
+    let usage = &r["usage"];
+    assert_eq!(usage["completion_tokens_details"]["reasoning_tokens"], usage["completion_tokens"], "{r}");
 
     let (code, body) = d.curl(
         "POST",
@@ -166,6 +169,7 @@ fn thinking_comes_apart_from_the_answer_in_every_api() {
         (Some("reasoning"), Some("message"))
     );
     assert_eq!(r["output"][0]["content"][0]["text"], message["reasoning_content"], "{r}");
+    assert_eq!(r["usage"]["output_tokens_details"]["reasoning_tokens"], 4, "{r}");
     let (code, body) = d.curl(
         "POST",
         "/v1/responses",
@@ -256,6 +260,8 @@ fn a_format_or_a_tool_call_constrains_the_answer_not_the_thinking() {
         chat(&d, json!({"logit_bias": bias, "max_tokens": 16, "response_format": {"type": "json_object"}}));
     let message = &r["choices"][0]["message"];
     assert_eq!(message["reasoning_content"], "", "{r}");
+    // `<think>` and `</think>` are the thinking's tokens; the JSON closed within the rest.
+    assert_eq!(r["usage"]["completion_tokens_details"]["reasoning_tokens"], 2, "{r}");
     let answer: Value =
         serde_json::from_str(message["content"].as_str().unwrap()).unwrap_or_else(|e| panic!("{e}: {r}"));
     assert!(answer.is_object(), "{r}");

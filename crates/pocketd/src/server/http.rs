@@ -275,6 +275,12 @@ fn add_usage(a: pocket_api::Usage, b: pocket_api::Usage) -> pocket_api::Usage {
         total_tokens: a.total_tokens + b.total_tokens,
         prompt_tokens_details: (a.prompt_tokens_details.is_some() || b.prompt_tokens_details.is_some())
             .then(|| pocket_api::PromptTokensDetails { cached_tokens: cached(&a) + cached(&b) }),
+        completion_tokens_details: match (a.completion_tokens_details, b.completion_tokens_details) {
+            (None, None) => None,
+            (x, y) => Some(pocket_api::CompletionTokensDetails {
+                reasoning_tokens: x.map_or(0, |d| d.reasoning_tokens) + y.map_or(0, |d| d.reasoning_tokens),
+            }),
+        },
     }
 }
 

@@ -321,6 +321,9 @@ fn finished(outcome: &pocket_runtime::Outcome, return_tokens: bool, tokenizer: &
             prompt_tokens_details: Some(pocket_api::PromptTokensDetails {
                 cached_tokens: generation.cached_tokens as u32,
             }),
+            completion_tokens_details: outcome.reasoning.is_some().then_some(
+                pocket_api::CompletionTokensDetails { reasoning_tokens: outcome.reasoning_tokens as u32 },
+            ),
         },
         timings: pocket_api::Timings {
             prefill_ms: generation.prefill_seconds * 1e3,
