@@ -171,6 +171,16 @@ def errors(client: openai.OpenAI, model: str, socket: str) -> None:
     refused({"input": "hi", "tools": [{"type": "web_search", "name": "w"}]}, "function tools only",
             "a built-in tool is refused")
     refused({"input": []}, "input is empty", "an empty input is refused")
+    # A schema whose least answer cannot fit in max_output_tokens, named as the client sent it.
+    schema = {"type": "object", "properties": {"a": {"type": "string", "minLength": 40}}, "required": ["a"],
+              "additionalProperties": False}
+    r = raw.post("http://pocketd/v1/responses", json={
+        "model": model, "input": "hi", "max_output_tokens": 4,
+        "text": {"format": {"type": "json_schema", "name": "a", "schema": schema, "strict": True}}})
+    error = r.json().get("error", {})
+    check(r.status_code == 400 and error.get("param") == "max_output_tokens"
+          and "shortest JSON the schema accepts" in error.get("message", ""),
+          f"a max_output_tokens too small for any valid answer is refused naming it ({error})")
     try:
         client.responses.create(model="no-such-model", input="hi")
         check(False, "an unknown model is refused")

@@ -77,6 +77,21 @@ impl ServeError {
         ServeError::InvalidArgument { message: message.into(), param: Some(param.to_owned()) }
     }
 
+    /// This error in the words of an API whose fields are named otherwise: a `param` among
+    /// `names` (pocketd's name, the API's) takes the API's name.
+    pub fn named(self, names: &[(&str, &str)]) -> Self {
+        match self {
+            ServeError::InvalidArgument { message, param: Some(param) } => {
+                let param = names
+                    .iter()
+                    .find(|(ours, _)| *ours == param)
+                    .map_or(param, |(_, theirs)| theirs.to_string());
+                ServeError::InvalidArgument { message, param: Some(param) }
+            }
+            e => e,
+        }
+    }
+
     /// An [`ServeError::InvalidArgument`] not tied to one field.
     pub fn bad_request(message: impl Into<String>) -> Self {
         ServeError::InvalidArgument { message: message.into(), param: None }

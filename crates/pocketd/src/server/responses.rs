@@ -64,7 +64,7 @@ pub(super) async fn create(
     };
     let temperature = job.options.sampling.temperature;
     let top_p = job.options.sampling.top_p;
-    let running = s.submit(job).await?;
+    let running = s.submit(job).await.map_err(|e| e.named(FIELDS))?;
     let shell = Shell {
         id: format!("resp_{}", running.started.id),
         created_at: now_seconds(),
@@ -77,12 +77,16 @@ pub(super) async fn create(
     if shell.request.stream {
         return Ok(events(s, running, shell));
     }
-    let f = running.collect().await?;
+    let f = running.collect().await.map_err(|e| e.named(FIELDS))?;
     let output = output_items(&shell.id, f.reasoning.as_deref(), &f.content, &f.tool_calls, status_of(&f)?);
     let response = shell.response(status_of(&f)?, output, Some(ResponsesUsage::from(&f.usage)));
     shell.keep(&s, &response, &f);
     Ok(axum::Json(response).into_response())
 }
+
+/// The request fields the Responses API names otherwise than chat completions (errors from
+/// generating name the field as the client sent it).
+const FIELDS: &[(&str, &str)] = &[("max_tokens", "max_output_tokens"), ("response_format", "text.format")];
 
 /// `GET /v1/responses/{id}`.
 pub(super) async fn get(State(s): Shared, Path(id): Path<String>) -> Result<Response, ServeError> {
