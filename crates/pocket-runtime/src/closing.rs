@@ -26,6 +26,10 @@ const MARGIN: usize = 1;
 /// than this only in schemas whose least document is that large.)
 pub(crate) const HORIZON: usize = 48;
 
+/// Inside a string, the most allowed tokens each looked at; past this, only those with
+/// JSON's punctuation.
+const MAX_CANDIDATES: usize = 256;
+
 /// The longest ending a walk of the grammar looks for.
 const MAX_WALK: usize = 24;
 
@@ -147,11 +151,6 @@ impl Place {
     fn in_string(&self) -> bool {
         matches!(self, Place::Value(scan, _) if scan.in_string())
     }
-
-    /// Whether the answer is inside a string that is not a key.
-    fn in_value_string(&self) -> bool {
-        matches!(self, Place::Value(scan, _) if scan.string.as_ref().is_some_and(|s| !s.key))
-    }
 }
 
 /// A JSON answer that must be whole within so many tokens.
@@ -259,8 +258,10 @@ impl Closing {
         }
         let env = self.env.clone();
         let trie = env.tok_trie();
-        // Inside a string, only a token that ends it (or escapes) can lengthen the ending.
-        let candidates: Vec<Token> = if self.place.in_value_string() {
+        // Inside a string, only a token that ends it can lengthen the ending much: a value's
+        // characters change nothing, and where any key may come (most of the vocabulary
+        // allowed) neither do a key's; a declared key's few prefixes are each looked at.
+        let candidates: Vec<Token> = if self.place.in_string() && mask.num_set() > MAX_CANDIDATES {
             self.structural.iter().copied().filter(|&t| mask.is_allowed(t)).collect()
         } else {
             let mut all = Vec::new();
