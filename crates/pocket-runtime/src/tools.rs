@@ -157,9 +157,26 @@ impl Tools {
 
 /// Whether an answer that may call tools and starts with `start` is text, not a call: the
 /// [`Tools::grammar`] lets text start with anything but `<` or `{`, and a call with nothing
-/// else, so the first character decides (a stream holds the answer back until it does).
+/// else, so the first character decides (a stream holds the answer back until it does) —
+/// except for a Markdown block of JSON, which small models write their call as, unheld by the
+/// grammar: held to the end, it is a call when it is one ([`parse_calls`]).
 pub fn starts_as_text(start: &str) -> bool {
-    !start.is_empty() && !start.starts_with(['<', '{'])
+    let fenced = FENCES.iter().any(|f| f.starts_with(start) || start.starts_with(f));
+    !start.is_empty() && !start.starts_with(['<', '{']) && !fenced
+}
+
+/// How a Markdown block of JSON opens.
+const FENCES: [&str; 2] = ["```json\n{", "```\n{"];
+
+/// The call an answer that is one Markdown block of JSON writes (cut before the block's end, it
+/// is closed as a cut call is).
+fn fenced_call(text: &str) -> Option<FunctionCall> {
+    let body = text.trim().strip_prefix("```")?;
+    let body = body.strip_prefix("json").unwrap_or(body).strip_prefix('\n')?;
+    match body.trim_end().strip_suffix("```") {
+        Some(whole) => read_call(whole),
+        None => close_json(body.trim()).and_then(|json| read_call(&json)),
+    }
 }
 
 /// What opens a call in the answer (the grammar's `"<tool_call>\n"`).
@@ -175,11 +192,11 @@ fn function(tool: &Value) -> Option<&Value> {
 
 /// The text of an answer without its tool calls, and the calls in OpenAI's shape: calls
 /// between `<tool_call>` tags, or an answer that is one bare JSON call of a function in
-/// `names`. Calls whose JSON does not parse are left in the text; a last call cut off before
+/// `names` (or one in a Markdown block, as small models write them). Calls whose JSON does not parse are left in the text; a last call cut off before
 /// its closing tag is closed ([`close_json`]), or dropped when its name was cut. `seed` makes
 /// the call ids unique.
 pub fn parse_calls(text: &str, names: &[String], seed: &str) -> (String, Vec<ToolCall>) {
-    if let Some(call) = read_call(text).filter(|c| names.contains(&c.name)) {
+    if let Some(call) = read_call(text).or_else(|| fenced_call(text)).filter(|c| names.contains(&c.name)) {
         let call = ToolCall { id: call_id(seed, 0), kind: "function".into(), function: call };
         return (String::new(), vec![call]);
     }
@@ -304,6 +321,21 @@ mod tests {
             assert_eq!(parse_calls(early, &names, "x"), (String::new(), Vec::new()), "{early:?}");
         }
         assert_eq!(parse_calls("Let me check. <tool_call>\n{", &names, "x").0, "Let me check. ");
+    }
+
+    #[test]
+    fn a_call_written_as_a_markdown_block_of_json_is_a_call() {
+        let names = ["get_weather".to_owned()];
+        let block = "```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\"city\": \"Oslo\"}\n}\n```";
+        let (content, calls) = parse_calls(block, &names, "x");
+        assert_eq!((content.as_str(), calls[0].function.arguments.as_str()), ("", r#"{"city":"Oslo"}"#));
+        let cut = "```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\n    \"cit";
+        assert_eq!(parse_calls(cut, &names, "x").1[0].function.arguments, r#"{"cit":null}"#);
+        // Another function's, or other JSON, stays text; a stream holds a block until it ends.
+        let other = block.replace("get_weather", "send_mail");
+        assert_eq!(parse_calls(&other, &names, "x"), (other.clone(), Vec::new()));
+        assert!(!starts_as_text("``") && !starts_as_text("```json\n{\"a\"") && !starts_as_text("```\n"));
+        assert!(starts_as_text("```python\n") && starts_as_text("`x`") && starts_as_text("Sure"));
     }
 
     #[test]

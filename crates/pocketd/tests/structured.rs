@@ -1,7 +1,8 @@
 //! Structured output from a fresh daemon, asked the way apps ask: JSON schemas and
 //! `json_object` over HTTP (OpenAI's Python client) and D-Bus (busctl), every answer validated;
 //! speculation with forced-token drafts giving the same tokens as plain decoding; tool-call
-//! round trips with OpenAI's client, streamed and not; and the refusals of what is not supported.
+//! round trips with OpenAI's client, streamed and not (and a call a small model writes as a
+//! Markdown block); and the refusals of what is not supported.
 
 mod common;
 
@@ -91,6 +92,42 @@ fn the_openai_client_completes_tool_call_round_trips_streamed_and_not() {
             assert!(out.contains("'city': '"), "{what}: {out}");
         }
     }
+}
+
+#[test]
+fn a_call_a_small_model_writes_as_a_markdown_block_is_a_call_streamed_and_not() {
+    let d = Daemon::start(Setup::default());
+    with_qwen(&d);
+    // What langchain-openai's `bind_tools` sends: Qwen 0.5B answers it with a ```json block
+    // (`auto` lets text start with a backtick), which comes back as the call it is.
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description":
+        "Get the weather for a city.", "parameters": {"type": "object", "properties":
+        {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let body = json!({"model": "qwen", "messages": [{"role": "user", "content": "What's the weather in Oslo?"}],
+        "tools": tools, "max_tokens": 64, "temperature": 0});
+    let (code, r) = d.post("/v1/chat/completions", &body);
+    assert_eq!(code, 200, "{r}");
+    let message = &r["choices"][0]["message"];
+    let call = &message["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{r}");
+    let args: serde_json::Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args["city"], "Oslo", "{r}");
+    assert!(message["content"].as_str().unwrap_or_default().is_empty(), "{r}");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (code, sse) = d.curl("POST", "/v1/chat/completions", Some(streamed.to_string().as_bytes()));
+    assert_eq!(code, 200, "{sse}");
+    let chunks: Vec<serde_json::Value> = common::sse_data(&sse)
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let names: Vec<&str> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["get_weather"], "{sse}");
+    assert!(!sse.contains("```"), "no markup as content: {sse}");
 }
 
 #[test]
