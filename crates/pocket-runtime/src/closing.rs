@@ -168,8 +168,8 @@ pub(crate) struct Closing {
     place: Place,
     /// The ending's tokens still to force, the next one last.
     ending: Vec<Token>,
-    /// Whether closing changed the answer: an ending forced, or the model's likeliest token
-    /// taken away (the answer is then one cut by `max_tokens`, though it ends whole).
+    /// Whether closing changed the answer: the model's likeliest token taken away, or another
+    /// forced (the answer is then one cut by `max_tokens`, though it ends whole).
     pub(crate) forced: bool,
     /// Tokens each ending text takes.
     sizes: HashMap<String, usize>,
@@ -244,7 +244,6 @@ impl Closing {
             tracing::debug!(room = self.room, ?ending, place = ?self.place, "closing the answer");
             ending.reverse();
             self.ending = ending;
-            self.forced = true;
         }
         self.ending.last().copied()
     }
@@ -269,6 +268,10 @@ impl Closing {
             all
         };
         let fits = self.room.saturating_sub(1 + MARGIN);
+        // Between calls, not beginning another for want of room leaves the answer whole: it
+        // was not cut.
+        let between =
+            matches!(self.place, Place::Before { expect, at: 0 } if Some(expect) == self.markup.again);
         let mut pruned = Vec::new();
         for t in candidates {
             let bytes = trie.token(t);
@@ -283,7 +286,7 @@ impl Closing {
             }
         }
         let best_left = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if pruned.iter().any(|&(_, l)| l >= best_left) {
+        if !between && pruned.iter().any(|&(_, l)| l >= best_left) {
             self.forced = true;
         }
         if pruned.is_empty() || best_left > f32::NEG_INFINITY {

@@ -341,6 +341,19 @@ impl GrammarConstraint {
     }
 }
 
+/// The allowed token with the highest logit.
+fn likeliest(mask: &SimpleVob, logits: &[f32]) -> Option<Token> {
+    let mut best: Option<(f32, Token)> = None;
+    mask.iter_set_entries(|t| {
+        if let Some(&l) = logits.get(t)
+            && best.is_none_or(|(b, _)| l > b)
+        {
+            best = Some((l, t as Token));
+        }
+    });
+    best.map(|(_, t)| t)
+}
+
 /// `logits` with only `t` left (its own logit kept where the mask had left it one).
 fn force(logits: &mut [f32], t: Token) {
     if let Some(&kept) = logits.get(t as usize) {
@@ -353,6 +366,12 @@ impl Constraint for GrammarConstraint {
     fn mask(&mut self, logits: &mut [f32]) -> pocket_core::Result<()> {
         let mask = self.matcher.compute_mask_or_eos().map_err(|e| self.error("computing a mask", e))?;
         if let Some(t) = self.closing_token(&mask) {
+            // Forcing what the model would have written anyway changes nothing.
+            if likeliest(&mask, logits) != Some(t)
+                && let Some(c) = self.closing.as_mut()
+            {
+                c.forced = true;
+            }
             force(logits, t);
             return Ok(());
         }
