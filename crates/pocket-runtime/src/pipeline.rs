@@ -360,10 +360,10 @@ pub fn prepare(
         return Err(pocket_core::Error::ContextOverflow { needed, limit: n_ctx, prompt: tokens.len() }.into());
     }
     // A JSON answer closes before the tokens run out (max_tokens, or the context's end).
+    let context_room = if seq2seq { usize::MAX } else { n_ctx - tokens.len() };
     if let (Some(g), Some(Grammar::JsonObject | Grammar::JsonSchema { .. })) =
         (grammar.as_mut(), &request.grammar)
     {
-        let context_room = if seq2seq { usize::MAX } else { n_ctx - tokens.len() };
         let room = request.stop.max_tokens.min(context_room);
         // Fewer tokens than the least answer could only give broken JSON: said before trying.
         if let Some((least, n)) = g.least_answer().filter(|&(_, n)| n > room) {
@@ -380,7 +380,6 @@ pub fn prepare(
         g.close_within(room);
     } else if let (Some(g), Some(body)) = (grammar.as_mut(), request.tools.call_schema()) {
         // A tool call's arguments close the same way; a cut call is then still a call.
-        let context_room = if seq2seq { usize::MAX } else { n_ctx - tokens.len() };
         let text = request.tools.choice == ToolChoice::Auto;
         g.close_calls_within(request.stop.max_tokens.min(context_room), body, text, request.tools.parallel);
     }

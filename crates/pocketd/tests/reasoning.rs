@@ -225,24 +225,12 @@ fn thinking_comes_apart_from_the_answer_in_every_api() {
     assert_eq!(streamed, r["content"][0]["thinking"].as_str().unwrap(), "{body}");
 
     // D-Bus: the thinking and the answer apart in the stats.
-    let o = d.dbus(&[
-        "--json=short",
-        "call",
-        "org.pocketd.Pocketd1",
-        "/org/pocketd/Pocketd1",
-        "org.pocketd.Pocketd1",
-        "Generate",
-        "ssa{sv}",
+    let o = d.busctl_generate_on(
         "opener",
+        &["--json=short"],
         "hi",
-        "2",
-        "chat",
-        "b",
-        "true",
-        "max_tokens",
-        "u",
-        "4",
-    ]);
+        &[&["chat", "b", "true"], &["max_tokens", "u", "4"]],
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let reply: Value = serde_json::from_slice(&o.stdout).unwrap();
     let stats = &reply["data"][1];

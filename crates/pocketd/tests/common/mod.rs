@@ -232,6 +232,17 @@ impl Daemon {
     /// `options` are the `a{sv}` entries, each as busctl writes them (`max_tokens u 24`), and
     /// `flags` go before the call (`--json=short`).
     pub(crate) fn busctl_generate(&self, flags: &[&str], prompt: &str, options: &[&[&str]]) -> Output {
+        self.busctl_generate_on("", flags, prompt, options)
+    }
+
+    /// [`Daemon::busctl_generate`] on `model` (`""`: the default one).
+    pub(crate) fn busctl_generate_on(
+        &self,
+        model: &str,
+        flags: &[&str],
+        prompt: &str,
+        options: &[&[&str]],
+    ) -> Output {
         let n = options.len().to_string();
         let mut args = flags.to_vec();
         args.extend([
@@ -241,7 +252,7 @@ impl Daemon {
             "org.pocketd.Pocketd1",
             "Generate",
             "ssa{sv}",
-            "",
+            model,
             prompt,
             &n,
         ]);
