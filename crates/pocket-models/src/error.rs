@@ -196,7 +196,7 @@ pub enum Error {
         from: String,
         /// The transform.
         transform: crate::Transform,
-        /// Why it failed (an [`Error::InvalidOnnx`]).
+        /// Why it failed (an [`Error::InvalidOnnx`] or [`Error::InvalidModel`]).
         #[source]
         source: Box<Error>,
     },
@@ -210,6 +210,14 @@ pub enum Error {
         /// The protobuf decoder's error, when the bytes do not decode at all.
         #[source]
         source: Option<prost::DecodeError>,
+    },
+
+    /// Bytes that should be a packaged model (a sentence-transformers zip) are not one, or not
+    /// one a transform can convert (see [`st_gguf`](crate::st_gguf)).
+    #[error("invalid model: {reason}")]
+    InvalidModel {
+        /// What is wrong, naming the file and tensor where there is one.
+        reason: String,
     },
 
     /// A file system operation failed (permission denied, disk full, ...).

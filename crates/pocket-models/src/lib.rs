@@ -78,6 +78,7 @@ mod manifest;
 pub mod onnx_dequant;
 mod progress;
 mod resolve;
+pub mod st_gguf;
 
 use std::path::{Path, PathBuf};
 

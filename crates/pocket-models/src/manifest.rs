@@ -15,6 +15,7 @@ const BUILTIN: &[(&str, &str)] = &[
     ("qwen2.5-coder-1.5b.toml", include_str!("../../../models/qwen2.5-coder-1.5b.toml")),
     ("gemma3-270m.toml", include_str!("../../../models/gemma3-270m.toml")),
     ("flan-t5-small.toml", include_str!("../../../models/flan-t5-small.toml")),
+    ("all-minilm-l6-v2.toml", include_str!("../../../models/all-minilm-l6-v2.toml")),
 ];
 
 /// The name of the built-in default model (the smallest useful one).
@@ -112,6 +113,10 @@ pub enum Transform {
     /// (DynamicQuantizeLinear → MatMulInteger → Cast → Mul) becomes plain f32 `MatMul`s with
     /// dequantized weights; see [`onnx_dequant`](crate::onnx_dequant) for why.
     OnnxDequantizeInt8,
+    /// `sentence-transformers-to-gguf`: a zipped sentence-transformers BERT model (weights,
+    /// configuration, tokenizer) becomes one GGUF file for llama.cpp's `bert` architecture;
+    /// see [`st_gguf`](crate::st_gguf).
+    SentenceTransformersToGguf,
 }
 
 impl Transform {
@@ -119,6 +124,7 @@ impl Transform {
     pub fn name(self) -> &'static str {
         match self {
             Transform::OnnxDequantizeInt8 => "onnx-dequantize-int8",
+            Transform::SentenceTransformersToGguf => "sentence-transformers-to-gguf",
         }
     }
 
@@ -126,6 +132,7 @@ impl Transform {
     pub fn apply(self, input: Vec<u8>) -> Result<Vec<u8>> {
         match self {
             Transform::OnnxDequantizeInt8 => crate::onnx_dequant::dequantize_int8(input),
+            Transform::SentenceTransformersToGguf => crate::st_gguf::convert(input),
         }
     }
 }
