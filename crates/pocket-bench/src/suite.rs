@@ -539,6 +539,8 @@ fn session_config(
         let n = match info.kind {
             ModelKind::Decoder => p.tokens.len() + p.max_tokens + 1,
             ModelKind::EncoderDecoder => p.tokens.len().max(p.max_tokens + 2),
+            // Refused when its sessions are made, saying what the model is for.
+            _ => p.tokens.len(),
         };
         if n > limit {
             return Err(Error::Prompt {

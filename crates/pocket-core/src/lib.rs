@@ -20,6 +20,7 @@ pub mod conformance;
 pub mod constraint;
 pub mod cost;
 pub mod cpu;
+pub mod embed;
 mod error;
 mod fingerprint;
 pub mod generate;
@@ -35,6 +36,7 @@ mod tokenizer;
 
 pub use constraint::Constraint;
 pub use cpu::Threads;
+pub use embed::{Embedder, EmbedderInfo};
 pub use error::{Error, Result};
 pub use fingerprint::fingerprint;
 pub use generate::{

@@ -18,6 +18,8 @@ pub enum ModelKind {
     Decoder,
     /// An encoder-decoder transformer (T5, ...): [`Session::encode`] comes first.
     EncoderDecoder,
+    /// An encoder that makes one vector of a text ([`Model::embedder`]); it generates nothing.
+    Embedding,
 }
 
 /// What a loaded model is.
@@ -546,6 +548,11 @@ pub trait Model: Send + Sync {
     /// time share them (one pass over the weights for all); `None` where each session's passes
     /// are its own.
     fn shared_passes(&self) -> Option<SharedPasses> {
+        None
+    }
+
+    /// What it embeds texts with, where it is an embedding model ([`ModelKind::Embedding`]).
+    fn embedder(&self) -> Option<&dyn crate::Embedder> {
         None
     }
 }

@@ -7,8 +7,8 @@
 //! sequences in one pass with per-sequence attention masks and pools them, and runs on every
 //! backend we build (CPU, CUDA, Vulkan); what it needs is the weights under its tensor names
 //! and the hyper-parameters under its keys. Matrices are stored as f16 (half the memory; the
-//! vectors still agree with the f32 reference far beyond what retrieval can tell apart),
-//! norms and biases as f32, as llama.cpp's own converter does.
+//! vectors still agree with the f32 reference far beyond what retrieval can tell apart);
+//! norms, biases and the position and token-type tables as f32.
 //!
 //! The file is self-contained: the published `tokenizer.json` goes in whole under the
 //! standard key `tokenizer.huggingface.json` (the engine tokenizes with it, exactly as the
@@ -29,7 +29,8 @@ const ALIGN: usize = 32;
 
 /// Converts the zipped sentence-transformers model in `zip` to a GGUF file.
 pub fn convert(zip: Vec<u8>) -> Result<Vec<u8>> {
-    let mut archive = zip::ZipArchive::new(Cursor::new(zip)).map_err(|e| invalid(format!("not a zip: {e}")))?;
+    let mut archive =
+        zip::ZipArchive::new(Cursor::new(zip)).map_err(|e| invalid(format!("not a zip: {e}")))?;
     let mut member = |name: &str| -> Result<Vec<u8>> {
         // The members sit at the top, or all in one top-level directory.
         let matches = |n: &str| n == name || n.split_once('/').is_some_and(|(_, rest)| rest == name);
@@ -45,7 +46,8 @@ pub fn convert(zip: Vec<u8>) -> Result<Vec<u8>> {
     let config: BertConfig = json(&member("config.json")?, "config.json")?;
     let pooling: PoolingConfig = json(&member("1_Pooling/config.json")?, "1_Pooling/config.json")?;
     let modules: Vec<ModuleEntry> = json(&member("modules.json")?, "modules.json")?;
-    let st_config: SentenceBertConfig = json(&member("sentence_bert_config.json")?, "sentence_bert_config.json")?;
+    let st_config: SentenceBertConfig =
+        json(&member("sentence_bert_config.json")?, "sentence_bert_config.json")?;
     let tokenizer_json = String::from_utf8(member("tokenizer.json")?)
         .map_err(|_| invalid("tokenizer.json is not UTF-8".into()))?;
     let tokenizer: TokenizerJson = json(tokenizer_json.as_bytes(), "tokenizer.json")?;
@@ -65,7 +67,10 @@ pub fn convert(zip: Vec<u8>) -> Result<Vec<u8>> {
     };
     let normalize = modules.iter().any(|m| m.kind.ends_with(".Normalize"));
     if tokenizer.model.kind != "WordPiece" {
-        return Err(invalid(format!("tokenizer.json's model is {}: only WordPiece is converted", tokenizer.model.kind)));
+        return Err(invalid(format!(
+            "tokenizer.json's model is {}: only WordPiece is converted",
+            tokenizer.model.kind
+        )));
     }
 
     let tensors = Safetensors::parse(&safetensors)?;
@@ -132,12 +137,17 @@ pub fn convert(zip: Vec<u8>) -> Result<Vec<u8>> {
         if data.len() != t.shape.iter().product::<usize>() * 4 {
             return Err(invalid(format!("tensor {}'s data does not match its shape {:?}", t.name, t.shape)));
         }
-        gguf.tensor(&ours, &t.shape, data, t.shape.len() >= 2);
+        // llama.cpp adds the token-type row to the activations as it is stored, and ggml's CPU
+        // adds no f16 to f32: the two small embedding tables stay f32.
+        let half = t.shape.len() >= 2 && ours != "token_types.weight" && ours != "position_embd.weight";
+        gguf.tensor(&ours, &t.shape, data, half);
         converted += 1;
     }
     let expected = 5 + 16 * config.num_hidden_layers as usize;
     if converted != expected {
-        return Err(invalid(format!("found {converted} of the {expected} BERT tensors in model.safetensors")));
+        return Err(invalid(format!(
+            "found {converted} of the {expected} BERT tensors in model.safetensors"
+        )));
     }
     Ok(gguf.finish())
 }
@@ -148,11 +158,15 @@ pub fn convert(zip: Vec<u8>) -> Result<Vec<u8>> {
 fn vocabulary(gguf: &mut GgufWriter, tokenizer: &TokenizerJson, config: &BertConfig) -> Result<()> {
     let n = tokenizer.model.vocab.len();
     if n != config.vocab_size as usize {
-        return Err(invalid(format!("tokenizer.json has {n} tokens, config.json says {}", config.vocab_size)));
+        return Err(invalid(format!(
+            "tokenizer.json has {n} tokens, config.json says {}",
+            config.vocab_size
+        )));
     }
     let mut tokens = vec![String::new(); n];
     for (piece, &id) in &tokenizer.model.vocab {
-        let slot = tokens.get_mut(id as usize).ok_or_else(|| invalid(format!("token id {id} out of range")))?;
+        let slot =
+            tokens.get_mut(id as usize).ok_or_else(|| invalid(format!("token id {id} out of range")))?;
         *slot = piece.clone();
     }
     let special: HashMap<&str, u32> =
@@ -274,7 +288,8 @@ struct SafeTensor {
 impl Safetensors {
     fn parse(bytes: &[u8]) -> Result<Safetensors> {
         let short = || invalid("model.safetensors is truncated".into());
-        let len = u64::from_le_bytes(bytes.get(..8).ok_or_else(short)?.try_into().map_err(|_| short())?) as usize;
+        let len =
+            u64::from_le_bytes(bytes.get(..8).ok_or_else(short)?.try_into().map_err(|_| short())?) as usize;
         let header = bytes.get(8..8usize.saturating_add(len)).ok_or_else(short)?;
         #[derive(Deserialize)]
         struct Entry {
@@ -289,7 +304,8 @@ impl Safetensors {
             if name == "__metadata__" {
                 continue;
             }
-            let e: Entry = serde_json::from_value(value).map_err(|e| invalid(format!("tensor {name}: {e}")))?;
+            let e: Entry =
+                serde_json::from_value(value).map_err(|e| invalid(format!("tensor {name}: {e}")))?;
             let (begin, end) = e.data_offsets;
             if begin > end || data_start + end > bytes.len() {
                 return Err(invalid(format!("tensor {name}'s data lies outside the file")));

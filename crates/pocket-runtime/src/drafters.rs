@@ -173,6 +173,7 @@ pub fn not_offered_by(mode: SpecMode, engine: crate::Engine) -> String {
         crate::Engine::Ggml => "decoder (GGUF) models",
         crate::Engine::LlamaCpp => "models on llama.cpp's graph (GGUF files ours does not build)",
         crate::Engine::Tract => "encoder-decoder (ONNX) models",
+        crate::Engine::Embedding => "embedding models (they generate nothing)",
     };
     format!("spec = {mode} is not available for {models}; they offer {}", offered.join(", "))
 }
@@ -193,6 +194,7 @@ pub fn not_offered(mode: SpecMode, model: &dyn Model) -> String {
     let kind = match info.kind {
         pocket_core::ModelKind::Decoder => "a decoder",
         pocket_core::ModelKind::EncoderDecoder => "an encoder-decoder",
+        pocket_core::ModelKind::Embedding => "an embedding",
     };
     format!(
         "spec = {mode} is not available for {}, {kind} model; it offers {}",

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use pocket_core::memory::Ledger;
 use pocket_core::spec::{LayerSkipDrafter, SpecMode};
 use pocket_core::{Model, SessionConfig};
-use pocket_ggml::{DeviceChoice, GgmlModel, GraphSupport, LlamaCppModel, LoadOptions, WeightFormat};
+use pocket_ggml::{
+    DeviceChoice, GgmlModel, GraphSupport, LlamaCppModel, LlamaEmbedder, LoadOptions, WeightFormat,
+};
 use pocket_tract::TractModel;
 
 use crate::chat_template::ChatTemplate;
@@ -25,6 +27,9 @@ pub enum Engine {
     LlamaCpp,
     /// tract (ONNX encoder-decoders).
     Tract,
+    /// llama.cpp's encoder graphs, for embedding models (GGUF files that pool their token
+    /// vectors: BERT and its kin).
+    Embedding,
 }
 
 impl Engine {
@@ -33,6 +38,9 @@ impl Engine {
     pub fn for_path(path: &Path) -> Engine {
         if is_onnx(path) {
             return Engine::Tract;
+        }
+        if pocket_ggml::is_embedding_model(path) {
+            return Engine::Embedding;
         }
         match pocket_ggml::graph_support(path) {
             Ok(GraphSupport::LlamaCpp { .. }) => Engine::LlamaCpp,
@@ -46,6 +54,7 @@ impl Engine {
             Engine::Ggml => "ggml",
             Engine::LlamaCpp => "llama.cpp",
             Engine::Tract => "tract",
+            Engine::Embedding => "llama.cpp (embeddings)",
         }
     }
 
@@ -56,6 +65,7 @@ impl Engine {
             Engine::Ggml => GgmlModel::DRAFTERS,
             Engine::LlamaCpp => LlamaCppModel::DRAFTERS,
             Engine::Tract => TractModel::DRAFTERS,
+            Engine::Embedding => LlamaEmbedder::DRAFTERS,
         }
     }
 
@@ -64,6 +74,7 @@ impl Engine {
         match self {
             Engine::Ggml | Engine::LlamaCpp => pocket_core::ModelKind::Decoder,
             Engine::Tract => pocket_core::ModelKind::EncoderDecoder,
+            Engine::Embedding => pocket_core::ModelKind::Embedding,
         }
     }
 }
@@ -160,6 +171,20 @@ impl LoadedModel {
             ledger: Some(ledger),
             ..LoadOptions::default()
         };
+        if pocket_ggml::is_embedding_model(path) {
+            let model = LlamaEmbedder::load(path, &load)?;
+            let device = model.device_name().to_owned();
+            let model = Arc::new(model);
+            return Ok(Self::new(
+                model,
+                Engine::Embedding,
+                path,
+                &device,
+                "llama.cpp",
+                WeightFormat::AsStored,
+                options,
+            ));
+        }
         let why_not_ours = match pocket_ggml::graph_support(path) {
             Ok(GraphSupport::Ours) => match GgmlModel::load_with_progress(path, &load, progress) {
                 Ok(model) => {

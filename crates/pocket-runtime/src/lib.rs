@@ -23,6 +23,7 @@
 pub mod chat_template;
 mod closing;
 pub mod drafters;
+pub mod embed;
 mod engine;
 mod error;
 /// GBNF grammars (llama.cpp's format) converted to llguidance's Lark dialect.

@@ -181,6 +181,16 @@ impl GgufFile {
         }
     }
 
+    /// A boolean value.
+    pub(crate) fn get_bool(&self, key: &str) -> Option<bool> {
+        let id = self.key(key)?;
+        let g = self.gguf.as_ptr();
+        // SAFETY: the getter is called only for a key that holds a bool.
+        unsafe {
+            (sys::gguf_get_kv_type(g, id) == sys::GGUF_TYPE_BOOL).then(|| sys::gguf_get_val_bool(g, id))
+        }
+    }
+
     /// A float value (f32 or f64).
     pub(crate) fn get_f32(&self, key: &str) -> Option<f32> {
         let id = self.key(key)?;

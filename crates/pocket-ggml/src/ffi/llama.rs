@@ -215,6 +215,39 @@ fn buffer_sizes(lines: &[String]) -> ContextBuffers {
 impl LlamaContext {
     /// A context of `params` on `weights`.
     pub(crate) fn new(weights: Arc<LlamaWeights>, params: &ContextParams) -> Result<Self> {
+        Self::create(weights, params, |_| {})
+    }
+
+    /// A context that embeds: passes of up to `n_batch` tokens of up to `n_seq` sequences,
+    /// each sequence's token vectors pooled as the model says (an encoder keeps no cache, so
+    /// every sequence of a pass must fit in it whole).
+    pub(crate) fn for_embeddings(
+        weights: Arc<LlamaWeights>,
+        n_batch: usize,
+        n_seq: usize,
+        threads: Threads,
+    ) -> Result<Self> {
+        let params = ContextParams {
+            n_ctx: n_batch,
+            n_batch,
+            max_rows: n_batch,
+            threads,
+            kv: KvType::default(),
+            flash_attn: false,
+            n_seq,
+        };
+        Self::create(weights, &params, |p| {
+            p.embeddings = true;
+            p.pooling_type = sys::LLAMA_POOLING_TYPE_UNSPECIFIED;
+            p.kv_unified = true;
+        })
+    }
+
+    fn create(
+        weights: Arc<LlamaWeights>,
+        params: &ContextParams,
+        adjust: impl FnOnce(&mut sys::llama_context_params),
+    ) -> Result<Self> {
         let fail = |what: &str| Error::Ggml(format!("llama.cpp could not {what}"));
         let n_batch = params.n_batch.clamp(1, params.n_ctx.max(1));
         let max = params.threads.max();
@@ -241,6 +274,7 @@ impl LlamaContext {
             // could not be rolled back past a rejected draft.
             p.swa_full = true;
             p.no_perf = true;
+            adjust(&mut p);
             sys::llama_init_from_model(weights.as_ptr(), p)
         };
         let lines = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
@@ -352,15 +386,8 @@ impl LlamaContext {
             // only for the rows flagged for output, n_vocab each.
             unsafe {
                 sys::llama_set_n_threads(self.ctx.as_ptr(), threads as i32, threads as i32);
+                self.fill_batch(rows);
                 let b = &mut self.batch;
-                b.n_tokens = n_rows as i32;
-                for (i, row) in rows.enumerate() {
-                    *b.token.add(i) = row.token as sys::llama_token;
-                    *b.pos.add(i) = row.pos as i32;
-                    *b.n_seq_id.add(i) = 1;
-                    *(*b.seq_id.add(i)) = row.seq as i32;
-                    *b.logits.add(i) = row.logits as i8;
-                }
                 let rc = sys::llama_decode(self.ctx.as_ptr(), *b);
                 if rc != 0 {
                     return Err(Error::Ggml(format!("llama_decode failed ({rc})")));
@@ -377,6 +404,66 @@ impl LlamaContext {
         });
         governor().end(pass);
         result.map(|()| threads)
+    }
+
+    /// Put `rows` (at most [`Self::n_batch`]) in the batch.
+    ///
+    /// # Safety
+    /// The batch was made for `n_batch` tokens with one sequence id each; callers assert
+    /// that `rows` is no longer.
+    unsafe fn fill_batch(&mut self, rows: impl ExactSizeIterator<Item = BatchRow>) {
+        let b = &mut self.batch;
+        b.n_tokens = rows.len() as i32;
+        for (i, row) in rows.enumerate() {
+            // SAFETY: i < n_batch, the length of each array of the batch (the caller's
+            // promise); each row has room for one sequence id.
+            unsafe {
+                *b.token.add(i) = row.token as sys::llama_token;
+                *b.pos.add(i) = row.pos as i32;
+                *b.n_seq_id.add(i) = 1;
+                *(*b.seq_id.add(i)) = row.seq as i32;
+                *b.logits.add(i) = row.logits as i8;
+            }
+        }
+    }
+
+    /// The pooled vector of each of `inputs` (one sequence each, together at most
+    /// [`Self::n_batch`] tokens and no more sequences than the context was made for), in one
+    /// pass on the threads the governor gives it; `n_embd` values each, as the model pools
+    /// them (not normalized).
+    pub(crate) fn embed(&mut self, inputs: &[&[Token]], n_embd: usize) -> Result<Vec<Vec<f32>>> {
+        let n_rows: usize = inputs.iter().map(|t| t.len()).sum();
+        assert!(n_rows > 0 && n_rows <= self.n_batch, "a pass of 1..=n_batch tokens");
+        let rows = inputs.iter().enumerate().flat_map(|(seq, tokens)| {
+            tokens.iter().enumerate().map(move |(pos, &token)| BatchRow { token, pos, seq, logits: true })
+        });
+        let rows: Vec<BatchRow> = rows.collect();
+        let pass = governor().begin(self.threads, self.pools.max());
+        let threads = pass.threads();
+        let result = self.attach(threads).and_then(|()| {
+            // SAFETY: the attached pool has `threads` threads; n_rows is at most n_batch
+            // (asserted); each pooled vector llama.cpp returns holds n_embd floats, the
+            // model's width, and is copied before the next pass.
+            unsafe {
+                sys::llama_set_n_threads(self.ctx.as_ptr(), threads as i32, threads as i32);
+                self.fill_batch(rows.into_iter());
+                let rc = sys::llama_decode(self.ctx.as_ptr(), self.batch);
+                if rc != 0 {
+                    return Err(Error::Ggml(format!("llama.cpp could not encode the inputs ({rc})")));
+                }
+                (0..inputs.len())
+                    .map(|seq| {
+                        let v = sys::llama_get_embeddings_seq(self.ctx.as_ptr(), seq as i32);
+                        if v.is_null() {
+                            return Err(Error::Ggml("llama.cpp returned no pooled vector".into()));
+                        }
+                        Ok(std::slice::from_raw_parts(v, n_embd).to_vec())
+                    })
+                    .collect()
+            }
+        });
+        governor().end(pass);
+        result
     }
 
     /// Run the next decodes on the pool of `n` threads.

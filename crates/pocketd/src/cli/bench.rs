@@ -127,7 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 fn workload_of(args: &Args, engine: Engine) -> anyhow::Result<(workload::Workload, String)> {
     let (mut workload, name) = match (&args.prompts, engine) {
         (Some(path), _) => (workload::load_workload(path)?, path.display().to_string()),
-        (None, Engine::Ggml | Engine::LlamaCpp) => (
+        (None, Engine::Ggml | Engine::LlamaCpp | Engine::Embedding) => (
             workload::parse_workload(workload::DEFAULT_WORKLOAD)
                 .context("the built-in workload is broken")?,
             workload::DEFAULT_WORKLOAD_NAME.to_owned(),
@@ -156,7 +156,7 @@ fn workload_of(args: &Args, engine: Engine) -> anyhow::Result<(workload::Workloa
 /// replayed in.
 fn modes_of(args: &Args, engine: Engine, prompts: bool) -> anyhow::Result<(Vec<RunMode>, bench::Mode)> {
     let mode_list = args.modes.clone().unwrap_or_else(|| match engine {
-        Engine::Ggml | Engine::LlamaCpp => "llama.cpp,vanilla".to_owned(),
+        Engine::Ggml | Engine::LlamaCpp | Engine::Embedding => "llama.cpp,vanilla".to_owned(),
         Engine::Tract => "vanilla,inputcopy,suffix,auto".to_owned(),
     });
     // A benchmark compares formats explicitly (`suffix@q8_0`): `auto` is the stored format here.

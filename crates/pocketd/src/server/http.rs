@@ -57,6 +57,7 @@ pub fn router(scheduler: Arc<Scheduler>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(super::embeddings::create))
         .route("/v1/models", get(models))
         .route("/v1/models/{name}", get(model))
         .route("/v1/models/{name}/load", post(load_model))

@@ -12,6 +12,7 @@ pub mod bus_callers;
 pub mod config;
 pub mod connections;
 pub mod dbus;
+pub mod embeddings;
 pub mod error;
 #[cfg(test)]
 mod fuzzing;

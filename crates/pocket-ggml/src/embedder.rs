@@ -1,0 +1,277 @@
+//! Embedding models on llama.cpp's encoder graphs (BERT and its kin): texts in, pooled vectors
+//! out, many texts to a pass.
+//!
+//! The tokenizer is the model's own `tokenizer.json` where the file carries it
+//! (`tokenizer.huggingface.json`, as our sentence-transformers conversion writes it), so
+//! tokens are exactly the reference implementation's; otherwise llama.cpp's tokenizer for the
+//! vocabulary in the file. What sentence-transformers adds to the encoder — the length it
+//! truncates at, the final normalization — is read from `sentence_transformers.*` where the
+//! file has them (otherwise the training context, and normalized, as llama.cpp's server does).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use pocket_core::memory::{Ledger, Reservation};
+use pocket_core::spec::SpecMode;
+use pocket_core::{
+    Embedder, EmbedderInfo, Error as CoreError, Footprint, Model, ModelInfo, ModelKind, Session,
+    SessionConfig, Threads, Token, Tokenizer,
+};
+
+use crate::ffi::device::Device;
+use crate::ffi::gguf::GgufFile;
+use crate::ffi::llama::{LlamaContext, LlamaWeights, Load};
+use crate::ffi::vocab::Vocab;
+use crate::{Error, LoadOptions, Repack, Result};
+
+/// Tokens of one pass: every sequence of a pass attends within itself, but llama.cpp's mask
+/// spans the pass, so attention costs grow with its square; 512 holds 32 short sentences
+/// and is past where larger passes multiply the matrices any faster on a CPU.
+const PASS_TOKENS: usize = 512;
+/// Sequences of one pass.
+const PASS_SEQUENCES: usize = 64;
+
+/// Whether the GGUF file at `path` is an embedding model: one that pools its token vectors
+/// (`{arch}.pooling_type` mean, CLS or last).
+pub fn is_embedding_model(path: &Path) -> bool {
+    let Ok(file) = GgufFile::open(path) else { return false };
+    let arch = file.get_str("general.architecture").unwrap_or_default();
+    matches!(file.get_u64(&format!("{arch}.pooling_type")), Some(1..=3))
+}
+
+/// How texts become tokens.
+enum Tokens {
+    /// The model's `tokenizer.json`, without the padding and truncation it may carry (the
+    /// reference truncates at its own length, and pads nothing).
+    Hf(Box<tokenizers::Tokenizer>),
+    /// llama.cpp's tokenizer for the file's vocabulary.
+    Llama,
+}
+
+/// The context passes run in, made on first use with the threads asked for.
+struct PassContext {
+    ctx: LlamaContext,
+    threads: Threads,
+    _reservation: Reservation,
+}
+
+/// An embedding model on llama.cpp.
+pub struct LlamaEmbedder {
+    weights: Arc<LlamaWeights>,
+    vocab: Vocab,
+    tokens: Tokens,
+    info: ModelInfo,
+    embedder: EmbedderInfo,
+    n_head: usize,
+    n_ff: usize,
+    device: String,
+    /// Where the pass context is paid for (the model's own part of the budget).
+    ledger: Ledger,
+    context: Mutex<Option<PassContext>>,
+    _reservation: Option<Reservation>,
+}
+
+impl LlamaEmbedder {
+    /// The speculation modes: none (it generates nothing).
+    pub const DRAFTERS: &'static [SpecMode] = &[SpecMode::Off];
+
+    /// Load the embedding model at `path`; of `options`, the device and the ledger apply.
+    pub fn load(path: &Path, options: &LoadOptions) -> Result<Self> {
+        let file = GgufFile::open(path)?;
+        let arch = file.get_str("general.architecture").unwrap_or_default();
+        let bad = |reason: String| Error::BadModel { path: path.to_owned(), reason };
+        let pooling = match file.get_u64(&format!("{arch}.pooling_type")) {
+            Some(1) => "mean",
+            Some(2) => "cls",
+            Some(3) => "last",
+            other => {
+                return Err(bad(format!("{arch} model with pooling type {other:?}: not an embedding model")));
+            }
+        };
+        let tokens = match file.get_str("tokenizer.huggingface.json") {
+            Some(json) => {
+                let mut t = tokenizers::Tokenizer::from_bytes(json.as_bytes())
+                    .map_err(|e| bad(format!("its tokenizer.huggingface.json does not load: {e}")))?;
+                t.with_padding(None);
+                t.with_truncation(None).map_err(|e| bad(format!("its tokenizer: {e}")))?;
+                Tokens::Hf(Box::new(t))
+            }
+            None => Tokens::Llama,
+        };
+        let normalized = file.get_bool("sentence_transformers.normalize").unwrap_or(true);
+        let max_seq = file.get_u64("sentence_transformers.max_seq_length").map(|n| n as usize);
+        let n_head = file.get_u64(&format!("{arch}.attention.head_count")).unwrap_or(1).max(1) as usize;
+        let n_ff = file.get_u64(&format!("{arch}.feed_forward_length")).unwrap_or(0) as usize;
+
+        let device = Device::select(&options.device, Repack::None, || None)?;
+        let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let what = format!("the weights of {}", path.display());
+        let reservation = options.ledger.as_ref().map(|l| l.reserve(file_bytes, &what)).transpose()?;
+        let weights = LlamaWeights::load(path, Load::Full { gpu: !device.is_cpu(), repack: false })
+            .ok_or_else(|| bad(format!("llama.cpp could not load this {arch:?} model (its log says why)")))?;
+        let weights = Arc::new(weights);
+        let vocab = Vocab::of(Arc::clone(&weights));
+        let (n_layers, n_embd, n_ctx_train) = weights.dims();
+        let max_tokens = max_seq.unwrap_or(n_ctx_train).clamp(1, n_ctx_train.max(1)).min(PASS_TOKENS);
+        let name = file
+            .get_str("general.name")
+            .filter(|n| !n.is_empty())
+            .or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .unwrap_or_default();
+        let info = ModelInfo {
+            name,
+            architecture: arch.clone(),
+            kind: ModelKind::Embedding,
+            n_layers,
+            n_embd,
+            n_vocab: weights.n_vocab(),
+            n_ctx_train: max_tokens,
+            weights_bytes: file_bytes,
+            exact_passes: None,
+        };
+        let embedder = EmbedderInfo { dimensions: n_embd, max_tokens, pooling, normalized };
+        tracing::info!(model = %info.name, arch = %arch, device = %device.name, pooling, max_tokens, "loaded embedding model on llama.cpp");
+        Ok(LlamaEmbedder {
+            weights,
+            vocab,
+            tokens,
+            info,
+            embedder,
+            n_head,
+            n_ff: if n_ff == 0 { 4 * n_embd } else { n_ff },
+            device: device.name.clone(),
+            ledger: options.ledger.clone().unwrap_or_else(Ledger::unlimited),
+            context: Mutex::new(None),
+            _reservation: reservation,
+        })
+    }
+
+    /// The name of the device it runs on.
+    pub fn device_name(&self) -> &str {
+        &self.device
+    }
+
+    /// The compute buffers of a pass of `n` tokens, estimated before they are allocated: the
+    /// widest activations, and the attention scores of every head over the pass.
+    fn pass_bytes(&self, n: usize) -> u64 {
+        let activations = n * (8 * self.info.n_embd + 3 * self.n_ff);
+        let scores = self.n_head * n * n;
+        (4 * (activations + scores + PASS_SEQUENCES * self.info.n_embd) + (1 << 20)) as u64
+    }
+
+    fn refuse(&self) -> CoreError {
+        CoreError::Unsupported(format!(
+            "{} is an embedding model: it makes vectors of texts (POST /v1/embeddings, D-Bus Embed, \
+             pocket embed), not text",
+            self.info.name
+        ))
+    }
+}
+
+impl Embedder for LlamaEmbedder {
+    fn embedder_info(&self) -> &EmbedderInfo {
+        &self.embedder
+    }
+
+    fn tokenize(&self, text: &str) -> pocket_core::Result<Vec<Token>> {
+        match &self.tokens {
+            Tokens::Hf(t) => t
+                .encode(text, true)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| CoreError::Tokenizer(e.to_string())),
+            Tokens::Llama => self.vocab.encode(text, true),
+        }
+    }
+
+    fn truncate(&self, tokens: &[Token]) -> Vec<Token> {
+        let max = self.embedder.max_tokens;
+        match tokens {
+            [] => Vec::new(),
+            t if t.len() <= max => t.to_vec(),
+            // As Hugging Face's tokenizers cut one sequence: the text's tokens are cut, the
+            // closing special token ([SEP]) kept.
+            [.., last] => tokens[..max - 1].iter().copied().chain([*last]).collect(),
+        }
+    }
+
+    fn embed(&self, inputs: &[Vec<Token>], threads: Threads) -> pocket_core::Result<Vec<Vec<f32>>> {
+        let (max, n_vocab) = (self.embedder.max_tokens, self.info.n_vocab);
+        for (i, t) in inputs.iter().enumerate() {
+            if t.is_empty() || t.len() > max {
+                return Err(CoreError::invalid_field(
+                    "input",
+                    format!("input {i} has {} tokens; {} reads 1 to {max}", t.len(), self.info.name),
+                ));
+            }
+            if let Some(bad) = t.iter().find(|&&x| x as usize >= n_vocab) {
+                return Err(CoreError::invalid_field(
+                    "input",
+                    format!("input {i} has token {bad}, not in the vocabulary (0 to {})", n_vocab - 1),
+                ));
+            }
+        }
+        let mut slot = self.context.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_some_and(|c| c.threads != threads) {
+            *slot = None;
+        }
+        if slot.is_none() {
+            let mut reservation =
+                self.ledger.reserve(self.pass_bytes(PASS_TOKENS), "an embedding pass's buffers")?;
+            let ctx =
+                LlamaContext::for_embeddings(Arc::clone(&self.weights), PASS_TOKENS, PASS_SEQUENCES, threads)
+                    .map_err(|e| CoreError::engine(e))?;
+            // What llama.cpp allocated, where it said and it is more than planned.
+            let allocated = ctx.buffers().compute;
+            if allocated > reservation.bytes() {
+                reservation.resize(allocated)?;
+            }
+            *slot = Some(PassContext { ctx, threads, _reservation: reservation });
+        }
+        let context = slot.as_mut().map(|c| &mut c.ctx).expect("made above");
+        let mut out = Vec::with_capacity(inputs.len());
+        let mut start = 0;
+        while start < inputs.len() {
+            let (mut end, mut n) = (start, 0);
+            while end < inputs.len() && end - start < PASS_SEQUENCES && n + inputs[end].len() <= PASS_TOKENS {
+                n += inputs[end].len();
+                end += 1;
+            }
+            let pass: Vec<&[Token]> = inputs[start..end].iter().map(Vec::as_slice).collect();
+            let vectors = context.embed(&pass, self.embedder.dimensions).map_err(|e| CoreError::engine(e))?;
+            for mut v in vectors {
+                if self.embedder.normalized {
+                    pocket_core::embed::normalize(&mut v);
+                }
+                out.push(v);
+            }
+            start = end;
+        }
+        Ok(out)
+    }
+}
+
+impl Model for LlamaEmbedder {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn drafters(&self) -> &'static [SpecMode] {
+        Self::DRAFTERS
+    }
+
+    fn tokenizer(&self) -> &dyn Tokenizer {
+        &self.vocab
+    }
+
+    fn footprint(&self, _config: &SessionConfig) -> pocket_core::Result<Footprint> {
+        Err(self.refuse())
+    }
+
+    fn session_in(&self, _config: &SessionConfig, _ledger: &Ledger) -> pocket_core::Result<Box<dyn Session>> {
+        Err(self.refuse())
+    }
+
+    fn embedder(&self) -> Option<&dyn Embedder> {
+        Some(self)
+    }
+}
