@@ -8,6 +8,7 @@ pub mod bench;
 pub mod client;
 pub mod common;
 pub mod daemon;
+pub mod embed;
 pub mod parity;
 pub mod pull;
 pub mod run;
@@ -29,6 +30,8 @@ pub enum Command {
     Pull(pull::Args),
     /// Generate text in this process (no daemon needed).
     Run(run::Args),
+    /// Embed texts in this process with an embedding model (one JSON array per text).
+    Embed(embed::Args),
     /// Compare our forward graph with llama.cpp's on the same model file.
     Parity(parity::Args),
     /// Benchmark our engine against llama.cpp on a workload (tok/s, memory, cost curve), in this
@@ -53,6 +56,7 @@ impl Cli {
         match self.command {
             Command::Pull(args) => pull::run(args),
             Command::Run(args) => run::run(args),
+            Command::Embed(args) => embed::run(args),
             Command::Parity(args) => parity::run(args),
             Command::Bench(args) => bench::run(args),
             Command::Tune(args) => tune::run(args),

@@ -457,6 +457,20 @@ impl Pocketd {
         }
     }
 
+    /// Embed texts on an embedding model ("" is the default model): one vector per text, in
+    /// order; a text longer than the model reads is refused (.InvalidArgument) unless
+    /// `truncate`, when it is cut to the model's length.
+    #[zbus(out_args("vectors"))]
+    async fn embed(&self, model: &str, texts: Vec<String>, truncate: bool) -> Result<Vec<Vec<f64>>, PocketError> {
+        if self.scheduler.is_stopping() {
+            return Err(ServeError::ShuttingDown.into());
+        }
+        let model = (!model.is_empty()).then_some(model);
+        let input = pocket_runtime::embed::EmbedInput::Texts(texts);
+        let (_, embedded) = self.scheduler.embed(model, input, truncate).await?;
+        Ok(embedded.vectors.into_iter().map(|v| v.into_iter().map(f64::from).collect()).collect())
+    }
+
     /// The models that can be served: name, whether loaded, bytes in the budget.
     #[zbus(out_args("models"))]
     async fn list_models(&self) -> Result<Vec<(String, bool, u64)>, PocketError> {
