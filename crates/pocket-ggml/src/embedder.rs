@@ -161,8 +161,8 @@ impl LlamaEmbedder {
 
     fn refuse(&self) -> CoreError {
         CoreError::Unsupported(format!(
-            "{} is an embedding model: it makes vectors of texts (POST /v1/embeddings, D-Bus Embed, \
-             pocket embed), not text",
+            "this model ({}) is an embedding model: it makes vectors of texts (POST /v1/embeddings, D-Bus \
+             Embed, pocket embed), not text",
             self.info.name
         ))
     }
@@ -200,7 +200,7 @@ impl Embedder for LlamaEmbedder {
             if t.is_empty() || t.len() > max {
                 return Err(CoreError::invalid_field(
                     "input",
-                    format!("input {i} has {} tokens; {} reads 1 to {max}", t.len(), self.info.name),
+                    format!("input {i} has {} tokens; the model reads 1 to {max}", t.len()),
                 ));
             }
             if let Some(bad) = t.iter().find(|&&x| x as usize >= n_vocab) {

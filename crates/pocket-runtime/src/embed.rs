@@ -49,15 +49,11 @@ pub const MAX_INPUTS: usize = 2048;
 /// Embed `input` on `model`, on up to `threads`. An input longer than the model reads is
 /// refused (param `input`) unless `truncate`, when it is cut as the model's tokenizer cuts.
 pub fn embed(model: &LoadedModel, input: &EmbedInput, truncate: bool, threads: Threads) -> Result<Embedded> {
-    let info = model.model().info();
     let Some(embedder) = model.model().embedder() else {
         return Err(Error::invalid(
             "model",
-            format!(
-                "{} generates text; embeddings come from an embedding model (all-minilm-l6-v2: `pocket pull \
-                 all-minilm-l6-v2`)",
-                info.name
-            ),
+            "this model generates text; embeddings come from an embedding model (all-minilm-l6-v2: `pocket pull \
+             all-minilm-l6-v2`)",
         ));
     };
     if input.is_empty() {
@@ -87,10 +83,9 @@ pub fn embed(model: &LoadedModel, input: &EmbedInput, truncate: bool, threads: T
                 return Err(Error::invalid(
                     "input",
                     format!(
-                        "input {i} is {} tokens, more than {} reads ({max}); shorten it, or send \"truncate\": \
-                         true to embed its first {max} tokens",
+                        "input {i} is {} tokens, more than the model reads ({max}); shorten it, or send \
+                         \"truncate\": true to embed its first {max} tokens",
                         t.len(),
-                        info.name
                     ),
                 ));
             }

@@ -218,6 +218,18 @@ pub fn render(
     render_and_think(model, input, tools, template_kwargs).map(|(tokens, _)| tokens)
 }
 
+/// Refuses an embedding model, which makes vectors, not text (param `model`).
+fn generates_text(model: &LoadedModel) -> Result<()> {
+    if model.model().info().kind == pocket_core::ModelKind::Embedding {
+        return Err(Error::invalid(
+            "model",
+            "this model is an embedding model: it makes vectors of texts (POST /v1/embeddings, D-Bus Embed, \
+             pocket embed), not text",
+        ));
+    }
+    Ok(())
+}
+
 /// [`render`], and whether the output starts inside a thinking block (`None` when the model
 /// does not think or the input is not a chat).
 fn render_and_think(
@@ -226,6 +238,7 @@ fn render_and_think(
     tools: &Tools,
     template_kwargs: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<(Vec<Token>, Option<bool>)> {
+    generates_text(model)?;
     let target = model.model();
     let info = target.info();
     let tokenizer = target.tokenizer();
@@ -305,6 +318,7 @@ pub fn prepare(
     request: &Request,
     ledger: &Ledger,
 ) -> Result<Prepared> {
+    generates_text(model)?;
     let target = model.model();
     let info = target.info();
     let spec = request.spec;

@@ -461,7 +461,12 @@ impl Pocketd {
     /// order; a text longer than the model reads is refused (.InvalidArgument) unless
     /// `truncate`, when it is cut to the model's length.
     #[zbus(out_args("vectors"))]
-    async fn embed(&self, model: &str, texts: Vec<String>, truncate: bool) -> Result<Vec<Vec<f64>>, PocketError> {
+    async fn embed(
+        &self,
+        model: &str,
+        texts: Vec<String>,
+        truncate: bool,
+    ) -> Result<Vec<Vec<f64>>, PocketError> {
         if self.scheduler.is_stopping() {
             return Err(ServeError::ShuttingDown.into());
         }
