@@ -37,6 +37,7 @@ pub mod compare;
 pub mod concurrency;
 mod config;
 pub mod conversation;
+pub mod embeddings;
 mod machine;
 mod median;
 pub mod modes;

@@ -103,6 +103,13 @@ pub struct Args {
     /// other programs want the cores.
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=256))]
     load: u64,
+    /// For an embedding model: the reference implementation's benchmark, a shell command run
+    /// with `--bench --threads N --texts FILE` appended that prints one JSON line with
+    /// `batch_1_per_s` and `batch_32_per_s` (sentence-transformers':
+    /// `PYTHON crates/pocketd/tests/fixtures/embeddings/reference.py --model-dir DIR`), shown
+    /// beside ours on the same texts.
+    #[arg(long, value_name = "COMMAND")]
+    reference: Option<String>,
 }
 
 /// Run `pocket bench`.
@@ -113,6 +120,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let dir = pocket_models::models_dir(args.model.models_dir.as_deref());
     let resolved = pocket_models::resolve(&args.model.model, &dir)?;
     let engine = Engine::for_path(&resolved.path);
+    if engine == Engine::Embedding {
+        return embeddings(&args, &resolved);
+    }
     let (workload, workload_name) = workload_of(&args, engine)?;
     let config = config_of(&args, &resolved, engine, &workload, workload_name)?;
     announce(&config, &workload, &resolved.path);
@@ -120,6 +130,78 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("benchmark of {}", resolved.path.display()))?;
     print!("{}", bench::report::table(&results));
     write_outputs(&args, &results)
+}
+
+/// The embedding benchmark: sentences per second at batch 1 and 32 (the texts of `--prompts`,
+/// one per line, else the built-in sentences), peak memory, and the reference's figures on
+/// the same texts where `--reference` names its command.
+fn embeddings(args: &Args, resolved: &pocket_models::ResolvedModel) -> anyhow::Result<()> {
+    let texts: Vec<String> = match &args.prompts {
+        Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+        None => bench::embeddings::DEFAULT_SENTENCES.to_owned(),
+    }
+    .lines()
+    .filter(|l| !l.trim().is_empty())
+    .map(str::to_owned)
+    .collect();
+    anyhow::ensure!(!texts.is_empty(), "no texts to embed");
+    let ledger = pocket_core::memory::Ledger::unlimited();
+    let model = args.model.open(pocket_runtime::WeightFormat::AsStored, &ledger)?;
+    let threads = args.threads;
+    eprintln!("embedding {} texts with {} on {threads} threads", texts.len(), resolved.path.display());
+    let quiet = std::time::Duration::from_secs_f64(args.wait_quiet.clamp(0.0, 3600.0));
+    let ours = bench::embeddings::run(&model, &texts, &[1, 32], 3, threads, quiet, || ledger.used())?;
+    let reference = match &args.reference {
+        Some(command) => Some(reference_figures(command, &texts, threads.max())?),
+        None => None,
+    };
+    println!("{:<44} {:>14} {:>14} {:>12}", "implementation", "batch 1 /s", "batch 32 /s", "peak RSS");
+    let at = |b: usize| ours.batches.iter().find(|f| f.batch == b).map_or(0.0, |f| f.per_second);
+    println!(
+        "{:<44} {:>14.1} {:>14.1} {:>9.0} MiB",
+        format!("pocketd ({})", model.engine().name()),
+        at(1),
+        at(32),
+        ours.peak_rss_bytes as f64 / 1048576.0
+    );
+    if let Some(r) = &reference {
+        let f = |k: &str| r.get(k).and_then(serde_json::Value::as_f64).unwrap_or(f64::NAN);
+        let name = r.get("implementation").and_then(serde_json::Value::as_str).unwrap_or("reference");
+        let name: String = name.chars().take(44).collect();
+        println!(
+            "{name:<44} {:>14.1} {:>14.1} {:>9.0} MiB",
+            f("batch_1_per_s"),
+            f("batch_32_per_s"),
+            f("peak_rss_mib")
+        );
+    }
+    println!(
+        "{} texts ({} tokens) per run, best of 3; the model holds {:.1} MiB of the budget",
+        ours.texts,
+        ours.tokens,
+        ours.ledger_bytes as f64 / 1048576.0
+    );
+    if let Some(path) = &args.json {
+        let out = serde_json::json!({ "ours": ours, "reference": reference });
+        std::fs::write(path, serde_json::to_string_pretty(&out)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Run the reference's benchmark command on `texts` and read its JSON line.
+fn reference_figures(command: &str, texts: &[String], threads: usize) -> anyhow::Result<serde_json::Value> {
+    let file = std::env::temp_dir().join(format!("pocket-bench-texts-{}.txt", std::process::id()));
+    std::fs::write(&file, texts.join("\n")).with_context(|| format!("writing {}", file.display()))?;
+    let full = format!("{command} --bench --threads {threads} --texts '{}'", file.display());
+    eprintln!("reference: {full}");
+    let out = std::process::Command::new("sh").args(["-c", &full]).output();
+    let _ = std::fs::remove_file(&file);
+    let out = out?;
+    anyhow::ensure!(out.status.success(), "the reference failed: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).context("the reference printed no JSON")?;
+    Ok(serde_json::from_str(line)?)
 }
 
 /// The workload: `--prompts`, else the built-in one for the model's kind, cut to
