@@ -68,6 +68,8 @@ pub struct LlamaEmbedder {
     /// Where the pass context is paid for (the model's own part of the budget).
     ledger: Ledger,
     context: Mutex<Option<PassContext>>,
+    /// Requests waiting for the pass context.
+    queue: Mutex<Vec<Arc<Ticket>>>,
     _reservation: Option<Reservation>,
 }
 
@@ -142,6 +144,7 @@ impl LlamaEmbedder {
             device: device.name.clone(),
             ledger: options.ledger.clone().unwrap_or_else(Ledger::unlimited),
             context: Mutex::new(None),
+            queue: Mutex::new(Vec::new()),
             _reservation: reservation,
         })
     }
@@ -210,24 +213,83 @@ impl Embedder for LlamaEmbedder {
                 ));
             }
         }
+        // Requests from several clients share passes: each puts its inputs in the queue and
+        // waits for the pass context; whoever holds it runs everything queued, so requests that
+        // arrive while a pass runs go together in the next passes (flat combining).
+        let ticket = Arc::new(Ticket { inputs: inputs.to_vec(), result: Mutex::new(None) });
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::clone(&ticket));
         let mut slot = self.context.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(done) = ticket.take() {
+            return done;
+        }
+        let tickets = std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()));
+        let all: Vec<&[Token]> = tickets.iter().flat_map(|t| t.inputs.iter().map(Vec::as_slice)).collect();
+        let result = self.run_passes(&mut slot, &all, threads);
+        let mut vectors = match result {
+            Ok(v) => v.into_iter(),
+            Err(e) => {
+                for t in &tickets {
+                    t.set(Err(e.clone()));
+                }
+                return ticket.take().unwrap_or(Err(e));
+            }
+        };
+        for t in &tickets {
+            t.set(Ok(vectors.by_ref().take(t.inputs.len()).collect()));
+        }
+        ticket.take().unwrap_or_else(|| Err(CoreError::engine("an embedding request lost its vectors")))
+    }
+}
+
+/// One request's inputs, waiting for a pass, and its vectors once computed.
+struct Ticket {
+    inputs: Vec<Vec<Token>>,
+    result: Mutex<Option<pocket_core::Result<Vec<Vec<f32>>>>>,
+}
+
+impl Ticket {
+    fn set(&self, result: pocket_core::Result<Vec<Vec<f32>>>) {
+        *self.result.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+    }
+
+    fn take(&self) -> Option<pocket_core::Result<Vec<Vec<f32>>>> {
+        self.result.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+impl LlamaEmbedder {
+    /// The pooled (and, as the model says, normalized) vector of each of `inputs`, in passes
+    /// of up to [`PASS_TOKENS`] tokens and [`PASS_SEQUENCES`] sequences on the context in
+    /// `slot` (made, and paid for, on first use).
+    fn run_passes(
+        &self,
+        slot: &mut Option<PassContext>,
+        inputs: &[&[Token]],
+        threads: Threads,
+    ) -> pocket_core::Result<Vec<Vec<f32>>> {
         if slot.as_ref().is_some_and(|c| c.threads != threads) {
             *slot = None;
         }
-        if slot.is_none() {
-            let mut reservation =
-                self.ledger.reserve(self.pass_bytes(PASS_TOKENS), "an embedding pass's buffers")?;
-            let ctx =
-                LlamaContext::for_embeddings(Arc::clone(&self.weights), PASS_TOKENS, PASS_SEQUENCES, threads)
-                    .map_err(|e| CoreError::engine(e))?;
-            // What llama.cpp allocated, where it said and it is more than planned.
-            let allocated = ctx.buffers().compute;
-            if allocated > reservation.bytes() {
-                reservation.resize(allocated)?;
+        let context = match slot {
+            Some(c) => &mut c.ctx,
+            None => {
+                let mut reservation =
+                    self.ledger.reserve(self.pass_bytes(PASS_TOKENS), "an embedding pass's buffers")?;
+                let ctx = LlamaContext::for_embeddings(
+                    Arc::clone(&self.weights),
+                    PASS_TOKENS,
+                    PASS_SEQUENCES,
+                    threads,
+                )
+                .map_err(CoreError::engine)?;
+                // What llama.cpp allocated, where it said and it is more than planned.
+                let allocated = ctx.buffers().compute;
+                if allocated > reservation.bytes() {
+                    reservation.resize(allocated)?;
+                }
+                &mut slot.insert(PassContext { ctx, threads, _reservation: reservation }).ctx
             }
-            *slot = Some(PassContext { ctx, threads, _reservation: reservation });
-        }
-        let context = slot.as_mut().map(|c| &mut c.ctx).expect("made above");
+        };
         let mut out = Vec::with_capacity(inputs.len());
         let mut start = 0;
         while start < inputs.len() {
@@ -236,8 +298,8 @@ impl Embedder for LlamaEmbedder {
                 n += inputs[end].len();
                 end += 1;
             }
-            let pass: Vec<&[Token]> = inputs[start..end].iter().map(Vec::as_slice).collect();
-            let vectors = context.embed(&pass, self.embedder.dimensions).map_err(|e| CoreError::engine(e))?;
+            let vectors =
+                context.embed(&inputs[start..end], self.embedder.dimensions).map_err(CoreError::engine)?;
             for mut v in vectors {
                 if self.embedder.normalized {
                     pocket_core::embed::normalize(&mut v);

