@@ -52,7 +52,7 @@ pub fn convert(zip: Vec<u8>) -> Result<Vec<u8>> {
         .map_err(|_| invalid("tokenizer.json is not UTF-8".into()))?;
     let tokenizer: TokenizerJson = json(tokenizer_json.as_bytes(), "tokenizer.json")?;
     let safetensors = member("model.safetensors")?;
-    drop(member);
+    drop(archive); // the zip's bytes, before the GGUF is built
 
     if config.model_type != "bert" {
         return Err(invalid(format!("model_type {:?}: only bert is converted", config.model_type)));
