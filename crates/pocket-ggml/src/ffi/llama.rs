@@ -438,6 +438,9 @@ impl LlamaContext {
             tokens.iter().enumerate().map(move |(pos, &token)| BatchRow { token, pos, seq, logits: true })
         });
         let rows: Vec<BatchRow> = rows.collect();
+        // Each pass starts afresh: an encoder keeps no memory, but a decoder that pools (an
+        // embedding model built on one) would otherwise find the last pass's cache.
+        self.clear();
         let pass = governor().begin(self.threads, self.pools.max());
         let threads = pass.threads();
         let result = self.attach(threads).and_then(|()| {
