@@ -116,11 +116,7 @@ impl LlamaEmbedder {
         let vocab = Vocab::of(Arc::clone(&weights));
         let (n_layers, n_embd, n_ctx_train) = weights.dims();
         let max_tokens = max_seq.unwrap_or(n_ctx_train).clamp(1, n_ctx_train.max(1)).min(PASS_TOKENS);
-        let name = file
-            .get_str("general.name")
-            .filter(|n| !n.is_empty())
-            .or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()))
-            .unwrap_or_default();
+        let name = file.model_name();
         let info = ModelInfo {
             name,
             architecture: arch.clone(),

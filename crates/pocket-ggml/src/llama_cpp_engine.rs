@@ -138,11 +138,7 @@ impl LlamaCppModel {
         let vocab = Vocab::of(Arc::clone(&weights));
         let (n_layers, n_embd, n_ctx_train) = weights.dims();
         let n_vocab = weights.n_vocab();
-        let name = file
-            .get_str("general.name")
-            .filter(|n| !n.is_empty())
-            .or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()))
-            .unwrap_or_default();
+        let name = file.model_name();
         let info = ModelInfo {
             name,
             architecture: arch.clone(),

@@ -703,26 +703,6 @@ fn the_openai_python_client_talks_over_the_socket() {
     assert!(id.starts_with("chatcmpl-") && !id.contains(','), "{out}");
 }
 
-/// Run one of the Python check scripts in tests/ against `d` (`--socket` and `args`): each
-/// prints a line per check and "all passed" at the end.
-fn python_checks(d: &Daemon, script: &str, args: &[&str]) {
-    let python = root().join("target/pyenv/bin/python");
-    assert!(python.exists(), "the tests need the test venv: run scripts/test");
-    let o = Command::new(&python)
-        .arg(root().join("crates/pocketd/tests").join(script))
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(args)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success() && out.contains("all passed"),
-        "{out}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
 #[test]
 fn openais_edges_hold_for_the_openai_python_client() {
     let d = Daemon::start(Setup {

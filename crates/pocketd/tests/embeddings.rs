@@ -6,7 +6,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{Daemon, Setup, root};
+use common::{Daemon, Setup, python_checks, root};
 
 fn minilm() -> PathBuf {
     let p = root().join("models/store/all-MiniLM-L6-v2.f16.gguf");
@@ -29,23 +29,31 @@ fn daemon() -> Daemon {
 #[test]
 fn the_openai_client_gets_the_reference_vectors_and_clear_refusals() {
     let d = daemon();
-    let python = root().join("target/pyenv/bin/python");
-    assert!(python.exists(), "the tests need the test venv: run scripts/test");
-    let o = std::process::Command::new(&python)
-        .arg(root().join("crates/pocketd/tests/embeddings.py"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(["--model", "all-minilm-l6-v2"])
-        .arg("--fixture")
-        .arg(fixture())
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success() && out.contains("all passed"),
-        "{out}\n{}",
-        String::from_utf8_lossy(&o.stderr)
+    let fixture = fixture();
+    python_checks(
+        &d,
+        "embeddings.py",
+        &["--model", "all-minilm-l6-v2", "--fixture", fixture.to_str().unwrap()],
     );
+}
+
+/// `Embed` through busctl (`flags` before the call, `--json=short`).
+fn embed(d: &Daemon, flags: &[&str], model: &str, texts: &[&str], truncate: bool) -> std::process::Output {
+    let n = texts.len().to_string();
+    let mut args = flags.to_vec();
+    args.extend([
+        "call",
+        "org.pocketd.Pocketd1",
+        "/org/pocketd/Pocketd1",
+        "org.pocketd.Pocketd1",
+        "Embed",
+        "sasb",
+        model,
+        &n,
+    ]);
+    args.extend(texts);
+    args.push(if truncate { "true" } else { "false" });
+    d.dbus(&args)
 }
 
 #[test]
@@ -54,20 +62,7 @@ fn dbus_embed_gives_the_reference_vectors() {
     let fx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture()).unwrap()).unwrap();
     let texts: Vec<&str> =
         fx["sentences"].as_array().unwrap()[..4].iter().map(|s| s.as_str().unwrap()).collect();
-    let mut args = vec![
-        "--json=short",
-        "call",
-        "org.pocketd.Pocketd1",
-        "/org/pocketd/Pocketd1",
-        "org.pocketd.Pocketd1",
-        "Embed",
-        "sasb",
-        "all-minilm-l6-v2",
-        "4",
-    ];
-    args.extend(&texts);
-    args.push("false");
-    let o = d.dbus(&args);
+    let o = embed(&d, &["--json=short"], "all-minilm-l6-v2", &texts, false);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let reply: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let vectors = reply["data"][0].as_array().unwrap();
@@ -86,38 +81,13 @@ fn dbus_embed_gives_the_reference_vectors() {
 
     // A text over the model's length: refused by name, unless truncated.
     let long = fx["sentences"][fx["long"][0].as_u64().unwrap() as usize].as_str().unwrap();
-    let call = |truncate: &str| {
-        d.dbus(&[
-            "call",
-            "org.pocketd.Pocketd1",
-            "/org/pocketd/Pocketd1",
-            "org.pocketd.Pocketd1",
-            "Embed",
-            "sasb",
-            "all-minilm-l6-v2",
-            "1",
-            long,
-            truncate,
-        ])
-    };
-    let refused = call("false");
+    let refused = embed(&d, &[], "all-minilm-l6-v2", &[long], false);
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && err.contains("256"), "{err}");
-    assert!(call("true").status.success());
+    assert!(embed(&d, &[], "all-minilm-l6-v2", &[long], true).status.success());
 
     // A text model has no Embed.
-    let o = d.dbus(&[
-        "call",
-        "org.pocketd.Pocketd1",
-        "/org/pocketd/Pocketd1",
-        "org.pocketd.Pocketd1",
-        "Embed",
-        "sasb",
-        "",
-        "1",
-        "x",
-        "false",
-    ]);
+    let o = embed(&d, &[], "", &["x"], false);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("embedding model"), "{err}");
 }

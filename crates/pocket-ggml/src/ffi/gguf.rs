@@ -181,6 +181,14 @@ impl GgufFile {
         }
     }
 
+    /// The model's display name: `general.name`, else the file's stem.
+    pub(crate) fn model_name(&self) -> String {
+        self.get_str("general.name")
+            .filter(|n| !n.is_empty())
+            .or_else(|| self.path().file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .unwrap_or_default()
+    }
+
     /// A boolean value.
     pub(crate) fn get_bool(&self, key: &str) -> Option<bool> {
         let id = self.key(key)?;
