@@ -40,20 +40,10 @@ fn the_openai_client_gets_the_reference_vectors_and_clear_refusals() {
 /// `Embed` through busctl (`flags` before the call, `--json=short`).
 fn embed(d: &Daemon, flags: &[&str], model: &str, texts: &[&str], truncate: bool) -> std::process::Output {
     let n = texts.len().to_string();
-    let mut args = flags.to_vec();
-    args.extend([
-        "call",
-        "org.pocketd.Pocketd1",
-        "/org/pocketd/Pocketd1",
-        "org.pocketd.Pocketd1",
-        "Embed",
-        "sasb",
-        model,
-        &n,
-    ]);
+    let mut args = vec![model, &n];
     args.extend(texts);
     args.push(if truncate { "true" } else { "false" });
-    d.dbus(&args)
+    d.busctl_call(flags, "Embed", "sasb", &args)
 }
 
 #[test]

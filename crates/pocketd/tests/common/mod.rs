@@ -244,20 +244,25 @@ impl Daemon {
         options: &[&[&str]],
     ) -> Output {
         let n = options.len().to_string();
-        let mut args = flags.to_vec();
-        args.extend([
+        let mut args = vec![model, prompt, &n];
+        args.extend(options.iter().flat_map(|o| o.iter().copied()));
+        self.busctl_call(flags, "Generate", "ssa{sv}", &args)
+    }
+
+    /// `method` of the daemon's main object through busctl: `flags` before the call
+    /// (`--json=short`), `args` as busctl writes them after the `signature`.
+    pub(crate) fn busctl_call(&self, flags: &[&str], method: &str, signature: &str, args: &[&str]) -> Output {
+        let mut all = flags.to_vec();
+        all.extend([
             "call",
             "org.pocketd.Pocketd1",
             "/org/pocketd/Pocketd1",
             "org.pocketd.Pocketd1",
-            "Generate",
-            "ssa{sv}",
-            model,
-            prompt,
-            &n,
+            method,
+            signature,
         ]);
-        args.extend(options.iter().flat_map(|o| o.iter().copied()));
-        self.dbus(&args)
+        all.extend(args);
+        self.dbus(&all)
     }
 
     pub(crate) fn dbus_send(&self, args: &[&str]) -> Output {
