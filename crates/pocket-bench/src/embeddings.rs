@@ -59,7 +59,7 @@ pub fn run(
 ) -> pocket_runtime::Result<EmbedBench> {
     let all: Vec<String> = texts.iter().cycle().take(MIN_TEXTS.max(texts.len())).cloned().collect();
     // Warm-up: the pass context is made and the weights paged in.
-    let warm = embed(model, &EmbedInput::Texts(texts.iter().take(32).cloned().collect()), true, threads)?;
+    embed(model, &EmbedInput::Texts(texts.iter().take(32).cloned().collect()), true, None, threads)?;
     let waited_quiet = if quiet.is_zero() { Duration::ZERO } else { crate::machine::wait_for_quiet(quiet) };
     reset_peak();
     let mut tokens = 0;
@@ -70,13 +70,13 @@ pub fn run(
             let start = Instant::now();
             tokens = 0;
             for chunk in all.chunks(batch.max(1)) {
-                tokens += embed(model, &EmbedInput::Texts(chunk.to_vec()), true, threads)?.prompt_tokens;
+                tokens +=
+                    embed(model, &EmbedInput::Texts(chunk.to_vec()), true, None, threads)?.prompt_tokens;
             }
             best = best.max(all.len() as f64 / start.elapsed().as_secs_f64());
         }
         figures.push(BatchFigure { batch, per_second: best });
     }
-    drop(warm);
     let mem = MemStats::read();
     Ok(EmbedBench {
         texts: all.len(),

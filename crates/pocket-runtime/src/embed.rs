@@ -47,8 +47,15 @@ pub struct Embedded {
 pub const MAX_INPUTS: usize = 2048;
 
 /// Embed `input` on `model`, on up to `threads`. An input longer than the model reads is
-/// refused (param `input`) unless `truncate`, when it is cut as the model's tokenizer cuts.
-pub fn embed(model: &LoadedModel, input: &EmbedInput, truncate: bool, threads: Threads) -> Result<Embedded> {
+/// refused (param `input`) unless `truncate`, when it is cut as the model's tokenizer cuts;
+/// `dimensions`, where given, must be the size of the model's vectors (param `dimensions`).
+pub fn embed(
+    model: &LoadedModel,
+    input: &EmbedInput,
+    truncate: bool,
+    dimensions: Option<usize>,
+    threads: Threads,
+) -> Result<Embedded> {
     let Some(embedder) = model.model().embedder() else {
         return Err(Error::invalid(
             "model",
@@ -56,6 +63,16 @@ pub fn embed(model: &LoadedModel, input: &EmbedInput, truncate: bool, threads: T
              all-minilm-l6-v2`)",
         ));
     };
+    let made = embedder.embedder_info().dimensions;
+    if let Some(d) = dimensions.filter(|&d| d != made) {
+        // A model trained to be cut (Matryoshka) could give fewer; this one was not.
+        return Err(Error::invalid(
+            "dimensions",
+            format!(
+                "the model makes vectors of {made} values and cannot shorten them; dimensions {d} is not one it allows"
+            ),
+        ));
+    }
     if input.is_empty() {
         return Err(Error::invalid("input", "input is empty: send a text, a list of texts, or token ids"));
     }

@@ -36,7 +36,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.texts.clone()
     };
     let model = args.model.open(WeightFormat::AsStored, &pocket_core::memory::Ledger::unlimited())?;
-    let embedded = embed(&model, &EmbedInput::Texts(texts.clone()), args.truncate, args.threads)?;
+    let embedded = embed(&model, &EmbedInput::Texts(texts.clone()), args.truncate, None, args.threads)?;
     let mut out = std::io::stdout().lock();
     for v in &embedded.vectors {
         serde_json::to_writer(&mut out, v)?;

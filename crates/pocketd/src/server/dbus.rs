@@ -472,7 +472,7 @@ impl Pocketd {
         }
         let model = (!model.is_empty()).then_some(model);
         let input = pocket_runtime::embed::EmbedInput::Texts(texts);
-        let (_, embedded) = self.scheduler.embed(model, input, truncate).await?;
+        let (_, embedded) = self.scheduler.embed(model, input, truncate, None).await?;
         Ok(embedded.vectors.into_iter().map(|v| v.into_iter().map(f64::from).collect()).collect())
     }
 

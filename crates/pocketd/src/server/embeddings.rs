@@ -19,18 +19,20 @@ use super::scheduler::Scheduler;
 
 impl Scheduler {
     /// Embed `input` on the model named `model` (the default model when `None`), loading it
-    /// if needed; the vectors and the name the model is served under.
+    /// if needed, as [`pocket_runtime::embed::embed`] does; the vectors and the name the model
+    /// is served under.
     pub async fn embed(
         &self,
         model: Option<&str>,
         input: EmbedInput,
         truncate: bool,
+        dimensions: Option<usize>,
     ) -> Result<(String, Embedded), ServeError> {
         let m = self.model_or_default(model).await?;
         let threads = self.threads();
         let served = Arc::clone(&m);
         let result = tokio::task::spawn_blocking(move || {
-            pocket_runtime::embed::embed(&served.model, &input, truncate, threads)
+            pocket_runtime::embed::embed(&served.model, &input, truncate, dimensions, threads)
         })
         .await;
         self.registry.release(&m.name);
@@ -63,17 +65,8 @@ pub(super) async fn create(
         EmbeddingInput::Tokens(t) => EmbedInput::Tokens(vec![t]),
         EmbeddingInput::TokenLists(t) => EmbedInput::Tokens(t),
     };
-    let (model, embedded) = s.embed(request.model.as_deref(), input, request.truncate).await?;
-    let made = embedded.vectors.first().map_or(0, Vec::len);
-    if let Some(d) = request.dimensions.filter(|&d| d != made) {
-        // A model trained to be cut (Matryoshka) could give fewer; this one was not.
-        return Err(ServeError::invalid(
-            "dimensions",
-            format!(
-                "{model} makes vectors of {made} values and cannot shorten them; dimensions {d} is not one it allows"
-            ),
-        ));
-    }
+    let (model, embedded) =
+        s.embed(request.model.as_deref(), input, request.truncate, request.dimensions).await?;
     let data = embedded
         .vectors
         .into_iter()
