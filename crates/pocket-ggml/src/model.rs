@@ -239,11 +239,11 @@ impl GgmlModel {
         !self.inner.device.is_cpu()
     }
 
-    /// The kernels of our own that the graph uses beside ggml's, as a short name
-    /// (`mm-avx2(q4_0,…)+attn-avx2`, `attn-avx512`, ... or `ggml` for none):
-    /// measurements of speed, such as cached cost curves, hold only for the kernels they
-    /// were taken with. Attention is named where this model's f16 caches would use it
-    /// (on the CPU); quantized caches keep ggml's.
+    /// The kernels of our own that the graph uses beside ggml's, and on the CPU what ggml's
+    /// were compiled for, as a short name (`mm-avx512(q4_0,…)+attn-avx512+ggml-avx512`,
+    /// `ggml-avx2`, or `ggml` on another device): measurements of speed, such as cached cost
+    /// curves, hold only for the kernels they were taken with. Attention is named where this
+    /// model's f16 caches would use it (on the CPU); quantized caches keep ggml's.
     pub fn kernels(&self) -> String {
         kernels(&self.inner.device, &self.inner.hp, self.inner.attention)
     }
@@ -265,8 +265,9 @@ fn kernels(device: &Device, hp: &Hparams, attention: AttentionKernel) -> String 
     let attention = crate::attention::kernel_for(device.is_cpu(), hp.head_dim)
         .filter(|_| attention == AttentionKernel::Auto)
         .map(crate::attention::Kernel::name);
-    let names: Vec<String> = matmul.into_iter().chain(attention.map(str::to_owned)).collect();
-    if names.is_empty() { "ggml".to_owned() } else { names.join("+") }
+    let ggml = if device.is_cpu() { format!("ggml-{}", crate::ggml_cpu_build()) } else { "ggml".to_owned() };
+    let names: Vec<String> = matmul.into_iter().chain(attention.map(str::to_owned)).chain([ggml]).collect();
+    names.join("+")
 }
 
 impl Model for GgmlModel {

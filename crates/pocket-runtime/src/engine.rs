@@ -180,7 +180,7 @@ impl LoadedModel {
                 Engine::Embedding,
                 path,
                 &device,
-                "llama.cpp",
+                &llama_cpp_kernels(&device),
                 WeightFormat::AsStored,
                 options,
             ));
@@ -222,7 +222,8 @@ impl LoadedModel {
         let model = LlamaCppModel::load(path, &load)?;
         let device = model.device_name().to_owned();
         let model = Arc::new(model);
-        Ok(Self::new(model, Engine::LlamaCpp, path, &device, "llama.cpp", WeightFormat::AsStored, options))
+        let kernels = llama_cpp_kernels(&device);
+        Ok(Self::new(model, Engine::LlamaCpp, path, &device, &kernels, WeightFormat::AsStored, options))
     }
 
     /// A model made by the caller rather than opened from a file (a test's fake model, with
@@ -357,5 +358,15 @@ impl LoadedModel {
     /// KV bytes per token its sessions hold with `config`'s KV type.
     pub fn kv_bytes_per_token(&self, config: &SessionConfig) -> Result<u64> {
         Ok(self.model.footprint(config)?.kv_bytes_per_token)
+    }
+}
+
+/// The kernels of a model on llama.cpp's own graph: llama.cpp's, and on the CPU what ggml's
+/// were compiled for (`llama.cpp+ggml-avx512`).
+fn llama_cpp_kernels(device: &str) -> String {
+    if device.eq_ignore_ascii_case("cpu") {
+        format!("llama.cpp+ggml-{}", pocket_ggml::ggml_cpu_build())
+    } else {
+        "llama.cpp".to_owned()
     }
 }

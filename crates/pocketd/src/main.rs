@@ -4,6 +4,10 @@ use clap::Parser;
 use pocketd::server::config::Flags;
 
 fn main() -> std::process::ExitCode {
+    if let Err(e) = pocket_core::cpu::check_build() {
+        eprintln!("pocketd: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     let flags = Flags::parse();
     let config = match flags.config() {
         Ok(c) => c,

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use common::{Daemon, Setup, python_checks, root};
 
 fn minilm() -> PathBuf {
-    let p = root().join("models/store/all-MiniLM-L6-v2.f16.gguf");
+    let p = root().join("models/store/all-MiniLM-L6-v2.f32.gguf");
     assert!(p.exists(), "{} is missing: run `pocket pull all-minilm-l6-v2` (scripts/test does)", p.display());
     p
 }

@@ -20,7 +20,10 @@
 //! depends on the count: every kernel computes each output element on one thread.
 //! [`Threads::Fixed`] is honoured exactly.
 
+mod build;
 mod load;
+
+pub use build::{check_build, missing_features};
 
 use std::fmt;
 use std::str::FromStr;

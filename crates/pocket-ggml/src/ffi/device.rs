@@ -69,6 +69,29 @@ pub fn device_names() -> Vec<String> {
     unsafe { (0..sys::ggml_backend_dev_count()).map(|i| dev_name(sys::ggml_backend_dev_get(i))).collect() }
 }
 
+/// The widest vector instructions ggml's CPU kernels were compiled for: `avx512`, `avx2`,
+/// `avx`, `neon-dotprod`, `neon` or `scalar`. It is fixed when ggml is built (on x86-64 by the
+/// target CPU, see `.cargo/config.toml`) and sets how fast its matrix products run, so it is
+/// part of the kernels' name that measured speeds are kept under.
+pub fn ggml_cpu_build() -> &'static str {
+    // SAFETY: queries of how ggml was compiled, with no arguments.
+    unsafe {
+        if sys::ggml_cpu_has_avx512() != 0 {
+            "avx512"
+        } else if sys::ggml_cpu_has_avx2() != 0 {
+            "avx2"
+        } else if sys::ggml_cpu_has_avx() != 0 {
+            "avx"
+        } else if sys::ggml_cpu_has_dotprod() != 0 {
+            "neon-dotprod"
+        } else if sys::ggml_cpu_has_neon() != 0 {
+            "neon"
+        } else {
+            "scalar"
+        }
+    }
+}
+
 /// A device's memory, as its backend reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceMemory {

@@ -148,7 +148,13 @@ fn embeddings(args: &Args, resolved: &pocket_models::ResolvedModel) -> anyhow::R
     let ledger = pocket_core::memory::Ledger::unlimited();
     let model = args.model.open(pocket_runtime::WeightFormat::AsStored, &ledger)?;
     let threads = args.threads;
-    eprintln!("embedding {} texts with {} on {threads} threads", texts.len(), resolved.path.display());
+    eprintln!(
+        "embedding {} texts with {} on {threads} threads, {} on {}",
+        texts.len(),
+        resolved.path.display(),
+        model.kernels(),
+        model.device()
+    );
     let quiet = std::time::Duration::from_secs_f64(args.wait_quiet.clamp(0.0, 3600.0));
     let ours = bench::embeddings::run(&model, &texts, &[1, 32], 3, threads, quiet, || ledger.used())?;
     let reference = match &args.reference {
@@ -182,7 +188,12 @@ fn embeddings(args: &Args, resolved: &pocket_models::ResolvedModel) -> anyhow::R
         ours.ledger_bytes as f64 / 1048576.0
     );
     if let Some(path) = &args.json {
-        let out = serde_json::json!({ "ours": ours, "reference": reference });
+        let out = serde_json::json!({
+            "ours": ours,
+            "kernels": model.kernels(),
+            "device": model.device(),
+            "reference": reference,
+        });
         std::fs::write(path, serde_json::to_string_pretty(&out)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
