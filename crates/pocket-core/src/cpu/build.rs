@@ -12,29 +12,33 @@ pub fn missing_features() -> Vec<&'static str> {
     let mut missing = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
+        // `is_x86_feature_detected!` answers `true` for whatever the binary was compiled with,
+        // without asking the CPU, so the CPU is asked here (CPUID leaf, subleaf, register, bit).
         macro_rules! check {
-            ($($feature:tt),*) => {$(
-                if cfg!(target_feature = $feature) && !std::arch::is_x86_feature_detected!($feature) {
+            ($($feature:literal at $leaf:literal, $sub:literal, $reg:ident, $bit:literal;)*) => {$(
+                if cfg!(target_feature = $feature)
+                    && std::arch::x86_64::__cpuid_count($leaf, $sub).$reg & (1 << $bit) == 0
+                {
                     missing.push($feature);
                 }
             )*};
         }
-        check!(
-            "avx",
-            "avx2",
-            "fma",
-            "f16c",
-            "bmi2",
-            "avxvnni",
-            "avx512f",
-            "avx512bw",
-            "avx512vl",
-            "avx512dq",
-            "avx512vnni",
-            "avx512bf16",
-            "avx512vbmi",
-            "avx512fp16"
-        );
+        check! {
+            "fma" at 1, 0, ecx, 12;
+            "avx" at 1, 0, ecx, 28;
+            "f16c" at 1, 0, ecx, 29;
+            "avx2" at 7, 0, ebx, 5;
+            "bmi2" at 7, 0, ebx, 8;
+            "avx512f" at 7, 0, ebx, 16;
+            "avx512dq" at 7, 0, ebx, 17;
+            "avx512bw" at 7, 0, ebx, 30;
+            "avx512vl" at 7, 0, ebx, 31;
+            "avx512vbmi" at 7, 0, ecx, 1;
+            "avx512vnni" at 7, 0, ecx, 11;
+            "avx512fp16" at 7, 0, edx, 23;
+            "avxvnni" at 7, 1, eax, 4;
+            "avx512bf16" at 7, 1, eax, 5;
+        }
     }
     missing
 }
