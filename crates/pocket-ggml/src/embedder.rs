@@ -66,6 +66,8 @@ pub struct LlamaEmbedder {
     n_head: usize,
     n_ff: usize,
     device: String,
+    /// [`LlamaEmbedder::kernels`].
+    kernels: String,
     /// Where the pass context is paid for (the model's own part of the budget).
     ledger: Ledger,
     context: Mutex<Option<PassContext>>,
@@ -139,6 +141,7 @@ impl LlamaEmbedder {
             n_head,
             n_ff: if n_ff == 0 { 4 * n_embd } else { n_ff },
             device: device.name.clone(),
+            kernels: device.llama_cpp_kernels(),
             ledger: options.ledger.clone().unwrap_or_else(Ledger::unlimited),
             context: Mutex::new(None),
             queue: Mutex::new(Vec::new()),
@@ -149,6 +152,12 @@ impl LlamaEmbedder {
     /// The name of the device it runs on.
     pub fn device_name(&self) -> &str {
         &self.device
+    }
+
+    /// The kernels its passes use: `llama.cpp`, and on the CPU what ggml was compiled for
+    /// (`llama.cpp+ggml-avx512`).
+    pub fn kernels(&self) -> &str {
+        &self.kernels
     }
 
     /// The compute buffers of a pass of `n` tokens, estimated before they are allocated: the

@@ -54,7 +54,7 @@ pub use convert::WeightFormat;
 pub use embedder::{LlamaEmbedder, is_embedding_model};
 pub use error::{Error, Result};
 pub use ffi::device::Repack;
-pub use ffi::device::{DeviceChoice, DeviceMemory, device_memory, device_names, ggml_cpu_build};
+pub use ffi::device::{DeviceChoice, DeviceMemory, device_memory, device_names};
 pub use ffi::gguf::type_layout as ggml_type_layout;
 pub use ffi::gguf_check;
 pub use ffi::heap::release_free_heap;

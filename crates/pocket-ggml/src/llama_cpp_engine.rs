@@ -37,6 +37,8 @@ struct Inner {
     info: ModelInfo,
     shape: Shape,
     device: String,
+    /// [`LlamaCppModel::kernels`].
+    kernels: String,
     recurrent: bool,
     cache_key: Option<CacheKey>,
     /// The weights' bytes in the memory ledger.
@@ -152,10 +154,11 @@ impl LlamaCppModel {
         };
         let shape = Shape::read(&file, &arch, n_layers, n_embd, n_vocab);
         let recurrent = weights.is_recurrent();
+        let kernels = device.llama_cpp_kernels();
         let cache_key = pocket_core::fingerprint(&[path]).ok().map(|fingerprint| CacheKey {
             fingerprint,
             device: device.name.clone(),
-            kernels: "llama.cpp".to_owned(),
+            kernels: kernels.clone(),
             weights: crate::WeightFormat::AsStored.name().to_owned(),
         });
         tracing::info!(model = %info.name, arch = %arch, device = %device.name, recurrent, "loaded model on llama.cpp");
@@ -165,6 +168,7 @@ impl LlamaCppModel {
             info,
             shape,
             device: device.name.clone(),
+            kernels,
             recurrent,
             cache_key,
             _reservation: reservation,
@@ -175,6 +179,12 @@ impl LlamaCppModel {
     /// The name of the device the model runs on.
     pub fn device_name(&self) -> &str {
         &self.inner.device
+    }
+
+    /// The kernels its passes use, as measured speeds are kept under: `llama.cpp`, and on the
+    /// CPU what ggml was compiled for (`llama.cpp+ggml-avx512`).
+    pub fn kernels(&self) -> &str {
+        &self.inner.kernels
     }
 
     /// Whether the model runs on a GPU.

@@ -265,8 +265,8 @@ fn kernels(device: &Device, hp: &Hparams, attention: AttentionKernel) -> String 
     let attention = crate::attention::kernel_for(device.is_cpu(), hp.head_dim)
         .filter(|_| attention == AttentionKernel::Auto)
         .map(crate::attention::Kernel::name);
-    let ggml = if device.is_cpu() { format!("ggml-{}", crate::ggml_cpu_build()) } else { "ggml".to_owned() };
-    let names: Vec<String> = matmul.into_iter().chain(attention.map(str::to_owned)).chain([ggml]).collect();
+    let names: Vec<String> =
+        matmul.into_iter().chain(attention.map(str::to_owned)).chain([device.ggml_kernels()]).collect();
     names.join("+")
 }
 

@@ -173,14 +173,14 @@ impl LoadedModel {
         };
         if pocket_ggml::is_embedding_model(path) {
             let model = LlamaEmbedder::load(path, &load)?;
-            let device = model.device_name().to_owned();
+            let (device, kernels) = (model.device_name().to_owned(), model.kernels().to_owned());
             let model = Arc::new(model);
             return Ok(Self::new(
                 model,
                 Engine::Embedding,
                 path,
                 &device,
-                &llama_cpp_kernels(&device),
+                &kernels,
                 WeightFormat::AsStored,
                 options,
             ));
@@ -220,9 +220,8 @@ impl LoadedModel {
         }
         tracing::info!("{}: {why_not_ours}; running it on llama.cpp's graph", path.display());
         let model = LlamaCppModel::load(path, &load)?;
-        let device = model.device_name().to_owned();
+        let (device, kernels) = (model.device_name().to_owned(), model.kernels().to_owned());
         let model = Arc::new(model);
-        let kernels = llama_cpp_kernels(&device);
         Ok(Self::new(model, Engine::LlamaCpp, path, &device, &kernels, WeightFormat::AsStored, options))
     }
 
@@ -358,15 +357,5 @@ impl LoadedModel {
     /// KV bytes per token its sessions hold with `config`'s KV type.
     pub fn kv_bytes_per_token(&self, config: &SessionConfig) -> Result<u64> {
         Ok(self.model.footprint(config)?.kv_bytes_per_token)
-    }
-}
-
-/// The kernels of a model on llama.cpp's own graph: llama.cpp's, and on the CPU what ggml's
-/// were compiled for (`llama.cpp+ggml-avx512`).
-fn llama_cpp_kernels(device: &str) -> String {
-    if device.eq_ignore_ascii_case("cpu") {
-        format!("llama.cpp+ggml-{}", pocket_ggml::ggml_cpu_build())
-    } else {
-        "llama.cpp".to_owned()
     }
 }

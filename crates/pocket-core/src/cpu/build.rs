@@ -7,7 +7,7 @@
 
 /// The instruction set extensions this binary was compiled to use and this CPU lacks, or an
 /// empty list. Only the extensions ggml's kernels and ours are compiled for are checked.
-pub fn missing_features() -> Vec<&'static str> {
+fn missing_features() -> Vec<&'static str> {
     #[allow(unused_mut)]
     let mut missing = Vec::new();
     #[cfg(target_arch = "x86_64")]

@@ -23,7 +23,7 @@
 mod build;
 mod load;
 
-pub use build::{check_build, missing_features};
+pub use build::check_build;
 
 use std::fmt;
 use std::str::FromStr;

@@ -72,8 +72,8 @@ pub fn device_names() -> Vec<String> {
 /// The widest vector instructions ggml's CPU kernels were compiled for: `avx512`, `avx2`,
 /// `avx`, `neon-dotprod`, `neon` or `scalar`. It is fixed when ggml is built (on x86-64 by the
 /// target CPU, see `.cargo/config.toml`) and sets how fast its matrix products run, so it is
-/// part of the kernels' name that measured speeds are kept under.
-pub fn ggml_cpu_build() -> &'static str {
+/// part of the kernels' name that measured speeds are kept under ([`Device::ggml_kernels`]).
+fn ggml_cpu_build() -> &'static str {
     // SAFETY: queries of how ggml was compiled, with no arguments.
     unsafe {
         if sys::ggml_cpu_has_avx512() != 0 {
@@ -224,6 +224,18 @@ impl Device {
     /// Whether this is the CPU device (KV cache and weights in host memory).
     pub(crate) fn is_cpu(&self) -> bool {
         self.dev == self.cpu
+    }
+
+    /// ggml's own kernels here as kernel names say it: on the CPU, with what they were
+    /// compiled for (`ggml-avx512`); on another device, `ggml`.
+    pub(crate) fn ggml_kernels(&self) -> String {
+        if self.is_cpu() { format!("ggml-{}", ggml_cpu_build()) } else { "ggml".to_owned() }
+    }
+
+    /// The kernels of a model on llama.cpp's own graph here: `llama.cpp`, and on the CPU
+    /// ggml's build (`llama.cpp+ggml-avx512`).
+    pub(crate) fn llama_cpp_kernels(&self) -> String {
+        if self.is_cpu() { format!("llama.cpp+{}", self.ggml_kernels()) } else { "llama.cpp".to_owned() }
     }
 
     /// The first buffer type whose device can run `op` on a weight `w` placed in it.
