@@ -1,5 +1,6 @@
-//! Embedding models on llama.cpp's encoder graphs (BERT and its kin): texts in, pooled vectors
-//! out, many texts to a pass.
+//! Embedding models: texts in, pooled vectors out, many texts to a pass. BERT on the CPU runs
+//! on our encoder ([`crate::encoder`]); other devices and architectures on llama.cpp's encoder
+//! graphs (`POCKET_EMBEDDINGS=llama.cpp` takes llama.cpp's for BERT too, to compare).
 //!
 //! The tokenizer is the model's own `tokenizer.json` where the file carries it
 //! (`tokenizer.huggingface.json`, as our sentence-transformers conversion writes it), so
@@ -18,16 +19,19 @@ use pocket_core::{
     SessionConfig, Threads, Token, Tokenizer,
 };
 
+use crate::encoder::{Encoder, Pooling};
 use crate::ffi::device::Device;
 use crate::ffi::gguf::GgufFile;
 use crate::ffi::llama::{LlamaContext, LlamaWeights, Load};
 use crate::ffi::vocab::Vocab;
+use crate::gemm;
 use crate::{Error, LoadOptions, Repack, Result};
 
 /// Tokens of one pass: every sequence of a pass attends within itself, but llama.cpp's mask
 /// spans the pass, so its buffers grow with the square; 512 holds 32 short sentences (on a
 /// 2-core x86 passes of 128, 256 and 512 tokens embedded sentences at the same rate) and the
-/// longest input all-MiniLM-L6-v2 reads.
+/// longest input all-MiniLM-L6-v2 reads. Our encoder takes passes of the same size (its
+/// threads split a pass by texts).
 const PASS_TOKENS: usize = 512;
 /// Sequences of one pass.
 const PASS_SEQUENCES: usize = 64;
@@ -49,16 +53,44 @@ enum Tokens {
     Llama,
 }
 
-/// The context passes run in, made on first use with the threads asked for.
+/// Which graph computes an embedding model's passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EmbeddingGraph {
+    /// Our encoder where it computes the model (BERT on the CPU), llama.cpp's otherwise; with
+    /// `POCKET_EMBEDDINGS=llama.cpp` in the environment, llama.cpp's.
+    #[default]
+    Auto,
+    /// llama.cpp's, whatever the model (to compare the two).
+    LlamaCpp,
+}
+
+/// What computes the passes.
+enum Passes {
+    /// Our encoder, on the CPU.
+    Encoder(Encoder),
+    /// llama.cpp's graph for the model, on these weights.
+    LlamaCpp(Arc<LlamaWeights>),
+}
+
+/// What passes run in, made on first use with the threads asked for.
+enum Runner {
+    /// Our encoder's threads.
+    Pool(rayon::ThreadPool),
+    /// A llama.cpp context.
+    Context(LlamaContext),
+}
+
+/// The runner of passes and what it was made for.
 struct PassContext {
-    ctx: LlamaContext,
+    runner: Runner,
     threads: Threads,
     _reservation: Reservation,
 }
 
-/// An embedding model on llama.cpp.
-pub struct LlamaEmbedder {
-    weights: Arc<LlamaWeights>,
+/// An embedding model: on our encoder where it computes the model (BERT on the CPU),
+/// otherwise on llama.cpp.
+pub struct EmbeddingModel {
+    passes: Passes,
     vocab: Vocab,
     tokens: Tokens,
     info: ModelInfo,
@@ -66,7 +98,7 @@ pub struct LlamaEmbedder {
     n_head: usize,
     n_ff: usize,
     device: String,
-    /// [`LlamaEmbedder::kernels`].
+    /// [`EmbeddingModel::kernels`].
     kernels: String,
     /// Where the pass context is paid for (the model's own part of the budget).
     ledger: Ledger,
@@ -76,12 +108,17 @@ pub struct LlamaEmbedder {
     _reservation: Option<Reservation>,
 }
 
-impl LlamaEmbedder {
+impl EmbeddingModel {
     /// The speculation modes: none (it generates nothing).
     pub const DRAFTERS: &'static [SpecMode] = &[SpecMode::Off];
 
     /// Load the embedding model at `path`; of `options`, the device and the ledger apply.
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Self> {
+        Self::load_on(path, options, EmbeddingGraph::Auto)
+    }
+
+    /// [`EmbeddingModel::load`], its passes computed by `graph`.
+    pub fn load_on(path: &Path, options: &LoadOptions, graph: EmbeddingGraph) -> Result<Self> {
         let file = GgufFile::open(path)?;
         let arch = file.get_str("general.architecture").unwrap_or_default();
         let bad = |reason: String| Error::BadModel { path: path.to_owned(), reason };
@@ -111,12 +148,59 @@ impl LlamaEmbedder {
         let device = Device::select(&options.device, Repack::None, || None)?;
         let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         let what = format!("the weights of {}", path.display());
-        let reservation = options.ledger.as_ref().map(|l| l.reserve(file_bytes, &what)).transpose()?;
-        let weights = LlamaWeights::load(path, Load::Full { gpu: !device.is_cpu(), repack: false })
-            .ok_or_else(|| bad(format!("llama.cpp could not load this {arch:?} model (its log says why)")))?;
-        let weights = Arc::new(weights);
-        let vocab = Vocab::of(Arc::clone(&weights));
-        let (n_layers, n_embd, n_ctx_train) = weights.dims();
+        let mut reservation = options.ledger.as_ref().map(|l| l.reserve(file_bytes, &what)).transpose()?;
+        let llama_cpp_asked = graph == EmbeddingGraph::LlamaCpp
+            || std::env::var("POCKET_EMBEDDINGS").is_ok_and(|v| v == "llama.cpp");
+        let encoder = if !device.is_cpu() || llama_cpp_asked {
+            None
+        } else {
+            let pooling = match pooling {
+                "cls" => Pooling::Cls,
+                "last" => Pooling::Last,
+                _ => Pooling::Mean,
+            };
+            Encoder::load(&file, pooling)
+                .inspect_err(|why| tracing::info!(model = %path.display(), "not on our encoder: {why}"))
+                .ok()
+        };
+        let (passes, vocab_owner, kernels) = match encoder {
+            Some(encoder) => {
+                // Its weights are in f32 in memory, whatever the file's types.
+                if let Some(r) = reservation.as_mut() {
+                    r.resize(encoder.bytes())?;
+                }
+                let vocab = LlamaWeights::load(path, Load::VocabOnly)
+                    .ok_or_else(|| bad("llama.cpp could not load its vocabulary".into()))?;
+                (
+                    Passes::Encoder(encoder),
+                    Arc::new(vocab),
+                    format!("encoder-f32+gemm-{}", gemm::dense::isa()),
+                )
+            }
+            None => {
+                let weights = LlamaWeights::load(path, Load::Full { gpu: !device.is_cpu(), repack: false })
+                    .ok_or_else(|| {
+                    bad(format!("llama.cpp could not load this {arch:?} model (its log says why)"))
+                })?;
+                let weights = Arc::new(weights);
+                (Passes::LlamaCpp(Arc::clone(&weights)), weights, device.llama_cpp_kernels())
+            }
+        };
+        let vocab = Vocab::of(Arc::clone(&vocab_owner));
+        let (n_layers, n_embd, n_ctx_train) = match &passes {
+            // A vocabulary-only load reads no hyperparameters: the encoder's tensors say them.
+            Passes::Encoder(e) => (e.dims().0, e.dims().1, e.max_tokens()),
+            Passes::LlamaCpp(weights) => weights.dims(),
+        };
+        if let Passes::Encoder(e) = &passes
+            && e.n_vocab() != vocab_owner.n_vocab()
+        {
+            return Err(bad(format!(
+                "its token embeddings have {} rows for a vocabulary of {} tokens",
+                e.n_vocab(),
+                vocab_owner.n_vocab()
+            )));
+        }
         let max_tokens = max_seq.unwrap_or(n_ctx_train).clamp(1, n_ctx_train.max(1)).min(PASS_TOKENS);
         let name = file.model_name();
         let info = ModelInfo {
@@ -125,15 +209,15 @@ impl LlamaEmbedder {
             kind: ModelKind::Embedding,
             n_layers,
             n_embd,
-            n_vocab: weights.n_vocab(),
+            n_vocab: vocab_owner.n_vocab(),
             n_ctx_train: max_tokens,
             weights_bytes: file_bytes,
             exact_passes: None,
         };
         let embedder = EmbedderInfo { dimensions: n_embd, max_tokens, pooling, normalized };
-        tracing::info!(model = %info.name, arch = %arch, device = %device.name, pooling, max_tokens, "loaded embedding model on llama.cpp");
-        Ok(LlamaEmbedder {
-            weights,
+        tracing::info!(model = %info.name, arch = %arch, device = %device.name, %kernels, pooling, max_tokens, "loaded embedding model");
+        Ok(EmbeddingModel {
+            passes,
             vocab,
             tokens,
             info,
@@ -141,7 +225,7 @@ impl LlamaEmbedder {
             n_head,
             n_ff: if n_ff == 0 { 4 * n_embd } else { n_ff },
             device: device.name.clone(),
-            kernels: device.llama_cpp_kernels(),
+            kernels,
             ledger: options.ledger.clone().unwrap_or_else(Ledger::unlimited),
             context: Mutex::new(None),
             queue: Mutex::new(Vec::new()),
@@ -154,15 +238,18 @@ impl LlamaEmbedder {
         &self.device
     }
 
-    /// The kernels its passes use: `llama.cpp`, and on the CPU what ggml was compiled for
-    /// (`llama.cpp+ggml-avx512`).
+    /// The kernels its passes use: our encoder's (`encoder-f32+gemm-avx512`), or `llama.cpp`
+    /// and on the CPU what ggml was compiled for (`llama.cpp+ggml-avx512`).
     pub fn kernels(&self) -> &str {
         &self.kernels
     }
 
     /// The compute buffers of a pass of `n` tokens, estimated before they are allocated: the
-    /// widest activations, and the attention scores of every head over the pass.
+    /// widest activations, and (llama.cpp) the attention scores of every head over the pass.
     fn pass_bytes(&self, n: usize) -> u64 {
+        if let Passes::Encoder(e) = &self.passes {
+            return e.pass_bytes(n);
+        }
         let activations = n * (8 * self.info.n_embd + 3 * self.n_ff);
         let scores = self.n_head * n * n;
         (4 * (activations + scores + PASS_SEQUENCES * self.info.n_embd) + (1 << 20)) as u64
@@ -177,7 +264,7 @@ impl LlamaEmbedder {
     }
 }
 
-impl Embedder for LlamaEmbedder {
+impl Embedder for EmbeddingModel {
     fn embedder_info(&self) -> &EmbedderInfo {
         &self.embedder
     }
@@ -263,7 +350,7 @@ impl Ticket {
     }
 }
 
-impl LlamaEmbedder {
+impl EmbeddingModel {
     /// The pooled (and, as the model says, normalized) vector of each of `inputs`, in passes
     /// of up to [`PASS_TOKENS`] tokens and [`PASS_SEQUENCES`] sequences on the context in
     /// `slot` (made, and paid for, on first use).
@@ -276,24 +363,36 @@ impl LlamaEmbedder {
         if slot.as_ref().is_some_and(|c| c.threads != threads) {
             *slot = None;
         }
-        let context = match slot {
-            Some(c) => &mut c.ctx,
+        let runner = match slot {
+            Some(c) => &mut c.runner,
             None => {
                 let mut reservation =
                     self.ledger.reserve(self.pass_bytes(PASS_TOKENS), "an embedding pass's buffers")?;
-                let ctx = LlamaContext::for_embeddings(
-                    Arc::clone(&self.weights),
-                    PASS_TOKENS,
-                    PASS_SEQUENCES,
-                    threads,
-                )
-                .map_err(CoreError::engine)?;
-                // What llama.cpp allocated, where it said and it is more than planned.
-                let allocated = ctx.buffers().compute;
-                if allocated > reservation.bytes() {
-                    reservation.resize(allocated)?;
-                }
-                &mut slot.insert(PassContext { ctx, threads, _reservation: reservation }).ctx
+                let runner = match &self.passes {
+                    Passes::Encoder(_) => Runner::Pool(
+                        rayon::ThreadPoolBuilder::new()
+                            .num_threads(threads.max())
+                            .thread_name(|i| format!("pocket-embed-{i}"))
+                            .build()
+                            .map_err(|e| CoreError::engine(format!("the encoder's threads: {e}")))?,
+                    ),
+                    Passes::LlamaCpp(weights) => {
+                        let ctx = LlamaContext::for_embeddings(
+                            Arc::clone(weights),
+                            PASS_TOKENS,
+                            PASS_SEQUENCES,
+                            threads,
+                        )
+                        .map_err(CoreError::engine)?;
+                        // What llama.cpp allocated, where it said and it is more than planned.
+                        let allocated = ctx.buffers().compute;
+                        if allocated > reservation.bytes() {
+                            reservation.resize(allocated)?;
+                        }
+                        Runner::Context(ctx)
+                    }
+                };
+                &mut slot.insert(PassContext { runner, threads, _reservation: reservation }).runner
             }
         };
         let mut out = Vec::with_capacity(inputs.len());
@@ -304,8 +403,23 @@ impl LlamaEmbedder {
                 n += inputs[end].len();
                 end += 1;
             }
-            let vectors =
-                context.embed(&inputs[start..end], self.embedder.dimensions).map_err(CoreError::engine)?;
+            let pass = &inputs[start..end];
+            let vectors = match (&mut *runner, &self.passes) {
+                (Runner::Pool(pool), Passes::Encoder(encoder)) => {
+                    // As many threads as the cores other programs leave free, pass by pass.
+                    let governor = pocket_core::cpu::governor();
+                    let run = governor.begin(threads, pool.current_num_threads());
+                    let vectors = pool.install(|| encoder.embed(pass, run.threads()));
+                    governor.end(run);
+                    vectors
+                }
+                (Runner::Context(ctx), _) => {
+                    ctx.embed(pass, self.embedder.dimensions).map_err(CoreError::engine)?
+                }
+                (Runner::Pool(_), Passes::LlamaCpp(_)) => {
+                    return Err(CoreError::engine("an encoder's threads for llama.cpp's passes"));
+                }
+            };
             for mut v in vectors {
                 if self.embedder.normalized {
                     pocket_core::embed::normalize(&mut v);
@@ -318,7 +432,7 @@ impl LlamaEmbedder {
     }
 }
 
-impl Model for LlamaEmbedder {
+impl Model for EmbeddingModel {
     fn info(&self) -> &ModelInfo {
         &self.info
     }

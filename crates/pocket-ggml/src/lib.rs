@@ -31,6 +31,7 @@ mod batch;
 mod compute;
 mod convert;
 mod embedder;
+mod encoder;
 mod error;
 mod exact;
 #[allow(unsafe_code)]
@@ -51,7 +52,7 @@ mod weights;
 
 pub use attention::AttentionKernel;
 pub use convert::WeightFormat;
-pub use embedder::{LlamaEmbedder, is_embedding_model};
+pub use embedder::{EmbeddingGraph, EmbeddingModel, is_embedding_model};
 pub use error::{Error, Result};
 pub use ffi::device::Repack;
 pub use ffi::device::{DeviceChoice, DeviceMemory, device_memory, device_names};

@@ -9,7 +9,7 @@ use pocket_core::memory::Ledger;
 use pocket_core::spec::{LayerSkipDrafter, SpecMode};
 use pocket_core::{Model, SessionConfig};
 use pocket_ggml::{
-    DeviceChoice, GgmlModel, GraphSupport, LlamaCppModel, LlamaEmbedder, LoadOptions, WeightFormat,
+    DeviceChoice, EmbeddingModel, GgmlModel, GraphSupport, LlamaCppModel, LoadOptions, WeightFormat,
 };
 use pocket_tract::TractModel;
 
@@ -54,7 +54,7 @@ impl Engine {
             Engine::Ggml => "ggml",
             Engine::LlamaCpp => "llama.cpp",
             Engine::Tract => "tract",
-            Engine::Embedding => "llama.cpp (embeddings)",
+            Engine::Embedding => "embeddings",
         }
     }
 
@@ -65,7 +65,7 @@ impl Engine {
             Engine::Ggml => GgmlModel::DRAFTERS,
             Engine::LlamaCpp => LlamaCppModel::DRAFTERS,
             Engine::Tract => TractModel::DRAFTERS,
-            Engine::Embedding => LlamaEmbedder::DRAFTERS,
+            Engine::Embedding => EmbeddingModel::DRAFTERS,
         }
     }
 
@@ -172,7 +172,7 @@ impl LoadedModel {
             ..LoadOptions::default()
         };
         if pocket_ggml::is_embedding_model(path) {
-            let model = LlamaEmbedder::load(path, &load)?;
+            let model = EmbeddingModel::load(path, &load)?;
             let (device, kernels) = (model.device_name().to_owned(), model.kernels().to_owned());
             let model = Arc::new(model);
             return Ok(Self::new(

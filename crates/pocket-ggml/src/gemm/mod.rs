@@ -50,6 +50,7 @@ macro_rules! unroll_cols {
 }
 
 pub(crate) mod blocks;
+pub(crate) mod dense;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub(crate) mod repacked;

@@ -165,7 +165,7 @@ fn embeddings(args: &Args, resolved: &pocket_models::ResolvedModel) -> anyhow::R
     let at = |b: usize| ours.batches.iter().find(|f| f.batch == b).map_or(0.0, |f| f.per_second);
     println!(
         "{:<44} {:>14.1} {:>14.1} {:>9.0} MiB",
-        format!("pocketd ({})", model.engine().name()),
+        format!("pocketd ({})", model.kernels()),
         at(1),
         at(32),
         ours.peak_rss_bytes as f64 / 1048576.0
