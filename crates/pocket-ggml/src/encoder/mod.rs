@@ -20,7 +20,7 @@ use rayon::prelude::*;
 
 use crate::ffi::gguf::GgufFile;
 use crate::ffi::types;
-use crate::gemm::dense::{Parallelism, matmul_t};
+use crate::gemm::dense::matmul;
 use llama_cpp_sys_2 as sys;
 
 /// How a text's token vectors become its vector.
@@ -40,9 +40,10 @@ struct Norm {
     b: Vec<f32>,
 }
 
-/// One encoder layer's weights, matrices as GGUF stores them (`n_out × n_in`, row-major).
+/// One encoder layer's weights, matrices input-major (`n_in × n_out`, row-major: GGUF's
+/// transposed, the layout the products run fastest on, see [`crate::gemm::dense`]).
 struct Layer {
-    /// Q, K and V stacked (`3·n_embd × n_embd`): one product for the three.
+    /// Q, K and V side by side (`n_embd × 3·n_embd`): one product for the three.
     wqkv: Vec<f32>,
     bqkv: Vec<f32>,
     wo: Vec<f32>,
@@ -114,15 +115,18 @@ impl Encoder {
                 wqkv.extend(read(&blk(&format!("{part}.weight")), &[n_embd, n_embd])?);
                 bqkv.extend(read(&blk(&format!("{part}.bias")), &[n_embd])?);
             }
+            let matrix = |name: &str, n_in: usize, n_out: usize| -> Result<Vec<f32>, String> {
+                Ok(transpose(&read(&blk(name), &[n_in, n_out])?, n_out, n_in))
+            };
             layers.push(Layer {
-                wqkv,
+                wqkv: transpose(&wqkv, 3 * n_embd, n_embd),
                 bqkv,
-                wo: read(&blk("attn_output.weight"), &[n_embd, n_embd])?,
+                wo: matrix("attn_output.weight", n_embd, n_embd)?,
                 bo: read(&blk("attn_output.bias"), &[n_embd])?,
                 attn_norm: norm(&blk("attn_output_norm"))?,
-                w_up: read(&blk("ffn_up.weight"), &[n_embd, n_ff])?,
+                w_up: matrix("ffn_up.weight", n_embd, n_ff)?,
                 b_up: read(&blk("ffn_up.bias"), &[n_ff])?,
-                w_down: read(&blk("ffn_down.weight"), &[n_ff, n_embd])?,
+                w_down: matrix("ffn_down.weight", n_ff, n_embd)?,
                 b_down: read(&blk("ffn_down.bias"), &[n_embd])?,
                 out_norm: norm(&blk("layer_output_norm"))?,
             });
@@ -196,23 +200,23 @@ impl Encoder {
     /// of the rayon pool this is called in.
     pub(crate) fn embed(&self, texts: &[&[Token]], threads: usize) -> Vec<Vec<f32>> {
         if threads <= 1 || texts.is_empty() {
-            return self.forward(texts, Parallelism::None, false);
+            return self.forward(texts, 1);
         }
         if texts.len() < threads {
-            return self.forward(texts, Parallelism::Rayon(threads), true);
+            return self.forward(texts, threads);
         }
         split_by_tokens(texts, threads)
             .into_par_iter()
-            .map(|group| self.forward(group, Parallelism::None, false))
+            .map(|group| self.forward(group, 1))
             .collect::<Vec<_>>()
             .concat()
     }
 
-    /// Every layer over the tokens of `texts`, then each text's pooled vector. `products` is
-    /// how the matrix products spread over threads, `parallel_rows` whether attention and GELU
-    /// do (by rows).
-    fn forward(&self, texts: &[&[Token]], products: Parallelism, parallel_rows: bool) -> Vec<Vec<f32>> {
+    /// Every layer over the tokens of `texts`, then each text's pooled vector; the products
+    /// split by columns, attention and GELU by rows, between `threads` tasks.
+    fn forward(&self, texts: &[&[Token]], threads: usize) -> Vec<Vec<f32>> {
         let d = self.n_embd;
+        let parallel_rows = threads > 1;
         // Each row's text, as (first row, tokens).
         let mut row_text = Vec::new();
         for t in texts {
@@ -237,20 +241,20 @@ impl Encoder {
         let mut ff = vec![0f32; n * self.n_ff];
         for l in &self.layers {
             fill_rows(&mut qkv, &l.bqkv);
-            matmul_t(&mut qkv, &x, &l.wqkv, n, d, 3 * d, true, products);
+            matmul(&mut qkv, &x, &l.wqkv, n, d, 3 * d, true, threads);
             self.attention(&qkv, &mut attn, &row_text, parallel_rows);
             add_rows(&mut x, &l.bo);
-            matmul_t(&mut x, &attn, &l.wo, n, d, d, true, products);
+            matmul(&mut x, &attn, &l.wo, n, d, d, true, threads);
             math::layer_norm(&mut x, &l.attn_norm.w, &l.attn_norm.b, self.eps);
             fill_rows(&mut ff, &l.b_up);
-            matmul_t(&mut ff, &x, &l.w_up, n, d, self.n_ff, true, products);
+            matmul(&mut ff, &x, &l.w_up, n, d, self.n_ff, true, threads);
             if parallel_rows {
                 ff.par_chunks_mut(self.n_ff).for_each(math::gelu);
             } else {
                 math::gelu(&mut ff);
             }
             add_rows(&mut x, &l.b_down);
-            matmul_t(&mut x, &ff, &l.w_down, n, self.n_ff, d, true, products);
+            matmul(&mut x, &ff, &l.w_down, n, self.n_ff, d, true, threads);
             math::layer_norm(&mut x, &l.out_norm.w, &l.out_norm.b, self.eps);
         }
         let mut first = 0;
@@ -304,6 +308,17 @@ impl Encoder {
             out.chunks_mut(d).enumerate().for_each(one_row);
         }
     }
+}
+
+/// `m` (`rows × cols`, row-major) transposed.
+fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0f32; m.len()];
+    for (r, row) in m.chunks_exact(cols).enumerate().take(rows) {
+        for (c, &v) in row.iter().enumerate() {
+            t[c * rows + r] = v;
+        }
+    }
+    t
 }
 
 /// Every row of `x` set to `b`.

@@ -3,83 +3,24 @@
 //!
 //! Why not ggml's: for f32 matrices ggml's CPU backend uses llamafile's tinyBLAS, which on the
 //! 2-core x86 machines here ran at about 60% of the cores' peak for the shapes of a sentence
-//! encoder (hundreds of rows, 384–1536 columns); `gemm` packs both operands into cache-sized
-//! panels as BLAS libraries do.
+//! encoder (a dozen to hundreds of rows, 384–1536 columns). `gemm` reached the peak on them —
+//! with the weights stored input-major (`k × n`, each input's weights for every output
+//! contiguous). As GGUF stores them (`n × k`) it packs them on every call, which on one short
+//! text made a product 2× slower and, for the feed-forward's down-projection, 8×: the encoder
+//! transposes its matrices once, at load.
 
-pub(crate) use gemm::Parallelism;
+use gemm::Parallelism;
 use rayon::prelude::*;
 
-/// Up to this many rows a product skips the packed kernels. `gemm` packs the weights into
-/// panels on every call, which costs about one more read and write of the matrix: nothing
-/// beside hundreds of rows, but for one short text (a dozen rows) it made a pass 4× slower
-/// than reading each weight row once and taking its dot products with every row of `x`.
-const FEW_ROWS: usize = 32;
-
-/// `y = base + x · wᵀ`, where `x` is `rows × k` and `w` is `n × k` (both row-major: the
-/// weights of one output contiguous, as GGUF stores a matrix), and `y` is `rows × n`; `base`
-/// is what `y` holds before (`accumulate`: the residual and the bias, set by the caller) or
-/// nothing.
+/// `y = base + x · w`, where `x` is `rows × k`, `w` is `k × n` and `y` is `rows × n` (all
+/// row-major; `w` is GGUF's matrix transposed); `base` is what `y` holds before (`accumulate`:
+/// the residual and the bias, set by the caller) or nothing. With `threads` > 1 the columns are
+/// split between that many tasks of the rayon pool this runs in (`gemm`'s own rayon split ran
+/// one short text's products at 1.5× one thread on two; a split by columns needs no reduction).
 ///
 /// Panics if the lengths disagree with `rows`, `k` and `n`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul_t(
-    y: &mut [f32],
-    x: &[f32],
-    w: &[f32],
-    rows: usize,
-    k: usize,
-    n: usize,
-    accumulate: bool,
-    parallelism: Parallelism,
-) {
-    assert_eq!(x.len(), rows * k, "x is rows × k");
-    assert_eq!(w.len(), n * k, "w is n × k");
-    assert_eq!(y.len(), rows * n, "y is rows × n");
-    if rows == 0 || n == 0 {
-        return;
-    }
-    if rows <= FEW_ROWS {
-        let threads = match parallelism {
-            Parallelism::None => 1,
-            Parallelism::Rayon(n) => n.max(1),
-        };
-        return few_rows(y, x, w, rows, k, n, accumulate, threads);
-    }
-    let (k_, n_) = (k as isize, n as isize);
-    // SAFETY: every pointer is into a slice whose length was checked above against the strides
-    // given: y[r, c] at r·n + c (r < rows, c < n), x[r, j] at r·k + j, wᵀ[j, c] = w[c·k + j]
-    // (j < k); `y` is borrowed mutably, so it overlaps neither operand.
-    unsafe {
-        gemm::gemm(
-            rows,
-            n,
-            k,
-            y.as_mut_ptr(),
-            1,
-            n_,
-            accumulate,
-            x.as_ptr(),
-            1,
-            k_,
-            w.as_ptr(),
-            k_,
-            1,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        )
-    }
-}
-
-/// [`matmul_t`] for a few rows: each weight row read once, its dot products with every row of
-/// `x` (which stays in cache) taken four weight rows and two rows of `x` at a time (eight sums
-/// in registers); the weight rows split between `threads` threads of the rayon pool this runs
-/// in.
-#[allow(clippy::too_many_arguments)]
-fn few_rows(
+pub(crate) fn matmul(
     y: &mut [f32],
     x: &[f32],
     w: &[f32],
@@ -89,83 +30,70 @@ fn few_rows(
     accumulate: bool,
     threads: usize,
 ) {
-    // Computed transposed (a weight row's outputs contiguous), so threads write apart.
-    let mut yt = vec![0f32; n * rows];
-    let per_task = n.div_ceil(threads).next_multiple_of(4);
-    let task = |(t, out): (usize, &mut [f32])| {
-        let c0 = t * per_task;
-        for (i, out4) in out.chunks_mut(4 * rows).enumerate() {
-            let c = c0 + 4 * i;
-            let m = out4.len() / rows;
-            // Past the last weight row, the last one again (its sums are not stored).
-            let wr: [&[f32]; 4] = std::array::from_fn(|j| &w[(c + j.min(m - 1)) * k..][..k]);
-            for r in (0..rows).step_by(2) {
-                let r1 = (r + 1).min(rows - 1);
-                let d = dot_4x2([&x[r * k..][..k], &x[r1 * k..][..k]], wr);
-                for j in 0..m {
-                    out4[j * rows + r] = d[0][j];
-                    out4[j * rows + r1] = d[1][j];
-                }
-            }
+    assert_eq!(x.len(), rows * k, "x is rows × k");
+    assert_eq!(w.len(), k * n, "w is k × n");
+    assert_eq!(y.len(), rows * n, "y is rows × n");
+    if rows == 0 || n == 0 {
+        return;
+    }
+    let block = n.div_ceil(threads.max(1)).next_multiple_of(16).min(n);
+    let out = OutPtr(y.as_mut_ptr());
+    let columns = |c0: usize| {
+        let nb = block.min(n - c0);
+        // SAFETY: every pointer is into a slice whose length was checked above against the
+        // strides given: y[r, c] at r·n + c (r < rows, c0 ≤ c < c0 + nb ≤ n), x[r, j] at r·k + j,
+        // w[j, c] at j·n + c (j < k). `y` is borrowed mutably for the whole call, so it overlaps
+        // neither operand, and each task writes only its own columns c0..c0 + nb of it.
+        unsafe {
+            gemm::gemm(
+                rows,
+                nb,
+                k,
+                out.at(c0),
+                1,
+                n as isize,
+                accumulate,
+                x.as_ptr(),
+                1,
+                k as isize,
+                w.as_ptr().add(c0),
+                1,
+                n as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                Parallelism::None,
+            )
         }
     };
-    if threads > 1 {
-        yt.par_chunks_mut(per_task * rows).enumerate().for_each(task);
+    if block >= n {
+        columns(0);
     } else {
-        yt.chunks_mut(per_task * rows).enumerate().for_each(task);
-    }
-    for (r, yr) in y.chunks_exact_mut(n).enumerate() {
-        for (c, v) in yr.iter_mut().enumerate() {
-            let p = yt[c * rows + r];
-            *v = if accumulate { *v + p } else { p };
-        }
+        (0..n).step_by(block).collect::<Vec<_>>().into_par_iter().for_each(columns);
     }
 }
 
-/// `a·b + c`, fused where the build's CPU has FMA (elsewhere `mul_add` would be a libm call).
-#[inline(always)]
-fn fma(a: f32, b: f32, c: f32) -> f32 {
-    #[cfg(any(target_feature = "fma", target_arch = "aarch64"))]
-    {
-        a.mul_add(b, c)
-    }
-    #[cfg(not(any(target_feature = "fma", target_arch = "aarch64")))]
-    {
-        a * b + c
-    }
-}
+/// `y`'s pointer, shared by the tasks that write disjoint columns of it.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
 
-/// The dot products of each of `x` with each of `w`, in 16 partial sums each: fixed-size
-/// chunks and one accumulator array per product, which the compiler keeps in vector registers.
-fn dot_4x2(x: [&[f32]; 2], w: [&[f32]; 4]) -> [[f32; 4]; 2] {
-    const L: usize = 16;
-    let xc = x.map(|x| x.as_chunks::<L>().0);
-    let wc = w.map(|w| w.as_chunks::<L>().0);
-    // Eight named accumulators: an array of them is kept in memory, not registers.
-    let z = [0f32; L];
-    let (mut a00, mut a01, mut a02, mut a03, mut a10, mut a11, mut a12, mut a13) = (z, z, z, z, z, z, z, z);
-    for i in 0..xc[0].len() {
-        let (x0, x1) = (&xc[0][i], &xc[1][i]);
-        let (w0, w1, w2, w3) = (&wc[0][i], &wc[1][i], &wc[2][i], &wc[3][i]);
-        for l in 0..L {
-            a00[l] = fma(x0[l], w0[l], a00[l]);
-            a01[l] = fma(x0[l], w1[l], a01[l]);
-            a02[l] = fma(x0[l], w2[l], a02[l]);
-            a03[l] = fma(x0[l], w3[l], a03[l]);
-            a10[l] = fma(x1[l], w0[l], a10[l]);
-            a11[l] = fma(x1[l], w1[l], a11[l]);
-            a12[l] = fma(x1[l], w2[l], a12[l]);
-            a13[l] = fma(x1[l], w3[l], a13[l]);
-        }
+// SAFETY: the tasks of one `matmul` write disjoint elements through it, and the call returns
+// only when all of them have finished, while it still borrows `y` mutably.
+unsafe impl Send for OutPtr {}
+// SAFETY: as for Send.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer `c` elements on.
+    ///
+    /// # Safety
+    /// `c` is within the slice the pointer came from.
+    unsafe fn at(self, c: usize) -> *mut f32 {
+        // SAFETY: as the caller promises.
+        unsafe { self.0.add(c) }
     }
-    let acc = [[a00, a01, a02, a03], [a10, a11, a12, a13]];
-    let whole = xc[0].len() * L;
-    std::array::from_fn(|r| {
-        std::array::from_fn(|j| {
-            let tail: f32 = x[r][whole..].iter().zip(&w[j][whole..]).map(|(a, b)| a * b).sum();
-            acc[r][j].iter().sum::<f32>() + tail
-        })
-    })
 }
 
 /// The instructions `gemm` runs here, for the kernels' name.
@@ -197,18 +125,18 @@ mod tests {
     /// Against the product written out, in both modes, over shapes that are not multiples of
     /// any kernel's tile.
     #[test]
-    fn matmul_t_is_the_product_with_the_transposed_weights() {
+    fn matmul_is_the_product() {
         for &(rows, k, n) in &[(1, 3, 2), (7, 33, 65), (3, 40, 7), (45, 384, 129)] {
             let x: Vec<f32> = (0..rows * k).map(|i| ((i * 7) % 11) as f32 * 0.25 - 1.0).collect();
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 5) % 13) as f32 * 0.125 - 0.75).collect();
             let base: Vec<f32> = (0..rows * n).map(|i| (i % 3) as f32).collect();
-            for par in [Parallelism::None, Parallelism::Rayon(2)] {
+            for threads in [1, 2, 3] {
                 for accumulate in [false, true] {
                     let mut y = base.clone();
-                    matmul_t(&mut y, &x, &w, rows, k, n, accumulate, par);
+                    matmul(&mut y, &x, &w, rows, k, n, accumulate, threads);
                     for r in 0..rows {
                         for c in 0..n {
-                            let dot: f64 = (0..k).map(|j| x[r * k + j] as f64 * w[c * k + j] as f64).sum();
+                            let dot: f64 = (0..k).map(|j| x[r * k + j] as f64 * w[j * n + c] as f64).sum();
                             let want = dot + if accumulate { base[r * n + c] as f64 } else { 0.0 };
                             let got = y[r * n + c] as f64;
                             assert!(
