@@ -76,8 +76,8 @@ pub(crate) struct Encoder {
 
 impl Encoder {
     /// The encoder of the BERT model in `file`, pooling as `pooling`; `Err` says why this file
-    /// is not one ours computes (another architecture, a tensor missing or of a type without
-    /// an f32 conversion), and the model then runs on llama.cpp's graph.
+    /// is not one ours computes (another architecture, a tensor missing, quantized weights),
+    /// and the model then runs on llama.cpp's graph.
     pub(crate) fn load(file: &GgufFile, pooling: Pooling) -> Result<Encoder, String> {
         let arch = file.get_str("general.architecture").unwrap_or_default();
         if arch != "bert" {
@@ -374,10 +374,12 @@ fn read_f32(file: &GgufFile, name: &str, shape: &[usize]) -> Result<Vec<f32>, St
         for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
             *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         }
-    } else if types::info(ty).has_to_float && n.is_multiple_of(types::info(ty).block) {
+    } else if ty == sys::GGML_TYPE_F16 || ty == sys::GGML_TYPE_BF16 {
         types::to_float(ty, bytes, &mut out);
     } else {
-        return Err(format!("{name} is of ggml type {ty}, which has no conversion to f32"));
+        // A quantized file was chosen to be small: in f32 it would take 4–8× its size, so it
+        // stays on llama.cpp's graph, which multiplies it as stored.
+        return Err(format!("{name} is quantized (ggml type {ty}); ours computes f32, f16 and bf16 weights"));
     }
     Ok(out)
 }
