@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the files in systemd/ without installing anything:
 #
-#   - pocketd.service and pocketd.socket with `systemd-analyze verify` (any
+#   - pocketd.service, pocketd.socket and pocketd-rpc.service with
+#     `systemd-analyze verify` (any
 #     message about them fails the check; systemd-analyze exits 0 on most
 #     warnings, such as an unknown key or a bad value, so its output is read);
 #   - the D-Bus policy is well-formed XML (xmllint, else Python), and a private
@@ -70,6 +71,18 @@ while IFS= read -r line; do
 done <"$here/pocketd.service" >"$tmp/units/pocketd.service"
 [[ $replaced -eq 1 ]] || die "pocketd.service: expected one ExecStart=/usr/bin/pocketd ... line, found $replaced"
 cp "$here/pocketd.socket" "$tmp/units/"
+# pocketd-rpc.service runs `pocket rpc-serve`: the pocket beside the pocketd given, if there is one.
+pocket_bin=$(dirname "$bin")/pocket
+[[ -x $pocket_bin ]] || pocket_bin=$bin
+replaced=0
+while IFS= read -r line; do
+    if [[ $line == "ExecStart=/usr/bin/pocket "* ]]; then
+        line="ExecStart=\"$pocket_bin\" ${line#"ExecStart=/usr/bin/pocket "}"
+        replaced=$((replaced + 1))
+    fi
+    printf '%s\n' "$line"
+done <"$here/pocketd-rpc.service" >"$tmp/units/pocketd-rpc.service"
+[[ $replaced -eq 1 ]] || die "pocketd-rpc.service: expected one ExecStart=/usr/bin/pocket ... line, found $replaced"
 
 opts=(--man=no)
 # systemd >= 250: the exit status covers only the units named, not what they pull in.
@@ -78,17 +91,18 @@ if systemd-analyze --help 2>/dev/null | grep -q -- --recursive-errors; then
 fi
 rc=0
 out=$(cd "$tmp" && SYSTEMD_LOG_LEVEL=notice SYSTEMD_LOG_COLOR=0 \
-    systemd-analyze verify "${opts[@]}" "$tmp/units/pocketd.service" "$tmp/units/pocketd.socket" 2>&1) || rc=$?
+    systemd-analyze verify "${opts[@]}" "$tmp/units/pocketd.service" "$tmp/units/pocketd.socket" \
+        "$tmp/units/pocketd-rpc.service" 2>&1) || rc=$?
 # Without a running systemd, systemd-analyze may say things about other units
 # or the bus; only lines about ours count.
-ours=$(grep -F -e pocketd.service -e pocketd.socket -e "$tmp" <<<"$out" || true)
+ours=$(grep -F -e pocketd.service -e pocketd.socket -e pocketd-rpc.service -e "$tmp" <<<"$out" || true)
 if [[ -n $ours || $rc -ne 0 ]]; then
     echo "systemd-analyze verify (exit status $rc):" >&2
     # The copies have the same lines as the originals.
     printf '%s\n' "${ours:-$out}" | sed "s|$tmp/units/|systemd/|g" >&2
     die "the units have problems"
 fi
-echo "ok: pocketd.service, pocketd.socket (systemd-analyze verify)"
+echo "ok: pocketd.service, pocketd.socket, pocketd-rpc.service (systemd-analyze verify)"
 
 # The files must agree with one another.
 activation=$here/org.pocketd.Pocketd1.service

@@ -1,4 +1,8 @@
-//! Where a CUDA build finds its shared libraries at run time.
+//! The version the binaries print, and where a CUDA build finds its shared libraries at run
+//! time.
+//!
+//! `--version` names the ggml RPC protocol the build speaks (peers must speak the same), which
+//! pocket-ggml's build script passes on as `DEP_POCKET_GGML_RPC_PROTOCOL`: `POCKETD_VERSION`.
 //!
 //! With the `cuda` feature ggml is built as shared libraries (see pocket-ggml's Cargo.toml).
 //! The binaries look for them beside themselves (`$ORIGIN`), in `$ORIGIN/../lib/pocketd` (where
@@ -14,6 +18,11 @@
 //! libcudart and libcublas, and carries no search path of its own.
 
 fn main() {
+    println!("cargo:rerun-if-env-changed=DEP_POCKET_GGML_RPC_PROTOCOL");
+    let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
+    let rpc = std::env::var("DEP_POCKET_GGML_RPC_PROTOCOL")
+        .map_or_else(|_| "no RPC backend".to_owned(), |p| format!("ggml RPC protocol {p}"));
+    println!("cargo:rustc-env=POCKETD_VERSION={version} ({rpc})");
     println!("cargo:rerun-if-env-changed=CUDA_PATH");
     println!("cargo:rerun-if-env-changed=DEP_POCKET_GGML_LIB_DIR");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {

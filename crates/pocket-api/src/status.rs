@@ -40,6 +40,18 @@ pub struct Status {
     /// The HTTP connections (absent when the status did not come over HTTP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connections: Option<ConnectionStatus>,
+    /// ggml's RPC backend, through which models use other boards' devices (absent in a build
+    /// without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpc: Option<RpcStatus>,
+}
+
+/// ggml's RPC backend (`GET /v1/status`'s `rpc`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RpcStatus {
+    /// The protocol version this build speaks (`7.0.0`): a peer must speak the same major
+    /// version and a minor no newer.
+    pub protocol: String,
 }
 
 /// The CPU threads of forward passes (`GET /v1/status`'s `cpu`).

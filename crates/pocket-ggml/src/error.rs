@@ -63,6 +63,10 @@ pub enum Error {
         /// The devices there are.
         available: String,
     },
+    /// ggml's RPC backend: missing from the build, a server that cannot start, a peer that is
+    /// down, speaks another protocol version or fails mid-computation.
+    #[error("rpc: {0}")]
+    Rpc(String),
     /// An error of the engine boundary (bad argument, context overflow, tokenizer).
     #[error(transparent)]
     Core(#[from] pocket_core::Error),

@@ -47,6 +47,7 @@ mod loaded;
 mod model;
 pub mod parity;
 mod parts;
+pub mod rpc;
 mod session;
 mod weights;
 

@@ -53,7 +53,7 @@ pub use validate::{Settings, validate};
 // builds, llama.cpp as reference and baseline, and the parity check against it; the
 // encoder-decoder engine and its KV arithmetic for the seq2seq benchmark's KV report.
 pub use pocket_ggml::{
-    DeviceChoice, DeviceMemory, LlamaCpp, SUPPORTED_ARCHITECTURES, WeightFormat, device_memory, parity,
+    DeviceChoice, DeviceMemory, LlamaCpp, SUPPORTED_ARCHITECTURES, WeightFormat, device_memory, parity, rpc,
 };
 pub use pocket_tract::{TractModel, kv_bytes_per_token};
 

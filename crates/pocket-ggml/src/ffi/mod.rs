@@ -1,7 +1,7 @@
 //! The FFI layer: everything that calls ggml or llama.cpp directly, as safe types —
 //! [`graph`] (building graphs), [`gguf`] (reading GGUF files), [`device`] (devices and buffer
 //! types), [`arena`] (tensors holding data: weights, KV cache), [`sched`] (a session's backends and scheduler), [`types`] (element types), [`llama`] (llama.cpp's own model and
-//! context), [`vocab`] (its tokenizer). The crate's `unsafe` is here and in the kernels (`attention`,
+//! context), [`vocab`] (its tokenizer), [`rpc`] (ggml's RPC backend). The crate's `unsafe` is here and in the kernels (`attention`,
 //! `gemm`).
 
 pub(crate) mod arena;
@@ -13,6 +13,7 @@ pub(crate) mod graph;
 pub(crate) mod heap;
 pub(crate) mod llama;
 pub(crate) mod pools;
+pub(crate) mod rpc;
 pub(crate) mod sched;
 pub(crate) mod types;
 pub(crate) mod vocab;

@@ -11,12 +11,13 @@ pub mod daemon;
 pub mod embed;
 pub mod parity;
 pub mod pull;
+pub mod rpc_serve;
 pub mod run;
 pub mod tune;
 
 /// `pocket`: run and benchmark models on this machine, and talk to pocketd.
 #[derive(Debug, Parser)]
-#[command(name = "pocket", version, about)]
+#[command(name = "pocket", version = env!("POCKETD_VERSION"), about)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -48,6 +49,9 @@ pub enum Command {
     Models(daemon::Args),
     /// Show the daemon's memory, models and running requests.
     Status(daemon::Args),
+    /// Lend this machine's CPU or GPU to pocketd on another board (ggml's RPC server), with
+    /// the memory peers may take capped.
+    RpcServe(rpc_serve::Args),
 }
 
 impl Cli {
@@ -64,6 +68,7 @@ impl Cli {
             Command::Chat(args) => ask::chat(args),
             Command::Models(args) => daemon::models(args),
             Command::Status(args) => daemon::status(args),
+            Command::RpcServe(args) => rpc_serve::run(args),
         }
     }
 }

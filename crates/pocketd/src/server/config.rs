@@ -326,7 +326,7 @@ impl Config {
 
 /// pocketd's flags: each one overrides the configuration file's value.
 #[derive(Debug, Clone, Default, clap::Parser)]
-#[command(name = "pocketd", version, about = "pocketd: a low-memory LLM inference daemon")]
+#[command(name = "pocketd", version = env!("POCKETD_VERSION"), about = "pocketd: a low-memory LLM inference daemon")]
 pub struct Flags {
     /// The configuration file (default: /etc/pocketd/pocketd.toml, if it exists).
     #[arg(long, value_name = "FILE")]

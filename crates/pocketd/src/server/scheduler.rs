@@ -291,6 +291,7 @@ impl Scheduler {
             cpu: Some(self.cpu()),
             learning: self.learner.doing(),
             connections: None,
+            rpc: pocket_runtime::rpc::protocol().map(|p| pocket_api::RpcStatus { protocol: p.to_owned() }),
         }
     }
 

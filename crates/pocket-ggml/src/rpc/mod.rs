@@ -1,0 +1,18 @@
+//! Models beyond one board: ggml's RPC backend, which lends a machine's device to peers.
+//!
+//! - [`serve`] runs ggml's RPC server over this machine's CPU or GPU, with the memory peers
+//!   may take capped ([`ServeOptions::memory`]); `pocket rpc-serve` is its command.
+//! - [`probe`] asks a server, in our own code, which protocol it speaks and what its devices
+//!   offer, with timeouts: ggml's client aborts the process when a server is down or speaks
+//!   another version, so nothing hands it a peer before the probe passed.
+//!
+//! RPC has no authentication and no encryption: a server is reachable by whoever reaches its
+//! port (docs/rpc.md says how to keep it on loopback, a WireGuard link or an SSH tunnel).
+
+mod wire;
+
+pub use crate::ffi::rpc::{ServeOptions, lent, protocol, serve, serve_device};
+pub use wire::{Peer, PeerDevice, Version, probe};
+
+/// The port ggml's `rpc-server` listens on by default, and ours.
+pub const DEFAULT_PORT: u16 = 50052;

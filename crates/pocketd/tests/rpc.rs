@@ -1,0 +1,93 @@
+//! ggml's RPC backend through the real binaries: `pocket rpc-serve` on loopback, as a board
+//! lending its CPU to a peer runs it.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use pocket_runtime::rpc;
+
+fn pocket(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pocket")).args(args).output().expect("the pocket binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A `pocket rpc-serve` child, killed when dropped.
+struct Server {
+    child: Child,
+    endpoint: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `pocket rpc-serve` on a free loopback port with `args`, once it answers a probe.
+fn rpc_serve(args: &[&str]) -> Server {
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_pocket"))
+        .args(["rpc-serve", "--listen", &endpoint, "--threads", "1"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("pocket rpc-serve starts");
+    let server = Server { child, endpoint };
+    for _ in 0..200 {
+        if rpc::probe(&server.endpoint, Duration::from_secs(1)).is_ok() {
+            return server;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("pocket rpc-serve on {} did not answer", server.endpoint);
+}
+
+#[test]
+fn version_names_the_rpc_protocol() {
+    let o = pocket(&["--version"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let protocol = rpc::protocol().expect("RPC is in every build");
+    assert!(out.contains(&format!("ggml RPC protocol {protocol}")), "{out}");
+}
+
+#[test]
+fn rpc_serve_offers_peers_the_memory_it_was_given() {
+    let server = rpc_serve(&["--memory", "200MiB"]);
+    let peer = rpc::probe(&server.endpoint, Duration::from_secs(2)).unwrap();
+    assert_eq!(peer.version.to_string(), rpc::protocol().unwrap());
+    assert_eq!(peer.devices.len(), 1);
+    assert_eq!(peer.devices[0].total_bytes, 200 << 20);
+    assert_eq!(peer.devices[0].free_bytes, 200 << 20);
+    assert!(peer.round_trip < Duration::from_secs(1), "{:?}", peer.round_trip);
+}
+
+#[test]
+fn rpc_serve_refuses_a_network_address_without_the_flag() {
+    let o = pocket(&["rpc-serve", "--listen", "0.0.0.0:50999", "--memory", "10MiB"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("not a loopback address") && err.contains("--allow-network"), "{err}");
+
+    let o = pocket(&["rpc-serve", "--listen", "[::1]:50999"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("IPv4 addresses only"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_port_in_use_is_a_clear_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = taken.local_addr().unwrap().to_string();
+    let o = pocket(&["rpc-serve", "--listen", &endpoint, "--memory", "10MiB", "--threads", "1"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("address is in use"), "{}", stderr(&o));
+}
