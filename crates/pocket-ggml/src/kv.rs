@@ -15,6 +15,10 @@
 //! the new for the moment of the copy). A new cache is a new layout (a new id), so the graphs
 //! built on the old one are not used again. Truncating keeps the capacity.
 //!
+//! A model split across machines ([`crate::split`]) keeps each layer's cache with the layer: a
+//! layer on a peer has its K and V in the peer's memory, the others here; such a cache grows as
+//! a device's does, and the ledger pays for this machine's layers only.
+//!
 //! [`graph::KV_PAD`]: crate::graph::KV_PAD
 
 use std::ops::Deref;
@@ -31,6 +35,7 @@ use crate::ffi::graph::Tensor;
 use crate::ffi::types::{self, ggml_type};
 use crate::hparams::Hparams;
 use crate::{Error, Result};
+use llama_cpp_sys_2 as sys;
 
 /// The KV cache grows and shrinks in blocks of this many tokens.
 pub const KV_BLOCK_TOKENS: usize = 64;
@@ -95,8 +100,13 @@ pub(crate) struct KvCache {
     /// Most tokens held; blocks are accounted up to here.
     limit: usize,
     n_layer: usize,
+    /// Layers whose cache is in this machine's memory (all but those on peers): the ledger
+    /// pays for theirs.
+    charged_layers: usize,
     arena: Arena,
     buffer: BufferId,
+    /// A split cache's arenas in other buffer types than `arena`'s (a peer's memory).
+    other_arenas: Vec<Arena>,
     /// In host memory: the bytes each tensor's region takes (address space reserved for the
     /// whole context, committed as written; K's and V's rows may differ in size, and each
     /// region fits the larger). None: device memory, reallocated as it grows.
@@ -112,35 +122,62 @@ pub(crate) struct KvCache {
 
 /// What a cache in device memory is reallocated with.
 struct DeviceCache {
-    buft: BufferType,
-    name: String,
+    /// Each layer's buffer type: the device's, or for a layer on a peer, the peer's.
+    bufts: Vec<BufferType>,
     n_embd_kv: usize,
     /// Most positions it grows to (the context, padded).
     max: usize,
 }
 
-/// A device cache of `rows` positions: its arena, buffer and each layer's K and V, zeroed.
-fn device_tensors(
-    d: &DeviceCache,
-    kv: KvType,
-    n_layer: usize,
-    rows: usize,
-) -> Result<(Arena, BufferId, Vec<Tensor>, Vec<Tensor>)> {
-    let mut arena = Arena::new(2 * n_layer)?;
+/// A device cache of `rows` positions: its arenas (one per buffer type, each with one buffer;
+/// the first's id beside them) and each layer's K and V, zeroed.
+fn device_tensors(d: &DeviceCache, kv: KvType, rows: usize) -> Result<DeviceTensors> {
+    let n_layer = d.bufts.len();
+    let mut bufts: Vec<sys::ggml_backend_buffer_type_t> = Vec::new();
+    for b in &d.bufts {
+        if !bufts.contains(&b.0) {
+            bufts.push(b.0);
+        }
+    }
+    let mut arenas = Vec::with_capacity(bufts.len());
+    for _ in &bufts {
+        arenas.push(Arena::new(2 * n_layer)?);
+    }
     let mut k = Vec::with_capacity(n_layer);
     let mut v = Vec::with_capacity(n_layer);
-    for _ in 0..n_layer {
+    for b in &d.bufts {
+        let arena = &mut arenas[bufts.iter().position(|&x| x == b.0).expect("listed above")];
         k.push(arena.matrix(ggml_type(kv.k), d.n_embd_kv, rows)?);
         v.push(arena.matrix(ggml_type(kv.v), d.n_embd_kv, rows)?);
     }
-    let buffer = arena
-        .alloc_in(d.buft.0)
-        .map_err(|_| Error::Ggml(format!("cannot allocate a {rows}-token KV cache on {}", d.name)))?;
-    // Device memory comes uninitialised, unlike fresh anonymous pages. Attention reads padded
-    // lengths past the written positions and masks them, but a masked weight of 0 times a NaN
-    // left in the memory is still NaN: zero the cache, as llama.cpp does.
-    arena.clear(buffer);
-    Ok((arena, buffer, k, v))
+    let mut first = None;
+    for (arena, &buft) in arenas.iter_mut().zip(&bufts) {
+        let buffer = arena.alloc_in(buft).map_err(|_| {
+            Error::Ggml(format!(
+                "cannot allocate a {rows}-token KV cache in {}",
+                crate::ffi::device::buft_name(buft)
+            ))
+        })?;
+        // Device memory comes uninitialised, unlike fresh anonymous pages. Attention reads
+        // padded lengths past the written positions and masks them, but a masked weight of 0
+        // times a NaN left in the memory is still NaN: zero the cache, as llama.cpp does.
+        arena.clear(buffer);
+        first.get_or_insert(buffer);
+    }
+    let host = arenas.iter().all(Arena::all_host);
+    let buffer = first.expect("a model has layers");
+    Ok(DeviceTensors { arenas, buffer, k, v, host })
+}
+
+/// What [`device_tensors`] makes.
+struct DeviceTensors {
+    arenas: Vec<Arena>,
+    /// The first arena's buffer.
+    buffer: BufferId,
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    /// Whether every layer's cache is in host memory.
+    host: bool,
 }
 
 impl KvCache {
@@ -164,21 +201,23 @@ impl KvCache {
             ))));
         }
         let (k_row_bytes, v_row_bytes) = (row_bytes(hp, kv.k), row_bytes(hp, kv.v));
-        if !device.is_cpu() {
-            let d = DeviceCache {
-                buft: BufferType(device.buffer_type()),
-                name: device.name.clone(),
-                n_embd_kv: hp.n_embd_kv(),
-                max: n_ctx,
-            };
+        let charged_layers = (0..hp.n_layer).filter(|&il| device.remote_of(il).is_none()).count();
+        if !device.all_on_cpu() {
+            // Each layer's cache where the layer is: a peer's memory, else this device's
+            // (host memory for the CPU).
+            let here = if device.is_cpu() { device.cpu_buffer_type() } else { device.buffer_type() };
+            let bufts = (0..hp.n_layer)
+                .map(|il| BufferType(device.remote_of(il).map_or(here, |r| r.buffer_type())))
+                .collect();
+            let d = DeviceCache { bufts, n_embd_kv: hp.n_embd_kv(), max: n_ctx };
             // A first block; passes that need more grow it (`grow_to`).
             let rows = crate::graph::KV_PAD.min(n_ctx);
-            if !buft_is_host(d.buft.0) {
+            if !buft_is_host(here) {
                 reservation.move_to(Place::Device)?;
             }
-            reservation.resize((rows * bytes_per_token(hp, kv)) as u64)?;
-            let (arena, buffer, k, v) = device_tensors(&d, kv, hp.n_layer, rows)?;
-            let host = arena.is_host(buffer);
+            reservation.resize((rows * charged_layers * (k_row_bytes + v_row_bytes)) as u64)?;
+            let DeviceTensors { mut arenas, buffer, k, v, host } = device_tensors(&d, kv, rows)?;
+            let arena = arenas.remove(0);
             return Ok(KvCache {
                 layout: Arc::new(KvLayout {
                     id: next_id(),
@@ -193,8 +232,10 @@ impl KvCache {
                 device: Some(d),
                 limit: limit.min(n_ctx),
                 n_layer: hp.n_layer,
+                charged_layers,
                 arena,
                 buffer,
+                other_arenas: arenas,
                 region: None,
                 committed: rows,
                 reservation,
@@ -225,8 +266,10 @@ impl KvCache {
             device: None,
             limit: limit.min(n_ctx),
             n_layer: hp.n_layer,
+            charged_layers,
             arena,
             buffer,
+            other_arenas: Vec::new(),
             region: Some(region),
             committed: 0,
             reservation,
@@ -346,13 +389,13 @@ impl KvCache {
         let rows = tokens.next_multiple_of(crate::graph::KV_PAD).min(d.max).max(tokens);
         // The old cache and the new are both held while the positions are copied.
         self.reservation.resize(self.bytes_for(held + rows) as u64)?;
-        let grown = device_tensors(d, self.kv, self.n_layer, rows).and_then(|(arena, buffer, k, v)| {
-            for (old, new) in self.layout.k.iter().zip(&k).chain(self.layout.v.iter().zip(&v)) {
+        let grown = device_tensors(d, self.kv, rows).and_then(|t| {
+            for (old, new) in self.layout.k.iter().zip(&t.k).chain(self.layout.v.iter().zip(&t.v)) {
                 Arena::copy_rows(*old, *new, held)?;
             }
-            Ok((arena, buffer, k, v))
+            Ok(t)
         });
-        let (arena, buffer, k, v) = match grown {
+        let DeviceTensors { mut arenas, buffer, k, v, host } = match grown {
             Ok(grown) => grown,
             Err(e) => {
                 let _ = self.reservation.resize(self.bytes_for(held) as u64);
@@ -360,11 +403,12 @@ impl KvCache {
             }
         };
         let l = &self.layout;
-        let (kv, k_row_bytes, v_row_bytes, host) = (l.kv, l.k_row_bytes, l.v_row_bytes, l.host);
+        let (kv, k_row_bytes, v_row_bytes) = (l.kv, l.k_row_bytes, l.v_row_bytes);
         self.layout =
             Arc::new(KvLayout { id: next_id(), kv, n_ctx: rows, k_row_bytes, v_row_bytes, k, v, host });
-        // The old tensors go with the old arena (graphs on them are not used again: new id).
-        self.arena = arena;
+        // The old tensors go with the old arenas (graphs on them are not used again: new id).
+        self.arena = arenas.remove(0);
+        self.other_arenas = arenas;
         self.buffer = buffer;
         self.committed = rows;
         let _ = self.reservation.resize(self.bytes_for(rows) as u64);
@@ -433,9 +477,10 @@ impl KvCache {
         self.bytes_for(self.committed)
     }
 
-    /// Bytes `tokens` committed tokens take (each layer's K and V also ends on a page, up to
-    /// 4 KiB more, which the process reserve covers).
+    /// Bytes `tokens` committed tokens take in this machine's memory (each layer's K and V
+    /// also ends on a page, up to 4 KiB more, which the process reserve covers; layers on
+    /// peers are in theirs).
     fn bytes_for(&self, tokens: usize) -> usize {
-        tokens * self.token_bytes()
+        tokens * self.charged_layers * (self.k_row_bytes + self.v_row_bytes)
     }
 }

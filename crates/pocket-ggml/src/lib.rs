@@ -49,6 +49,7 @@ pub mod parity;
 mod parts;
 pub mod rpc;
 mod session;
+mod split;
 mod weights;
 
 pub use attention::AttentionKernel;
@@ -69,3 +70,4 @@ pub use llama_cpp_engine::{LlamaCppModel, LlamaCppSession};
 pub use llama_cpp_reference::{LlamaCpp, Together};
 pub use model::{GgmlModel, GraphSupport, LoadOptions, graph_support};
 pub use session::{GgmlSession, MAX_LOGIT_ROWS};
+pub use split::{RemoteLayers, SplitOptions};

@@ -39,6 +39,9 @@ pub struct LoadOptions {
     /// The memory ledger the weights are paid for in, for as long as the model is loaded
     /// (none: no budget).
     pub ledger: Option<Ledger>,
+    /// Layers placed on other machines' devices through ggml's RPC backend (none: every layer
+    /// here). The ledger pays for this machine's share only.
+    pub split: Option<crate::SplitOptions>,
 }
 
 /// Which engine of this crate a GGUF file needs.
@@ -72,7 +75,7 @@ pub fn graph_support(path: &Path) -> Result<GraphSupport> {
 /// `POCKET_SHARED_PASSES=0` turns sharing off, for measuring what it brings.
 fn shares_passes(device: &Device, weights: &Weights, repack: Repack) -> bool {
     let off = std::env::var_os("POCKET_SHARED_PASSES").is_some_and(|v| v == "0");
-    !off && device.is_cpu() && repack != Repack::All && weights.matrices().all(crate::gemm::rows_exact)
+    !off && device.all_on_cpu() && repack != Repack::All && weights.matrices().all(crate::gemm::rows_exact)
 }
 
 /// A decoder model loaded from a GGUF file: weights placed on a device, tokenizer ready.
@@ -104,13 +107,19 @@ impl GgmlModel {
         crate::ffi::init();
         let file = GgufFile::open(path)?;
         let hp = crate::arch::read_hparams(&file)?;
-        let device = Device::select(&options.device, options.repack, crate::gemm::repacked::buffer_type)?;
+        let mut device = Device::select(&options.device, options.repack, crate::gemm::repacked::buffer_type)?;
         let what = format!("the weights of {}", path.display());
         // Weights read through the mapping become resident as they are used: at most the file.
         // Converted or repacked copies are known once made, and paid for then.
         // On a device they are copied into its memory (all but the token embedding, which stays
         // in host memory): the file's size is reserved there first, then split as placed.
-        let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        // Layers on peers are paid for there (their cap), not here.
+        let mut file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        if let Some(split) = &options.split {
+            let (remote, remote_bytes) = crate::split::plan(&file, &hp, split)?;
+            device = device.with_remote(remote);
+            file_bytes = file_bytes.saturating_sub(remote_bytes);
+        }
         let first = if device.is_cpu() { Place::Host } else { Place::Device };
         let mut reservations = match &options.ledger {
             Some(l) => vec![l.reserve_in(first, file_bytes, &what)?, l.reserve_in(Place::Host, 0, &what)?],
@@ -119,7 +128,7 @@ impl GgmlModel {
         let layer_tensors = crate::arch::layer_tensors(hp.arch);
         let weights = Weights::load(&file, (&hp, layer_tensors), &device, options.weights, progress)?;
         if let [in_first, host] = &mut reservations[..] {
-            let placed = weights.mapped_bytes + weights.copied_bytes;
+            let placed = weights.mapped_bytes + weights.copied_bytes - weights.remote_bytes;
             in_first.resize(if first == Place::Device { weights.device_bytes } else { placed })?;
             host.resize(placed - in_first.bytes())?;
         }
@@ -177,7 +186,7 @@ impl GgmlModel {
             _reservations: reservations,
         };
         let mut inner = Arc::new(Inner { batch, parts, step_rows: AtomicUsize::new(1) });
-        if !inner.device.is_cpu() {
+        if !inner.device.all_on_cpu() {
             let exact = crate::exact::probe(&inner)?;
             tracing::info!(model = %inner.info.name, max_tokens = exact.max_tokens, "{}", exact.why);
             let only = Arc::get_mut(&mut inner).expect("the probe's session is gone");
@@ -226,7 +235,7 @@ impl GgmlModel {
     /// Our attention kernel for this model's f16 caches on its device, whether or not it was
     /// loaded to use it (`LoadOptions::attention`).
     pub(crate) fn attention_kernel(&self) -> Option<crate::attention::Kernel> {
-        crate::attention::kernel_for(self.inner.device.is_cpu(), self.inner.hp.head_dim)
+        crate::attention::kernel_for(self.inner.device.all_on_cpu(), self.inner.hp.head_dim)
     }
 
     /// The name of the device the model runs on.
@@ -262,7 +271,7 @@ impl GgmlModel {
 /// [`GgmlModel::kernels`] for a model of `hp` on `device`.
 fn kernels(device: &Device, hp: &Hparams, attention: AttentionKernel) -> String {
     let matmul = crate::gemm::name();
-    let attention = crate::attention::kernel_for(device.is_cpu(), hp.head_dim)
+    let attention = crate::attention::kernel_for(device.all_on_cpu(), hp.head_dim)
         .filter(|_| attention == AttentionKernel::Auto)
         .map(crate::attention::Kernel::name);
     let names: Vec<String> =
@@ -293,7 +302,7 @@ impl Model for GgmlModel {
         let compute_bytes = GgmlSession::measure_compute(&self.inner, config)?;
         let w = &self.inner.weights;
         Ok(Footprint {
-            weights_anon_bytes: w.copied_bytes,
+            weights_anon_bytes: w.copied_bytes - w.remote_bytes,
             weights_mapped_bytes: w.mapped_bytes,
             kv_bytes_per_token: kv::bytes_per_token(&self.inner.hp, config.kv) as u64,
             kv_block_tokens: KV_BLOCK_TOKENS as u64,

@@ -190,6 +190,9 @@ pub(crate) struct Weights {
     pub(crate) mapped_bytes: u64,
     /// Of the copied bytes, those in the device's own memory.
     pub(crate) device_bytes: u64,
+    /// Of the copied bytes, those on peers (layers placed there: not in this machine's
+    /// budget).
+    pub(crate) remote_bytes: u64,
     /// The tensors' descriptions and buffers, one arena per buffer type (the handles above
     /// point into them).
     _arenas: Vec<Arena>,
@@ -248,6 +251,7 @@ impl Weights {
             copied_bytes: 0,
             mapped_bytes: 0,
             device_bytes: 0,
+            remote_bytes: 0,
             counted_tied: std::ptr::null(),
             file_done: 0,
             total,
@@ -258,7 +262,7 @@ impl Weights {
             arenas.push(placer.place_group(device, cpu_buft, group)?);
         }
 
-        let Placer { placed, copied_bytes, mapped_bytes, device_bytes, .. } = placer;
+        let Placer { placed, copied_bytes, mapped_bytes, device_bytes, remote_bytes, .. } = placer;
         let handle = |i: usize| placed[i];
         let mut layers: Vec<LayerWeights> =
             (0..hp.n_layer).map(|_| LayerWeights { tensors: [None; Slot::ALL.len()] }).collect();
@@ -279,6 +283,7 @@ impl Weights {
             copied_bytes,
             mapped_bytes,
             device_bytes,
+            remote_bytes,
             _arenas: arenas,
         })
     }
@@ -310,8 +315,11 @@ fn group_by_buffer(
         let convert = target != ty;
         let desc = if convert { converted.matrix(target, ne[0] as usize, ne[1] as usize)? } else { meta };
         // The token embedding is only gathered from: it stays in host memory on every device.
-        let buft =
-            if w.op == WeightOp::GetRows { device.cpu_buffer_type() } else { device.weight_buft(desc, w.op) };
+        let buft = if w.op == WeightOp::GetRows {
+            device.cpu_buffer_type()
+        } else {
+            device.layer_weight_buft(w.slot.map(|(il, _)| il), desc, w.op)
+        };
         match groups.iter_mut().find(|(b, c, _)| *b == buft && *c == convert) {
             Some((_, _, list)) => list.push((i, desc)),
             None => groups.push((buft, convert, vec![(i, desc)])),
@@ -332,6 +340,7 @@ struct Placer<'a> {
     copied_bytes: u64,
     mapped_bytes: u64,
     device_bytes: u64,
+    remote_bytes: u64,
     /// Where the token embedding's bytes start once they are counted as mapped.
     counted_tied: *const u8,
     /// Bytes of the file placed so far, for `progress` (converted weights differ in size).
@@ -364,7 +373,9 @@ impl Placer<'_> {
             arena.alloc_in(*buft)?;
             let before = self.copied_bytes;
             self.copy_out(&tensors, *convert)?;
-            if !buft_is_host(*buft) {
+            if device.is_remote_buft(*buft) {
+                self.remote_bytes += self.copied_bytes - before;
+            } else if !buft_is_host(*buft) {
                 self.device_bytes += self.copied_bytes - before;
             }
         }

@@ -209,6 +209,12 @@ impl Arena {
         unsafe { sys::ggml_backend_buffer_is_host(self.buffers[id.0].as_ptr()) }
     }
 
+    /// Whether every buffer of this arena is in host memory.
+    pub(crate) fn all_host(&self) -> bool {
+        // SAFETY: live buffers.
+        self.buffers.iter().all(|b| unsafe { sys::ggml_backend_buffer_is_host(b.as_ptr()) })
+    }
+
     /// Zero the whole of buffer `id`.
     pub(crate) fn clear(&self, id: BufferId) {
         // SAFETY: a live buffer of this arena.

@@ -45,10 +45,37 @@ pub(crate) struct Device {
     /// Where Q4_K matrices go when not every repacking is asked for: ggml's repacking buffer
     /// type on CPUs where our kernels read its layout (see `gemm::repacked`).
     pub(crate) q4_k_buft: Option<sys::ggml_backend_buffer_type_t>,
+    /// Layers placed on other machines' devices (ggml's RPC backend), if any.
+    pub(crate) remote: Option<Remote>,
 }
 
-// SAFETY: device and buffer-type handles are process-wide singletons owned by ggml's registry;
-// they are never freed and their methods are thread-safe queries.
+/// Layers of a model on other machines' devices, reached through ggml's RPC backend: their
+/// weights and KV cache live there, and the scheduler runs their ops there.
+pub(crate) struct Remote {
+    /// The devices, as ggml's RPC client reaches them.
+    pub(crate) devices: Vec<RemoteDevice>,
+    /// Per layer, the index in `devices` of the device it is on; None: on this machine.
+    pub(crate) layers: Vec<Option<usize>>,
+}
+
+/// One device of a peer.
+pub(crate) struct RemoteDevice {
+    pub(crate) dev: sys::ggml_backend_dev_t,
+    /// The peer's address (`host:port`), as given.
+    pub(crate) endpoint: String,
+}
+
+impl RemoteDevice {
+    /// Its buffer type (the peer's memory).
+    pub(crate) fn buffer_type(&self) -> sys::ggml_backend_buffer_type_t {
+        // SAFETY: an RPC device, which lives for the process (ggml caches it per endpoint).
+        unsafe { sys::ggml_backend_dev_buffer_type(self.dev) }
+    }
+}
+
+// SAFETY: device and buffer-type handles are process-wide singletons owned by ggml's registry
+// (RPC devices: cached by ggml per endpoint for the process); they are never freed and their
+// methods are thread-safe queries.
 unsafe impl Send for Device {}
 // SAFETY: as for Send.
 unsafe impl Sync for Device {}
@@ -206,7 +233,28 @@ impl Device {
             // SAFETY: registry device.
             weight_bufts.push(unsafe { sys::ggml_backend_dev_buffer_type(cpu) });
         }
-        Ok(Device { dev, cpu, name: dev_name(dev), weight_bufts, q4_k_buft })
+        Ok(Device { dev, cpu, name: dev_name(dev), weight_bufts, q4_k_buft, remote: None })
+    }
+
+    /// This device with layers on other machines' devices.
+    pub(crate) fn with_remote(self, remote: Remote) -> Device {
+        Device { remote: Some(remote), ..self }
+    }
+
+    /// Whether some layers are on other machines' devices.
+    pub(crate) fn is_split(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    /// The remote device layer `il` is on, if it is not on this machine.
+    pub(crate) fn remote_of(&self, il: usize) -> Option<&RemoteDevice> {
+        let remote = self.remote.as_ref()?;
+        remote.layers.get(il).copied().flatten().map(|d| &remote.devices[d])
+    }
+
+    /// Whether `buft` is a peer's memory (not this machine's: not in its budget).
+    pub(crate) fn is_remote_buft(&self, buft: sys::ggml_backend_buffer_type_t) -> bool {
+        self.remote.as_ref().is_some_and(|r| r.devices.iter().any(|d| d.buffer_type() == buft))
     }
 
     /// The device's own buffer type (its memory).
@@ -221,9 +269,16 @@ impl Device {
         unsafe { sys::ggml_backend_dev_buffer_type(self.cpu) }
     }
 
-    /// Whether this is the CPU device (KV cache and weights in host memory).
+    /// Whether this machine's device is the CPU (its KV cache and weights in host memory;
+    /// layers on peers, if any, are apart: [`Device::is_split`]).
     pub(crate) fn is_cpu(&self) -> bool {
         self.dev == self.cpu
+    }
+
+    /// Whether every layer runs on this machine's CPU: where our own CPU kernels and shared
+    /// passes apply to the whole model.
+    pub(crate) fn all_on_cpu(&self) -> bool {
+        self.is_cpu() && !self.is_split()
     }
 
     /// ggml's own kernels here as kernel names say it: on the CPU, with what they were
@@ -236,6 +291,20 @@ impl Device {
     /// ggml's build (`llama.cpp+ggml-avx512`).
     pub(crate) fn llama_cpp_kernels(&self) -> String {
         if self.is_cpu() { format!("llama.cpp+{}", self.ggml_kernels()) } else { "llama.cpp".to_owned() }
+    }
+
+    /// Where a weight of layer `layer` (None: a whole-model tensor, which stays here) goes:
+    /// its peer's memory for a layer on a peer, else [`Device::weight_buft`].
+    pub(crate) fn layer_weight_buft(
+        &self,
+        layer: Option<usize>,
+        w: Tensor,
+        op: WeightOp,
+    ) -> sys::ggml_backend_buffer_type_t {
+        match layer.and_then(|il| self.remote_of(il)) {
+            Some(remote) => remote.buffer_type(),
+            None => self.weight_buft(w, op),
+        }
     }
 
     /// The first buffer type whose device can run `op` on a weight `w` placed in it.

@@ -56,7 +56,6 @@ type AddServer = unsafe extern "C" fn(*const c_char) -> sys::ggml_backend_reg_t;
 /// ggml's client aborts the process when the server is down or speaks another protocol: call
 /// this only for an endpoint [`probe`](crate::rpc::probe) has just found up and compatible
 /// (or our own link to one, which always answers).
-#[cfg_attr(not(test), allow(dead_code))] // until models are placed on peers (issue 43)
 pub(crate) fn add_server(endpoint: &str) -> Result<Vec<sys::ggml_backend_dev_t>> {
     let reg = registry()?;
     let endpoint = c_string(endpoint)?;

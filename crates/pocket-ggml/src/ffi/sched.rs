@@ -41,8 +41,11 @@ impl BufferBytes {
 /// per-computation state, so two sessions computing at once need one each.
 pub(crate) struct Scheduler {
     sched: NonNull<sys::ggml_backend_sched>,
-    /// The device's backend first (if it is not the CPU), the CPU's last.
+    /// Peers' backends first (a split model's), then the device's (if it is not the CPU),
+    /// the CPU's last.
     backends: Vec<NonNull<sys::ggml_backend>>,
+    /// How many of `backends` are peers': their compute buffers are in the peers' memory.
+    remote: usize,
     /// The threads each pass asks the governor for.
     threads: Threads,
     /// A pool per thread count passes have run on (dropped after the backends: Drop frees
@@ -101,6 +104,11 @@ impl Scheduler {
         let max = threads.max();
         let mut pools = Pools::new(max);
         let pool = pools.get(max)?;
+        let mut remote = Vec::new();
+        for r in device.remote.iter().flat_map(|r| &r.devices) {
+            remote.push(Backend::init(r.dev, &format!("the RPC backend of {}", r.endpoint))?);
+        }
+        let n_remote = remote.len();
         let gpu = if device.is_cpu() { None } else { Some(Backend::init(device.dev, &device.name)?) };
         let cpu = Backend::init(device.cpu, "the CPU backend")?;
         // SAFETY: a CPU backend and a live pool of `max` threads, which outlives it (Drop).
@@ -108,7 +116,9 @@ impl Scheduler {
             sys::ggml_backend_cpu_set_n_threads(cpu.0.as_ptr(), max as i32);
             sys::ggml_backend_cpu_set_threadpool(cpu.0.as_ptr(), pool.as_ptr());
         }
-        let backends: Vec<Backend> = gpu.into_iter().chain([cpu]).collect();
+        // ggml's scheduler gives an op with no weights to the first backend that can run it
+        // next to its inputs: peers' and the GPU's before the CPU, as llama.cpp orders them.
+        let backends: Vec<Backend> = remote.into_iter().chain(gpu).chain([cpu]).collect();
         let mut raw: Vec<sys::ggml_backend_t> = backends.iter().map(|b| b.0.as_ptr()).collect();
         // SAFETY: the backends array is valid for the call; ggml copies it.
         let sched = unsafe {
@@ -127,7 +137,14 @@ impl Scheduler {
             return Err(Error::Ggml("cannot create the scheduler".into()));
         };
         let backends = backends.into_iter().map(Backend::into_raw).collect();
-        Ok(Scheduler { sched, backends, threads, pools: RefCell::new(pools), attached: Cell::new(max) })
+        Ok(Scheduler {
+            sched,
+            backends,
+            remote: n_remote,
+            threads,
+            pools: RefCell::new(pools),
+            attached: Cell::new(max),
+        })
     }
 
     /// Bytes of the compute buffers `graph` needs, without allocating them.
@@ -140,11 +157,11 @@ impl Scheduler {
         self.by_place(|i, _| sizes[i])
     }
 
-    /// Sum `size(index, backend)` over the backends, apart for those whose buffers are in
-    /// the device's own memory and those in host memory.
+    /// Sum `size(index, backend)` over this machine's backends, apart for those whose
+    /// buffers are in the device's own memory and those in host memory (peers' are theirs).
     fn by_place(&self, size: impl Fn(usize, NonNull<sys::ggml_backend>) -> usize) -> BufferBytes {
         let mut bytes = BufferBytes::default();
-        for (i, &b) in self.backends.iter().enumerate() {
+        for (i, &b) in self.backends.iter().enumerate().skip(self.remote) {
             // SAFETY: a backend of this scheduler; its default buffer type is a registry one.
             let buft = unsafe { sys::ggml_backend_get_default_buffer_type(b.as_ptr()) };
             let n = size(i, b);

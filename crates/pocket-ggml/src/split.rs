@@ -1,0 +1,140 @@
+//! Placing a model's last layers on peers' devices (ggml's RPC backend), as llama.cpp's layer
+//! split does: each layer's weights and KV cache live on one device, the scheduler runs its
+//! ops there, and activations cross the link where the layers change device — once to the
+//! peer and once back for the output, which stays here with the token embedding.
+//!
+//! A split pools memory; it does not add speed: the boards compute stage after stage.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::ffi::device::{Remote, RemoteDevice};
+use crate::ffi::gguf::GgufFile;
+use crate::hparams::Hparams;
+use crate::rpc::{Peer, probe};
+
+/// Which layers go to peers, and which peers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitOptions {
+    /// RPC servers (`host:port`, `pocket rpc-serve`), in the order their devices take layers.
+    pub peers: Vec<String>,
+    /// How many layers go to them.
+    pub layers: RemoteLayers,
+}
+
+/// How many of a model's layers go to peers: always its last ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteLayers {
+    /// The last `n` layers (all of them when `n` is at least the model's count).
+    Last(usize),
+    /// As few as leave this machine's share of the weights (the whole-model tensors and its
+    /// layers) within `local_bytes`; none if the model fits.
+    Fit {
+        /// The most bytes of weights this machine holds.
+        local_bytes: u64,
+    },
+}
+
+/// How long a peer may take to answer the probe before loading.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Room a layer's KV cache and the peer's compute buffers need beside its weights there: a
+/// device takes layers while its free memory exceeds their weights by this fraction.
+const PEER_HEADROOM: f64 = 0.25;
+
+/// The layers of `f` placed on peers by `options`, and the bytes of the file they take there.
+pub(crate) fn plan(f: &GgufFile, hp: &Hparams, options: &SplitOptions) -> Result<(Remote, u64)> {
+    if options.peers.is_empty() {
+        return Err(Error::Rpc("a split needs at least one peer".into()));
+    }
+    let layer_bytes = layer_bytes(f, hp.n_layer);
+    let whole_model: u64 = file_bytes(f) - layer_bytes.iter().sum::<u64>();
+    let n_remote = match options.layers {
+        RemoteLayers::Last(n) => n.min(hp.n_layer),
+        RemoteLayers::Fit { local_bytes } => {
+            let mut local = whole_model + layer_bytes.iter().sum::<u64>();
+            let mut n = 0;
+            while local > local_bytes && n < hp.n_layer {
+                local -= layer_bytes[hp.n_layer - 1 - n];
+                n += 1;
+            }
+            if local > local_bytes {
+                return Err(Error::Rpc(format!(
+                    "even with every layer on peers this machine holds {} MiB of the model (its \
+                     embedding and output), more than the {} MiB it may",
+                    local >> 20,
+                    local_bytes >> 20
+                )));
+            }
+            n
+        }
+    };
+    let peers: Vec<Peer> = options.peers.iter().map(|p| probe(p, PROBE_TIMEOUT)).collect::<Result<_>>()?;
+    let mut devices = Vec::new();
+    let mut free = Vec::new();
+    for peer in &peers {
+        let devs = crate::ffi::rpc::add_server(&peer.endpoint)?;
+        for (dev, offered) in devs.into_iter().zip(&peer.devices) {
+            devices.push(RemoteDevice { dev, endpoint: peer.endpoint.clone() });
+            free.push(offered.free_bytes);
+        }
+    }
+    let first_remote = hp.n_layer - n_remote;
+    let mut layers = vec![None; hp.n_layer];
+    let mut on = 0;
+    let mut used = 0u64;
+    for il in first_remote..hp.n_layer {
+        let need = (layer_bytes[il] as f64 * (1.0 + PEER_HEADROOM)) as u64;
+        while on < devices.len() && used + need > free[on] {
+            on += 1;
+            used = 0;
+        }
+        if on == devices.len() {
+            let needed: u64 = layer_bytes[first_remote..].iter().sum();
+            return Err(Error::Rpc(format!(
+                "{n_remote} layers ({} MiB of weights, with room for their KV cache) do not fit \
+                 on the peers: they offer {} MiB ({})",
+                needed >> 20,
+                free.iter().sum::<u64>() >> 20,
+                peers
+                    .iter()
+                    .map(|p| format!(
+                        "{}: {} MiB",
+                        p.endpoint,
+                        p.devices.iter().map(|d| d.free_bytes).sum::<u64>() >> 20
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        used += need;
+        layers[il] = Some(on);
+    }
+    let remote_bytes = layer_bytes[first_remote..].iter().sum();
+    tracing::info!(
+        layers = n_remote,
+        of = hp.n_layer,
+        peers = %options.peers.join(" "),
+        bytes = remote_bytes,
+        "layers {first_remote}..{} on peers",
+        hp.n_layer
+    );
+    Ok((Remote { devices, layers }, remote_bytes))
+}
+
+/// Bytes of each layer's tensors in `f` (named `blk.N.…`).
+fn layer_bytes(f: &GgufFile, n_layer: usize) -> Vec<u64> {
+    let mut bytes = vec![0u64; n_layer];
+    for name in f.tensor_names() {
+        let layer = name.strip_prefix("blk.").and_then(|rest| rest.split('.').next()?.parse::<usize>().ok());
+        if let Some(il) = layer.filter(|&il| il < n_layer) {
+            bytes[il] += f.tensor_bytes(&name).map_or(0, |b| b.len() as u64);
+        }
+    }
+    bytes
+}
+
+/// Bytes of all of `f`'s tensors.
+fn file_bytes(f: &GgufFile) -> u64 {
+    f.tensor_names().iter().map(|name| f.tensor_bytes(name).map_or(0, |b| b.len() as u64)).sum()
+}
