@@ -177,6 +177,11 @@ pub struct LoadedModel {
     /// it is 1, speculation makes no drafts there (greedy output stays plain decoding's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exact_passes: Option<pocket_core::ExactPasses>,
+    /// Where its layers are when some are on other machines (`rpc` peers): runs of layers,
+    /// each with its device, the peer's address, the bytes of its weights and the round trip
+    /// to the peer measured at load. Absent when every layer is on `device`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<pocket_core::LayerPlacement>,
 }
 
 /// A request generating now.

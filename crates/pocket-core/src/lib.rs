@@ -44,9 +44,9 @@ pub use generate::{
 };
 pub use layer_plan::{LayerPlan, MAX_LAYERS};
 pub use model::{
-    CacheKey, DEFAULT_MAX_ROWS, ExactPasses, Footprint, KvElement, KvType, Logits, Model, ModelInfo,
-    ModelKind, PassRecord, PassStats, Rows, SavedState, Session, SessionConfig, SharedPasses, check_decode,
-    check_restore, default_threads, next_pass, passes,
+    CacheKey, DEFAULT_MAX_ROWS, ExactPasses, Footprint, KvElement, KvType, LayerPlacement, Logits, Model,
+    ModelInfo, ModelKind, PassRecord, PassStats, Rows, SavedState, Session, SessionConfig, SharedPasses,
+    check_decode, check_restore, default_threads, next_pass, passes,
 };
 pub use sampling::{Distribution, Sampler, SamplingConfig, argmax};
 pub use stop::{Chunk, StopConfig, StopReason, TextStream};

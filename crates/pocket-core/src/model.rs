@@ -46,6 +46,29 @@ pub struct ModelInfo {
     /// every width is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exact_passes: Option<ExactPasses>,
+    /// Where its layers are, when not all on its device: a model split across machines
+    /// (ggml's RPC backend), in runs of consecutive layers. Empty: all on its device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<LayerPlacement>,
+}
+
+/// A run of consecutive layers of a model on one device ([`ModelInfo::placement`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerPlacement {
+    /// The device (`CPU`, `CUDA0`; a peer's device as ggml names it, `RPC0`).
+    pub device: String,
+    /// The peer's address (`host:port`), for a device on another machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
+    /// The first layer of the run.
+    pub first_layer: usize,
+    /// Layers in the run.
+    pub n_layers: usize,
+    /// Bytes of their weights, as the file stores them.
+    pub weight_bytes: u64,
+    /// The shortest request–reply round trip to the peer, measured at load (microseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round_trip_us: Option<u64>,
 }
 
 /// How wide a pass may be, on a model's device, for each of its rows to be bit for bit what

@@ -147,6 +147,7 @@ impl Default for FakeModel {
                 n_ctx_train: 64,
                 weights_bytes: 0,
                 exact_passes: None,
+                placement: Vec::new(),
             },
             tokenizer: FakeTokenizer::default(),
         }

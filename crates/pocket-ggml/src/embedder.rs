@@ -213,6 +213,7 @@ impl EmbeddingModel {
             n_ctx_train: max_tokens,
             weights_bytes: file_bytes,
             exact_passes: None,
+            placement: Vec::new(),
         };
         let embedder = EmbedderInfo { dimensions: n_embd, max_tokens, pooling, normalized };
         tracing::info!(model = %info.name, arch = %arch, device = %device.name, %kernels, pooling, max_tokens, "loaded embedding model");

@@ -70,4 +70,3 @@ pub use llama_cpp_engine::{LlamaCppModel, LlamaCppSession};
 pub use llama_cpp_reference::{LlamaCpp, Together};
 pub use model::{GgmlModel, GraphSupport, LoadOptions, graph_support};
 pub use session::{GgmlSession, MAX_LOGIT_ROWS};
-pub use split::{RemoteLayers, SplitOptions};

@@ -151,6 +151,7 @@ impl LlamaCppModel {
             n_ctx_train,
             weights_bytes: file_bytes,
             exact_passes: None,
+            placement: Vec::new(),
         };
         let shape = Shape::read(&file, &arch, n_layers, n_embd, n_vocab);
         let recurrent = weights.is_recurrent();

@@ -41,7 +41,7 @@ pub struct LoadOptions {
     pub ledger: Option<Ledger>,
     /// Layers placed on other machines' devices through ggml's RPC backend (none: every layer
     /// here). The ledger pays for this machine's share only.
-    pub split: Option<crate::SplitOptions>,
+    pub split: Option<crate::rpc::SplitOptions>,
 }
 
 /// Which engine of this crate a GGUF file needs.
@@ -114,15 +114,18 @@ impl GgmlModel {
         // On a device they are copied into its memory (all but the token embedding, which stays
         // in host memory): the file's size is reserved there first, then split as placed.
         // Layers on peers are paid for there (their cap), not here.
-        let mut file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let mut here_bytes = file_bytes;
+        let mut placement = Vec::new();
         if let Some(split) = &options.split {
-            let (remote, remote_bytes) = crate::split::plan(&file, &hp, split)?;
-            device = device.with_remote(remote);
-            file_bytes = file_bytes.saturating_sub(remote_bytes);
+            let plan = crate::split::plan(&file, &hp, split, &device.name)?;
+            device = device.with_remote(plan.remote);
+            here_bytes = file_bytes.saturating_sub(plan.remote_bytes);
+            placement = plan.placement;
         }
         let first = if device.is_cpu() { Place::Host } else { Place::Device };
         let mut reservations = match &options.ledger {
-            Some(l) => vec![l.reserve_in(first, file_bytes, &what)?, l.reserve_in(Place::Host, 0, &what)?],
+            Some(l) => vec![l.reserve_in(first, here_bytes, &what)?, l.reserve_in(Place::Host, 0, &what)?],
             None => Vec::new(),
         };
         let layer_tensors = crate::arch::layer_tensors(hp.arch);
@@ -148,6 +151,7 @@ impl GgmlModel {
             n_ctx_train: hp.n_ctx_train,
             weights_bytes: file_bytes,
             exact_passes: None,
+            placement,
         };
         let batch = shares_passes(&device, &weights, options.repack).then(Batcher::default);
         tracing::info!(

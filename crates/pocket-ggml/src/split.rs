@@ -7,8 +7,10 @@
 
 use std::time::Duration;
 
+use pocket_core::LayerPlacement;
+
 use crate::error::{Error, Result};
-use crate::ffi::device::{Remote, RemoteDevice};
+use crate::ffi::device::{Remote, RemoteDevice, dev_name};
 use crate::ffi::gguf::GgufFile;
 use crate::hparams::Hparams;
 use crate::rpc::{Peer, probe};
@@ -42,8 +44,18 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// device takes layers while its free memory exceeds their weights by this fraction.
 const PEER_HEADROOM: f64 = 0.25;
 
-/// The layers of `f` placed on peers by `options`, and the bytes of the file they take there.
-pub(crate) fn plan(f: &GgufFile, hp: &Hparams, options: &SplitOptions) -> Result<(Remote, u64)> {
+/// Where [`plan`] put the layers.
+pub(crate) struct SplitPlan {
+    pub(crate) remote: Remote,
+    /// Bytes of the file the layers on peers take there.
+    pub(crate) remote_bytes: u64,
+    /// Every layer's device, in runs, this machine's (named `here`) first.
+    pub(crate) placement: Vec<LayerPlacement>,
+}
+
+/// The layers of `f` placed on peers by `options`; the others stay on this machine's device,
+/// named `here`.
+pub(crate) fn plan(f: &GgufFile, hp: &Hparams, options: &SplitOptions, here: &str) -> Result<SplitPlan> {
     if options.peers.is_empty() {
         return Err(Error::Rpc("a split needs at least one peer".into()));
     }
@@ -72,11 +84,13 @@ pub(crate) fn plan(f: &GgufFile, hp: &Hparams, options: &SplitOptions) -> Result
     let peers: Vec<Peer> = options.peers.iter().map(|p| probe(p, PROBE_TIMEOUT)).collect::<Result<_>>()?;
     let mut devices = Vec::new();
     let mut free = Vec::new();
+    let mut round_trips = Vec::new();
     for peer in &peers {
         let devs = crate::ffi::rpc::add_server(&peer.endpoint)?;
         for (dev, offered) in devs.into_iter().zip(&peer.devices) {
-            devices.push(RemoteDevice { dev, endpoint: peer.endpoint.clone() });
+            devices.push(RemoteDevice { dev, name: dev_name(dev), endpoint: peer.endpoint.clone() });
             free.push(offered.free_bytes);
+            round_trips.push(peer.round_trip);
         }
     }
     let first_remote = hp.n_layer - n_remote;
@@ -111,6 +125,23 @@ pub(crate) fn plan(f: &GgufFile, hp: &Hparams, options: &SplitOptions) -> Result
         layers[il] = Some(on);
     }
     let remote_bytes = layer_bytes[first_remote..].iter().sum();
+    let mut placement: Vec<LayerPlacement> = Vec::new();
+    for (il, on) in layers.iter().enumerate() {
+        match placement.last_mut() {
+            Some(run) if run_device(run, *on, &devices, here) => {
+                run.n_layers += 1;
+                run.weight_bytes += layer_bytes[il];
+            }
+            _ => placement.push(LayerPlacement {
+                device: on.map_or_else(|| here.to_owned(), |d| devices[d].name.clone()),
+                peer: on.map(|d| devices[d].endpoint.clone()),
+                first_layer: il,
+                n_layers: 1,
+                weight_bytes: layer_bytes[il],
+                round_trip_us: on.map(|d| round_trips[d].as_micros() as u64),
+            }),
+        }
+    }
     tracing::info!(
         layers = n_remote,
         of = hp.n_layer,
@@ -119,7 +150,15 @@ pub(crate) fn plan(f: &GgufFile, hp: &Hparams, options: &SplitOptions) -> Result
         "layers {first_remote}..{} on peers",
         hp.n_layer
     );
-    Ok((Remote { devices, layers }, remote_bytes))
+    Ok(SplitPlan { remote: Remote { devices, layers }, remote_bytes, placement })
+}
+
+/// Whether `run` is on the device `on` names (None: this machine's, `here`).
+fn run_device(run: &LayerPlacement, on: Option<usize>, devices: &[RemoteDevice], here: &str) -> bool {
+    match on {
+        None => run.peer.is_none() && run.device == here,
+        Some(d) => run.peer.as_deref() == Some(devices[d].endpoint.as_str()) && run.device == devices[d].name,
+    }
 }
 
 /// Bytes of each layer's tensors in `f` (named `blk.N.…`).

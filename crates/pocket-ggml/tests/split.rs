@@ -13,8 +13,8 @@ use common::*;
 use pocket_core::cost::CostModel;
 use pocket_core::spec::{AutoConfig, AutoDrafter, Drafter, SuffixDrafter};
 use pocket_core::{GenerateRequest, Model, Rows, SamplingConfig, Session, StopConfig, generate_speculative};
-use pocket_ggml::rpc::{ServeOptions, probe, serve};
-use pocket_ggml::{AttentionKernel, DeviceChoice, GgmlModel, LoadOptions, RemoteLayers, SplitOptions};
+use pocket_ggml::rpc::{RemoteLayers, ServeOptions, SplitOptions, probe, serve};
+use pocket_ggml::{AttentionKernel, DeviceChoice, GgmlModel, LoadOptions};
 
 /// The peer: a CPU lending 512 MiB on a free loopback port, one per test process (a process
 /// lends one device).
@@ -56,6 +56,10 @@ fn split(name: &str, remote: usize) -> GgmlModel {
         ..LoadOptions::default()
     };
     let m = GgmlModel::load(&model_path(name), &options).expect("the split model loads");
+    let placement = &m.info().placement;
+    let on_peer =
+        placement.iter().filter(|p| p.peer.as_deref() == Some(peer())).map(|p| p.n_layers).sum::<usize>();
+    assert_eq!(on_peer, remote.min(m.info().n_layers), "{placement:?}");
     models.push((name.to_owned(), remote, m.clone()));
     m
 }

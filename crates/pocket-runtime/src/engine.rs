@@ -101,6 +101,9 @@ pub struct OpenOptions {
     /// are dropped). Its parked prefixes are given up (written to disk, where the cache has a
     /// directory) when the model is dropped.
     pub prompt_cache: Option<Arc<PromptCache>>,
+    /// Layers on other machines' devices (ggml's RPC backend; decoder GGUF models on our
+    /// graph): none, every layer here.
+    pub split: Option<pocket_ggml::rpc::SplitOptions>,
 }
 
 /// A model open on its engine, with what is known about it on this device.
@@ -144,6 +147,15 @@ impl LoadedModel {
     ) -> Result<Self> {
         let ledger = options.ledger.clone().unwrap_or_else(Ledger::unlimited);
         if is_onnx(path) {
+            if options.split.is_some() {
+                return Err(Error::invalid(
+                    "rpc",
+                    format!(
+                        "{} is an encoder-decoder ONNX model; layers on peers are for decoder GGUF models",
+                        path.display()
+                    ),
+                ));
+            }
             if options.weights != WeightFormat::AsStored {
                 return Err(Error::invalid(
                     "weights",
@@ -169,9 +181,19 @@ impl LoadedModel {
             device: options.device.clone(),
             weights: options.weights,
             ledger: Some(ledger),
+            split: options.split.clone(),
             ..LoadOptions::default()
         };
+        let split_refused = |what: &str| {
+            Error::invalid(
+                "rpc",
+                format!("{} {what}; layers on peers are for decoder models", path.display()),
+            )
+        };
         if pocket_ggml::is_embedding_model(path) {
+            if options.split.is_some() {
+                return Err(split_refused("is an embedding model"));
+            }
             let model = EmbeddingModel::load(path, &load)?;
             let (device, kernels) = (model.device_name().to_owned(), model.kernels().to_owned());
             let model = Arc::new(model);
@@ -217,6 +239,9 @@ impl LoadedModel {
                     options.weights
                 ),
             ));
+        }
+        if options.split.is_some() {
+            return Err(split_refused(&format!("runs on llama.cpp's graph ({why_not_ours})")));
         }
         tracing::info!("{}: {why_not_ours}; running it on llama.cpp's graph", path.display());
         let model = LlamaCppModel::load(path, &load)?;

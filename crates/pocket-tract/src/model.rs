@@ -114,6 +114,7 @@ impl TractModel {
             n_ctx_train: usize_key(&config, &["n_positions"]).unwrap_or(512),
             weights_bytes: layout.graph_bytes(),
             exact_passes: None,
+            placement: Vec::new(),
         };
         tracing::debug!(
             model = %info.name,

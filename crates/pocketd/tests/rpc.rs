@@ -1,10 +1,15 @@
 //! ggml's RPC backend through the real binaries: `pocket rpc-serve` on loopback, as a board
-//! lending its CPU to a peer runs it.
+//! lending its CPU to a peer runs it, and pocketd placing a model too large for its budget on
+//! it.
+
+mod common;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
+use common::{Daemon, Setup, root};
 use pocket_runtime::rpc;
+use serde_json::json;
 
 fn pocket(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pocket")).args(args).output().expect("the pocket binary runs")
@@ -90,4 +95,62 @@ fn a_port_in_use_is_a_clear_error() {
     let o = pocket(&["rpc-serve", "--listen", &endpoint, "--memory", "10MiB", "--threads", "1"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("address is in use"), "{}", stderr(&o));
+}
+
+/// Qwen2.5-Coder-1.5B (1.04 GiB of weights), pulled by `scripts/test`.
+fn qwen_1_5b() -> std::path::PathBuf {
+    let p = root().join("models/store/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
+    assert!(p.is_file(), "run: pocket pull qwen2.5-coder-1.5b (missing {})", p.display());
+    p
+}
+
+fn ask(d: &Daemon) -> (u16, serde_json::Value) {
+    d.post(
+        "/v1/chat/completions",
+        &json!({
+            "model": "qwen-1.5b",
+            "messages": [{"role": "user", "content": "Write a Python function that adds two numbers."}],
+            "max_tokens": 12,
+        }),
+    )
+}
+
+#[test]
+fn a_model_too_large_for_the_budget_runs_with_its_last_layers_on_a_peer() {
+    let setup = || Setup { models: vec![("qwen-1.5b.gguf".into(), qwen_1_5b())], ..Setup::default() };
+    // Alone, 700 MiB cannot hold its weights.
+    let alone = Daemon::start(setup().with_budget("700MiB"));
+    let (code, body) = ask(&alone);
+    assert_ne!(code, 200, "the model fit alone: {body}");
+    assert!(body.to_string().contains("budget"), "{body}");
+    drop(alone);
+
+    let server = rpc_serve(&["--memory", "1GiB"]);
+    let mut with_peer = setup().with_budget("700MiB");
+    with_peer.extra.push_str(&format!("rpc = [{:?}]\n", server.endpoint));
+    let d = Daemon::start(with_peer);
+    let (code, body) = ask(&d);
+    assert_eq!(code, 200, "{body}\n{}", d.log());
+    let answer = body["choices"][0]["message"]["content"].as_str().unwrap_or_default();
+    assert!(!answer.trim().is_empty(), "{body}");
+
+    let status = d.get("/v1/status");
+    let model = &status["loaded"][0];
+    let placement = model["placement"].as_array().expect("a split model shows its placement");
+    let on_peer: u64 = placement
+        .iter()
+        .filter(|run| run["peer"] == server.endpoint.as_str())
+        .map(|run| run["n_layers"].as_u64().unwrap())
+        .sum();
+    let here: u64 = placement
+        .iter()
+        .filter(|run| run["peer"].is_null())
+        .map(|run| run["n_layers"].as_u64().unwrap())
+        .sum();
+    assert!(on_peer > 0 && here > 0 && on_peer + here == 28, "{placement:?}");
+    // This process keeps within its budget: what it reserved, and what is resident.
+    let budget = status["memory"]["budget_bytes"].as_u64().unwrap();
+    assert!(status["memory"]["peak_bytes"].as_u64().unwrap() <= budget, "{status}");
+    assert!(status["memory"]["resident_bytes"].as_u64().unwrap() < budget, "{status}");
+    assert_eq!(status["rpc"]["protocol"], rpc::protocol().unwrap());
 }

@@ -334,6 +334,7 @@ mod tests {
             n_ctx_train: 64,
             weights_bytes: 0,
             exact_passes: None,
+            placement: Vec::new(),
         };
         // From the decoder start 0 the fake model says 1 2 3 4 5 6, then the end token 7.
         let sources: [&[Token]; 5] = [

@@ -61,6 +61,8 @@ pub(crate) struct Remote {
 /// One device of a peer.
 pub(crate) struct RemoteDevice {
     pub(crate) dev: sys::ggml_backend_dev_t,
+    /// Its ggml name (`RPC0`).
+    pub(crate) name: String,
     /// The peer's address (`host:port`), as given.
     pub(crate) endpoint: String,
 }
@@ -153,7 +155,7 @@ pub fn device_memory(choice: &DeviceChoice) -> Result<Option<DeviceMemory>> {
     }))
 }
 
-fn dev_name(dev: sys::ggml_backend_dev_t) -> String {
+pub(crate) fn dev_name(dev: sys::ggml_backend_dev_t) -> String {
     // SAFETY: dev is a registry device; its name is a static NUL-terminated string.
     unsafe { CStr::from_ptr(sys::ggml_backend_dev_name(dev)) }.to_string_lossy().into_owned()
 }

@@ -2,6 +2,8 @@
 //!
 //! - [`serve`] runs ggml's RPC server over this machine's CPU or GPU, with the memory peers
 //!   may take capped ([`ServeOptions::memory`]); `pocket rpc-serve` is its command.
+//! - [`SplitOptions`] (in [`LoadOptions::split`](crate::LoadOptions::split)) puts a model's
+//!   last layers on peers: their weights, KV cache and ops live there.
 //! - [`probe`] asks a server, in our own code, which protocol it speaks and what its devices
 //!   offer, with timeouts: ggml's client aborts the process when a server is down or speaks
 //!   another version, so nothing hands it a peer before the probe passed.
@@ -12,6 +14,7 @@
 mod wire;
 
 pub use crate::ffi::rpc::{ServeOptions, lent, protocol, serve, serve_device};
+pub use crate::split::{RemoteLayers, SplitOptions};
 pub use wire::{Peer, PeerDevice, Version, probe};
 
 /// The port ggml's `rpc-server` listens on by default, and ours.

@@ -5,8 +5,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pocket_core::memory::Ledger;
+use pocket_core::memory::{BudgetSpec, Ledger, MemoryLimits};
 use pocket_runtime::WeightFormat;
+use pocket_runtime::rpc::{RemoteLayers, SplitOptions};
 use pocket_runtime::{LoadedModel, OpenOptions};
 
 /// Flags that choose a model.
@@ -28,6 +29,35 @@ pub struct ModelArgs {
     /// pays, else `stored`).
     #[arg(long, default_value = "auto")]
     pub weights: WeightChoice,
+    /// Put the model's last layers on this RPC peer (`host:port`, running `pocket rpc-serve`);
+    /// repeat for several. See docs/rpc.md.
+    #[arg(long = "rpc", value_name = "HOST:PORT")]
+    pub rpc: Vec<String>,
+    /// With `--rpc`: how many of the model's last layers go to the peers — a count, or `auto`:
+    /// as few as leave this machine's share of the weights within its memory budget (`auto`:
+    /// what is available, less a tenth; none if the model fits).
+    #[arg(long, default_value = "auto", requires = "rpc")]
+    pub rpc_layers: RpcLayers,
+}
+
+/// `--rpc-layers`: a count, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RpcLayers {
+    /// As few as leave this machine's share within its budget.
+    Auto,
+    /// The last `n`.
+    Last(usize),
+}
+
+impl std::str::FromStr for RpcLayers {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(RpcLayers::Auto);
+        }
+        s.parse().map(RpcLayers::Last).map_err(|_| format!("{s:?} is not a layer count or auto"))
+    }
 }
 
 /// `--weights`: a format, or `auto`.
@@ -75,9 +105,24 @@ impl ModelArgs {
             device: self.device.clone(),
             weights,
             ledger: Some(ledger.clone()),
+            split: self.split(),
             ..OpenOptions::default()
         };
         open_model(&path, &options)
+    }
+
+    /// The layers `--rpc` and `--rpc-layers` put on peers, if any.
+    pub fn split(&self) -> Option<SplitOptions> {
+        if self.rpc.is_empty() {
+            return None;
+        }
+        let layers = match self.rpc_layers {
+            RpcLayers::Last(n) => RemoteLayers::Last(n),
+            RpcLayers::Auto => {
+                RemoteLayers::Fit { local_bytes: BudgetSpec::Auto.resolve(&MemoryLimits::read()) }
+            }
+        };
+        Some(SplitOptions { peers: self.rpc.clone(), layers })
     }
 }
 

@@ -220,6 +220,10 @@ pub struct Config {
     /// /v1/responses/{id}`, the oldest going first; 0 keeps none. The memory budget pays for
     /// them too.
     pub stored_responses: usize,
+    /// RPC peers (`"host:port"`, each running `pocket rpc-serve`) that hold the last layers of
+    /// a model too large for `memory_budget`, by the memory each offers (docs/rpc.md). A model
+    /// that fits is loaded here alone.
+    pub rpc: Vec<String>,
     /// Other names for models, each to a model's name (`"gpt-4o-mini" = "qwen2.5-coder-0.5b"`):
     /// an app that hard-codes a hosted model's name is pointed at a local one by the operator.
     /// An alias is read before the models' own names, once (not an alias of an alias).
@@ -259,6 +263,7 @@ impl Default for Config {
             idle_timeout_seconds: 60,
             dbus_jobs_per_caller: 4,
             stored_responses: 256,
+            rpc: Vec::new(),
             model_aliases: BTreeMap::new(),
         }
     }
@@ -300,6 +305,13 @@ impl Config {
             anyhow::ensure!(
                 !alias.is_empty() && !alias.contains('/') && alias != name,
                 "model_aliases: {alias:?} = {name:?}: an alias is a name other than its model's, without '/'"
+            );
+        }
+        for peer in &self.rpc {
+            let port = peer.rsplit_once(':').and_then(|(host, port)| (!host.is_empty()).then_some(port));
+            anyhow::ensure!(
+                port.is_some_and(|p| p.parse::<u16>().is_ok_and(|p| p > 0)),
+                "rpc = [{peer:?}]: a peer is \"host:port\" (the address `pocket rpc-serve --listen` was given)"
             );
         }
         if let Some(addr) = self.tcp {
@@ -361,6 +373,10 @@ pub struct Flags {
     /// Requests that generate at once: `auto` or a count.
     #[arg(long, value_name = "N")]
     pub parallel: Option<Parallel>,
+    /// An RPC peer (`host:port`) for models too large for the budget; repeat for several
+    /// (replaces the file's `rpc`).
+    #[arg(long = "rpc", value_name = "HOST:PORT")]
+    pub rpc: Vec<String>,
 }
 
 impl Flags {
@@ -396,6 +412,9 @@ impl Flags {
         }
         if let Some(v) = self.parallel {
             c.parallel = v;
+        }
+        if !self.rpc.is_empty() {
+            c.rpc = self.rpc.clone();
         }
         c.validate()?;
         Ok(c)

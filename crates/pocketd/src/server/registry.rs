@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use pocket_core::memory::Ledger;
 use pocket_models::{Catalog, Format};
 use pocket_runtime::learn::{self, TuneSettings};
+use pocket_runtime::rpc::{RemoteLayers, SplitOptions};
 use pocket_runtime::{DeviceChoice, LoadedModel, OpenOptions, PromptCache};
 
 use super::error::ServeError;
@@ -65,6 +66,8 @@ pub struct Registry {
     ledger: Ledger,
     /// The device models are opened on.
     device: DeviceChoice,
+    /// RPC peers for the last layers of models too large for the budget (`rpc`).
+    rpc: Vec<String>,
     prompt_cache: Option<Arc<PromptCache>>,
     keep_alive: Duration,
     /// Other names for models (the configuration's `model_aliases`).
@@ -116,6 +119,7 @@ impl Registry {
             models_dir,
             ledger,
             device,
+            rpc: Vec::new(),
             prompt_cache,
             keep_alive,
             aliases: BTreeMap::new(),
@@ -124,6 +128,12 @@ impl Registry {
             loaded_notify: tokio::sync::Notify::new(),
             changes: tokio::sync::watch::Sender::new(()),
         }
+    }
+
+    /// This registry with RPC peers for models too large for its budget.
+    pub fn with_rpc(mut self, peers: Vec<String>) -> Registry {
+        self.rpc = peers;
+        self
     }
 
     /// This registry with other names for models (alias → a model's name).
@@ -258,6 +268,7 @@ impl Registry {
                 shared_passes: m.model.model().shared_passes(),
                 device: Some(m.model.device().to_string()),
                 exact_passes: m.model.model().info().exact_passes.clone(),
+                placement: m.model.model().info().placement.clone(),
             })
             .collect()
     }
@@ -338,13 +349,20 @@ impl Registry {
                     ServeError::invalid("model", format!("cannot serve {}: {text}", found.name))
                 })?;
         }
+        // Layers on peers, once the model alone proved too large for the budget.
+        let mut split: Option<SplitOptions> = None;
         loop {
             let ledger = self.ledger.sub();
             let (path, l, cache) = (found.path.clone(), ledger.clone(), self.prompt_cache.clone());
-            let device = self.device.clone();
+            let (device, split_now) = (self.device.clone(), split.clone());
             let loaded = tokio::task::spawn_blocking(move || {
-                let options =
-                    OpenOptions { device, ledger: Some(l), prompt_cache: cache, ..OpenOptions::default() };
+                let options = OpenOptions {
+                    device,
+                    ledger: Some(l),
+                    prompt_cache: cache,
+                    split: split_now,
+                    ..OpenOptions::default()
+                };
                 LoadedModel::open(&path, &options)
             })
             .await
@@ -367,6 +385,23 @@ impl Registry {
                 Err(e) => {
                     let e = ServeError::from_model(&found.name, e);
                     if e.is_over_budget() && (self.evict_parked() || self.evict_idle(&[])) {
+                        continue;
+                    }
+                    if e.is_over_budget() && split.is_none() && !self.rpc.is_empty() {
+                        // A quarter of what is left stays for the sessions' KV cache and
+                        // compute buffers of the layers kept here.
+                        let available = self.ledger.available();
+                        let local_bytes = available - available / 4;
+                        tracing::info!(
+                            model = %found.name,
+                            local_bytes,
+                            peers = %self.rpc.join(" "),
+                            "too large for the budget alone: placing its last layers on the RPC peers"
+                        );
+                        split = Some(SplitOptions {
+                            peers: self.rpc.clone(),
+                            layers: RemoteLayers::Fit { local_bytes },
+                        });
                         continue;
                     }
                     return Err(e);

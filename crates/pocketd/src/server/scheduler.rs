@@ -105,7 +105,8 @@ impl Scheduler {
             Duration::from_secs(config.keep_alive_seconds),
             prompt_cache.clone(),
         )
-        .with_aliases(config.model_aliases.clone());
+        .with_aliases(config.model_aliases.clone())
+        .with_rpc(config.rpc.clone());
         let threads = config.threads;
         let worker = Arc::new(Worker {
             ledger: ledger.clone(),
