@@ -402,14 +402,19 @@ pub fn lent() -> Option<(u64, u64)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::Duration;
 
     use super::*;
 
+    /// Held by each test that talks to [`server`]: it serves one client at a time, and ggml's
+    /// client holds process-wide locks while it waits for a reply (making a buffer type, adding
+    /// a server), so two such tests at once can each wait for the other.
+    pub(crate) static ONE_CLIENT: Mutex<()> = Mutex::new(());
+
     /// The one server of this test process (a process lends one device): a CPU with 64 MiB
     /// for peers, on a free loopback port.
-    fn server() -> &'static str {
+    pub(crate) fn server() -> &'static str {
         static ENDPOINT: OnceLock<String> = OnceLock::new();
         ENDPOINT.get_or_init(|| {
             let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -434,6 +439,7 @@ mod tests {
 
     #[test]
     fn a_capped_server_lends_no_more_than_its_memory() {
+        let _one = ONE_CLIENT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let endpoint = server();
         let peer = crate::rpc::probe(endpoint, Duration::from_secs(2)).unwrap();
         assert_eq!(peer.version.to_string(), protocol().unwrap());
@@ -464,6 +470,71 @@ mod tests {
             let third = sys::ggml_backend_buft_alloc_buffer(buft, 40 << 20);
             assert!(!third.is_null(), "40 MiB refused after the first 40 were freed");
             sys::ggml_backend_buffer_free(third);
+        }
+    }
+
+    /// ggml's RPC client on the first device of an endpoint, for tests outside `ffi` (which
+    /// may not call ggml themselves).
+    pub(crate) struct Client(sys::ggml_backend_dev_t);
+
+    /// A buffer on a [`Client`]'s device, freed on drop.
+    pub(crate) struct Buffer(sys::ggml_backend_buffer_t);
+
+    impl Client {
+        /// ggml's client for `endpoint`'s first device (ggml caches the device list per
+        /// endpoint for the process).
+        pub(crate) fn new(endpoint: &str) -> Client {
+            Client(add_server(endpoint).unwrap()[0])
+        }
+
+        /// The device's (free, total) bytes, as ggml asks the server.
+        pub(crate) fn memory(&self) -> (u64, u64) {
+            let (mut free, mut total) = (0usize, 0usize);
+            // SAFETY: an RPC device (which lives for the process); out-pointers valid for the call.
+            unsafe { sys::ggml_backend_dev_memory(self.0, &mut free, &mut total) };
+            (free as u64, total as u64)
+        }
+
+        /// A buffer of `size` bytes, or none when the server refused it.
+        pub(crate) fn alloc(&self, size: usize) -> Option<Buffer> {
+            // SAFETY: the device's buffer type (made once per endpoint, never freed); the buffer
+            // is owned by the returned `Buffer`, which frees it once.
+            let buffer = unsafe {
+                sys::ggml_backend_buft_alloc_buffer(sys::ggml_backend_dev_buffer_type(self.0), size)
+            };
+            (!buffer.is_null()).then_some(Buffer(buffer))
+        }
+    }
+
+    impl Buffer {
+        /// Write `data` at the start of the buffer and read it back, through ggml's client.
+        pub(crate) fn round_trip(&self, data: &[u8]) -> Vec<u8> {
+            let mut back = vec![0u8; data.len()];
+            // SAFETY: a no_alloc context for one tensor description, freed below; the tensor is
+            // placed at the buffer's base, within it (checked); `data` and `back` hold its bytes.
+            unsafe {
+                assert!(data.len() <= sys::ggml_backend_buffer_get_size(self.0));
+                let ctx = sys::ggml_init(sys::ggml_init_params {
+                    mem_size: sys::ggml_tensor_overhead() * 2,
+                    mem_buffer: std::ptr::null_mut(),
+                    no_alloc: true,
+                });
+                assert!(!ctx.is_null());
+                let t = sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I8, data.len() as i64);
+                let base = sys::ggml_backend_buffer_get_base(self.0);
+                assert_eq!(sys::ggml_backend_tensor_alloc(self.0, t, base), sys::GGML_STATUS_SUCCESS);
+                sys::ggml_backend_tensor_set(t, data.as_ptr().cast(), 0, data.len());
+                sys::ggml_backend_tensor_get(t, back.as_mut_ptr().cast(), 0, back.len());
+                sys::ggml_free(ctx);
+            }
+            back
+        }
+    }
+
+    impl Drop for Buffer {
+        fn drop(&mut self) {
+            // SAFETY: a buffer `Client::alloc` made, freed once here.
+            unsafe { sys::ggml_backend_buffer_free(self.0) };
         }
     }
 }

@@ -7,14 +7,20 @@
 //! - [`probe`] asks a server, in our own code, which protocol it speaks and what its devices
 //!   offer, with timeouts: ggml's client aborts the process when a server is down or speaks
 //!   another version, so nothing hands it a peer before the probe passed.
+//! - [`Link`] stands between ggml's client and a peer for as long as a model uses it: it relays
+//!   every request, and when the peer dies, stalls or turns out to speak another version it
+//!   answers ggml itself with well-formed replies (so ggml never aborts) and records why
+//!   ([`Link::lost`]), for the engine to turn that computation into an error.
 //!
 //! RPC has no authentication and no encryption: a server is reachable by whoever reaches its
 //! port (docs/rpc.md says how to keep it on loopback, a WireGuard link or an SSH tunnel).
 
+mod link;
 mod wire;
 
 pub use crate::ffi::rpc::{ServeOptions, lent, protocol, serve, serve_device};
 pub use crate::split::{RemoteLayers, SplitOptions};
+pub use link::{Link, LinkOptions, LinkStats};
 pub use wire::{Peer, PeerDevice, Version, probe};
 
 /// The port ggml's `rpc-server` listens on by default, and ours.
