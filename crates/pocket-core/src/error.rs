@@ -40,6 +40,10 @@ pub enum Error {
     /// The engine failed while running (allocation, backend or graph failure).
     #[error("engine: {0}")]
     Engine(String),
+    /// Something the model needs outside this process is unavailable: a peer holding some of
+    /// its layers is down, stopped answering or speaks another protocol.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
     /// The tokenizer could not encode or decode.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

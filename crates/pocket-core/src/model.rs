@@ -574,6 +574,13 @@ pub trait Model: Send + Sync {
         None
     }
 
+    /// Why the model can no longer compute, if it cannot: a peer holding some of its layers
+    /// (ggml's RPC backend) died or stopped answering. A server unloads such a model and loads
+    /// it again, peer and all, for the next request.
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
+
     /// What it embeds texts with, where it is an embedding model ([`ModelKind::Embedding`]).
     fn embedder(&self) -> Option<&dyn crate::Embedder> {
         None

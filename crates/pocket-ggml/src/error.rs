@@ -79,6 +79,7 @@ impl From<Error> for pocket_core::Error {
     fn from(e: Error) -> Self {
         match e {
             Error::Core(core) => core,
+            Error::Rpc(why) => pocket_core::Error::Unavailable(why),
             other => pocket_core::Error::Engine(other.to_string()),
         }
     }

@@ -292,6 +292,10 @@ impl Model for GgmlModel {
         GgmlModel::DRAFTERS
     }
 
+    fn unavailable(&self) -> Option<String> {
+        self.inner.device.lost_peer()
+    }
+
     fn cache_key(&self) -> Option<&CacheKey> {
         self.inner.cache_key.as_ref()
     }

@@ -11,13 +11,13 @@ use pocket_core::{
     Token,
 };
 
-use crate::Result;
 use crate::batch::{Job, SHARED_CHUNK, Turn};
 use crate::compute::Compute;
 use crate::graph::inputs::{self, SegmentData};
 use crate::graph::{self, LoneQuery, PassShape, Segment};
 use crate::kv::KvCache;
 use crate::loaded::Inner;
+use crate::{Error, Result};
 
 /// Most rows of logits one pass computes (a session's [`SessionConfig::max_rows`] may ask
 /// for fewer); a verification asking for more is split into several passes. Bounds the
@@ -241,6 +241,13 @@ impl Drop for GgmlSession {
     }
 }
 
+impl GgmlSession {
+    /// The error of a model whose layers on a peer can no longer be computed, if they cannot.
+    fn peer_lost(&self) -> Option<Error> {
+        self.model.device.lost_peer().map(Error::Rpc)
+    }
+}
+
 impl Session for GgmlSession {
     fn len(&self) -> usize {
         self.tokens.len()
@@ -272,7 +279,9 @@ impl Session for GgmlSession {
         if logits_len > self.logits.capacity() {
             self.logits_reservation.resize((logits_len * size_of::<f32>()) as u64)?;
         }
-        self.kv.grow_to(new_len)?;
+        if let Err(e) = self.kv.grow_to(new_len) {
+            return Err(self.peer_lost().unwrap_or(e).into());
+        }
         self.tokens.extend_from_slice(tokens);
         self.logits.clear();
         self.logits.reserve_exact(logits_len);
@@ -287,10 +296,15 @@ impl Session for GgmlSession {
             if let Err(e) = self.pass(plan, start + pass.start, pass.len(), n_out, row_off, batch - pass.end)
             {
                 self.tokens.truncate(old_len);
-                return Err(e.into());
+                return Err(self.peer_lost().unwrap_or(e).into());
             }
             row_off += n_out;
             done = pass.end;
+        }
+        // A peer holding layers that died during the passes left their results made up.
+        if let Some(e) = self.peer_lost() {
+            self.tokens.truncate(old_len);
+            return Err(e.into());
         }
         if plan.is_full() {
             self.complete_len = new_len;
@@ -333,6 +347,10 @@ impl Session for GgmlSession {
     fn save(&self) -> pocket_core::Result<Option<SavedState>> {
         let n = self.complete_len;
         let data = self.kv.save(n)?;
+        // What a lost peer's layers gave is not their cache.
+        if let Some(e) = self.peer_lost() {
+            return Err(e.into());
+        }
         Ok(Some(SavedState { tokens: self.tokens[..n].to_vec(), kv: self.kv.kv, data }))
     }
 
@@ -342,6 +360,10 @@ impl Session for GgmlSession {
             return Ok(());
         }
         if let Err(e) = self.kv.restore(&saved.data, saved.tokens.len(), len) {
+            self.kv.shrink_to(0);
+            return Err(self.peer_lost().unwrap_or(e).into());
+        }
+        if let Some(e) = self.peer_lost() {
             self.kv.shrink_to(0);
             return Err(e.into());
         }

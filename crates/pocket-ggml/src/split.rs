@@ -81,14 +81,36 @@ pub(crate) fn plan(f: &GgufFile, hp: &Hparams, options: &SplitOptions, here: &st
             n
         }
     };
-    let peers: Vec<Peer> = options.peers.iter().map(|p| probe(p, PROBE_TIMEOUT)).collect::<Result<_>>()?;
+    // A peer that is down or speaks another protocol is left out, named in the error if the
+    // others cannot take the layers.
+    let mut peers: Vec<Peer> = Vec::new();
+    let mut down: Vec<String> = Vec::new();
+    for endpoint in &options.peers {
+        match probe(endpoint, PROBE_TIMEOUT) {
+            Ok(peer) => peers.push(peer),
+            Err(e) => {
+                tracing::warn!("{e}");
+                down.push(e.to_string().trim_start_matches("rpc: ").to_owned());
+            }
+        }
+    }
+    if n_remote > 0 && peers.is_empty() {
+        return Err(Error::Rpc(down.join("; ")));
+    }
     let mut devices = Vec::new();
     let mut free = Vec::new();
     let mut round_trips = Vec::new();
     for peer in &peers {
-        let devs = crate::ffi::rpc::add_server(&peer.endpoint)?;
+        // ggml's client reaches the peer through our link, which it cannot abort on.
+        let link = crate::rpc::link_to(&peer.endpoint)?;
+        let devs = crate::ffi::rpc::add_server(link.local_endpoint())?;
         for (dev, offered) in devs.into_iter().zip(&peer.devices) {
-            devices.push(RemoteDevice { dev, name: dev_name(dev), endpoint: peer.endpoint.clone() });
+            devices.push(RemoteDevice {
+                dev,
+                name: dev_name(dev),
+                endpoint: peer.endpoint.clone(),
+                link: std::sync::Arc::clone(&link),
+            });
             free.push(offered.free_bytes);
             round_trips.push(peer.round_trip);
         }
@@ -105,9 +127,11 @@ pub(crate) fn plan(f: &GgufFile, hp: &Hparams, options: &SplitOptions, here: &st
         }
         if on == devices.len() {
             let needed: u64 = layer_bytes[first_remote..].iter().sum();
+            let unreachable =
+                if down.is_empty() { String::new() } else { format!("; left out: {}", down.join("; ")) };
             return Err(Error::Rpc(format!(
                 "{n_remote} layers ({} MiB of weights, with room for their KV cache) do not fit \
-                 on the peers: they offer {} MiB ({})",
+                 on the peers: they offer {} MiB ({}){unreachable}",
                 needed >> 20,
                 free.iter().sum::<u64>() >> 20,
                 peers

@@ -41,6 +41,9 @@ pub enum ErrorKind {
     BadModel,
     /// The engine failed; the message is for the logs, not for clients.
     Internal,
+    /// Something the model needs outside this process is unavailable (a peer holding some of
+    /// its layers): worth retrying later.
+    Unavailable,
 }
 
 /// Results of the pipeline.
@@ -62,10 +65,12 @@ impl Error {
                 Core::OverBudget { .. } => ErrorKind::OverBudget,
                 Core::Cancelled => ErrorKind::Cancelled,
                 Core::Engine(_) => ErrorKind::Internal,
+                Core::Unavailable(_) => ErrorKind::Unavailable,
                 _ => ErrorKind::Invalid,
             },
             Error::Ggml(e) => match e {
                 pocket_ggml::Error::Ggml(_) => ErrorKind::Internal,
+                pocket_ggml::Error::Rpc(_) => ErrorKind::Unavailable,
                 pocket_ggml::Error::NoDevice { .. } => ErrorKind::Invalid,
                 _ => ErrorKind::BadModel,
             },

@@ -38,7 +38,12 @@ fn free_port() -> u16 {
 
 /// `pocket rpc-serve` on a free loopback port with `args`, once it answers a probe.
 fn rpc_serve(args: &[&str]) -> Server {
-    let endpoint = format!("127.0.0.1:{}", free_port());
+    rpc_serve_on(&format!("127.0.0.1:{}", free_port()), args)
+}
+
+/// `pocket rpc-serve` on `endpoint` with `args`, once it answers a probe.
+fn rpc_serve_on(endpoint: &str, args: &[&str]) -> Server {
+    let endpoint = endpoint.to_owned();
     let child = Command::new(env!("CARGO_BIN_EXE_pocket"))
         .args(["rpc-serve", "--listen", &endpoint, "--threads", "1"])
         .args(args)
@@ -105,12 +110,16 @@ fn qwen_1_5b() -> std::path::PathBuf {
 }
 
 fn ask(d: &Daemon) -> (u16, serde_json::Value) {
+    ask_for(d, "qwen-1.5b", 12)
+}
+
+fn ask_for(d: &Daemon, model: &str, max_tokens: u32) -> (u16, serde_json::Value) {
     d.post(
         "/v1/chat/completions",
         &json!({
-            "model": "qwen-1.5b",
+            "model": model,
             "messages": [{"role": "user", "content": "Write a Python function that adds two numbers."}],
-            "max_tokens": 12,
+            "max_tokens": max_tokens,
         }),
     )
 }
@@ -153,4 +162,39 @@ fn a_model_too_large_for_the_budget_runs_with_its_last_layers_on_a_peer() {
     assert!(status["memory"]["peak_bytes"].as_u64().unwrap() <= budget, "{status}");
     assert!(status["memory"]["resident_bytes"].as_u64().unwrap() < budget, "{status}");
     assert_eq!(status["rpc"]["protocol"], rpc::protocol().unwrap());
+}
+
+#[test]
+fn a_peer_killed_mid_request_fails_that_request_and_the_model_comes_back_with_it() {
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let server = rpc_serve_on(&endpoint, &["--memory", "1GiB"]);
+    let mut setup = Setup { models: vec![("qwen-1.5b.gguf".into(), qwen_1_5b())], ..Setup::default() };
+    setup = setup.with_budget("700MiB");
+    setup.extra.push_str(&format!("rpc = [{endpoint:?}]\n"));
+    let d = Daemon::start(setup);
+    assert_eq!(ask(&d).0, 200, "{}", d.log());
+
+    let killed = std::thread::scope(|s| {
+        let long = s.spawn(|| ask_for(&d, "qwen-1.5b", 1000));
+        d.wait_generating();
+        std::thread::sleep(Duration::from_millis(500));
+        drop(server);
+        let killed = std::time::Instant::now();
+        let (code, body) = long.join().unwrap();
+        assert_eq!(code, 503, "{body}");
+        assert_eq!(body["error"]["code"], "peer_unavailable", "{body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains(&endpoint), "{body}");
+        killed.elapsed()
+    });
+    assert!(killed < Duration::from_secs(10), "the request failed {killed:?} after the peer died");
+
+    // The daemon is up and its other models serve; the split model waits for its peer.
+    assert_eq!(ask_for(&d, "smollm2", 8).0, 200, "{}", d.log());
+    let (code, body) = ask(&d);
+    assert_eq!(code, 503, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("is down"), "{body}");
+
+    let _back = rpc_serve_on(&endpoint, &["--memory", "1GiB"]);
+    let (code, body) = ask(&d);
+    assert_eq!(code, 200, "{body}\n{}", d.log());
 }

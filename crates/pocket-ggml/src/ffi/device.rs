@@ -65,6 +65,8 @@ pub(crate) struct RemoteDevice {
     pub(crate) name: String,
     /// The peer's address (`host:port`), as given.
     pub(crate) endpoint: String,
+    /// What ggml's client reaches the peer through (`dev` is the link's device).
+    pub(crate) link: std::sync::Arc<crate::rpc::Link>,
 }
 
 impl RemoteDevice {
@@ -252,6 +254,12 @@ impl Device {
     pub(crate) fn remote_of(&self, il: usize) -> Option<&RemoteDevice> {
         let remote = self.remote.as_ref()?;
         remote.layers.get(il).copied().flatten().map(|d| &remote.devices[d])
+    }
+
+    /// Why a peer holding some of the layers stopped answering, if one did: every computation
+    /// since has given garbage, and the model cannot compute again until it is loaded anew.
+    pub(crate) fn lost_peer(&self) -> Option<String> {
+        self.remote.as_ref()?.devices.iter().find_map(|d| d.link.lost())
     }
 
     /// Whether `buft` is a peer's memory (not this machine's: not in its budget).

@@ -25,3 +25,18 @@ pub use wire::{Peer, PeerDevice, Version, probe};
 
 /// The port ggml's `rpc-server` listens on by default, and ours.
 pub const DEFAULT_PORT: u16 = 50052;
+
+/// The link to `peer` (`host:port`): one per peer for the life of the process, so that a model
+/// loaded again after its peer came back reaches it through the same endpoint (ggml keeps what
+/// it learns about an endpoint, and a link must outlive every buffer ggml holds through it).
+pub(crate) fn link_to(peer: &str) -> crate::Result<std::sync::Arc<Link>> {
+    use std::sync::{Arc, Mutex};
+    static LINKS: Mutex<Vec<Arc<Link>>> = Mutex::new(Vec::new());
+    let mut links = LINKS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(link) = links.iter().find(|l| l.peer() == peer) {
+        return Ok(Arc::clone(link));
+    }
+    let link = Arc::new(Link::start(peer, LinkOptions::default())?);
+    links.push(Arc::clone(&link));
+    Ok(link)
+}

@@ -32,7 +32,7 @@
 //! (OpenAI's shape, as a JSON string) with `content` the text around it; `grammar_ms` is the
 //! time compiling the grammar took. `history` may hold `tool` messages (tool results).
 //! Errors are `org.pocketd.Error.{InvalidArgument, UnknownModel, OverBudget, QueueFull,
-//! TooLarge, Busy, ShuttingDown, Cancelled, Failed}`.
+//! TooLarge, Busy, ShuttingDown, Unavailable, Cancelled, Failed}`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,6 +74,7 @@ pub enum PocketError {
     TooLarge(String),
     Busy(String),
     ShuttingDown(String),
+    Unavailable(String),
     Cancelled(String),
     Failed(String),
 }
@@ -93,6 +94,7 @@ impl From<ServeError> for PocketError {
             ServeError::ContextLength(_) | ServeError::TooLarge(_) => PocketError::TooLarge(m),
             ServeError::Busy(_) => PocketError::Busy(m),
             ServeError::ShuttingDown => PocketError::ShuttingDown(m),
+            ServeError::Unavailable(_) => PocketError::Unavailable(m),
             ServeError::Cancelled => PocketError::Cancelled(m),
             ServeError::Internal { .. } => PocketError::Failed(m),
         }

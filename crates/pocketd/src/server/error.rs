@@ -56,6 +56,11 @@ pub enum ServeError {
     /// The daemon is stopping and takes no new requests.
     #[error("pocketd is shutting down")]
     ShuttingDown,
+    /// Something the model needs outside the daemon is unavailable: an RPC peer holding some
+    /// of its layers is down or stopped answering. The model is loaded again, peer and all, by
+    /// the next request for it.
+    #[error("{0}; retry when the peer is back")]
+    Unavailable(String),
     /// The request was cancelled (by its client, or by the shutdown deadline).
     #[error("the request was cancelled")]
     Cancelled,
@@ -144,6 +149,12 @@ impl ServeError {
             ErrorKind::Cancelled => ServeError::Cancelled,
             ErrorKind::BadModel => ServeError::invalid("model", e.client_message()),
             ErrorKind::Internal => ServeError::internal(request, e),
+            ErrorKind::Unavailable => {
+                let text = e.to_string();
+                ServeError::Unavailable(
+                    text.trim_start_matches("unavailable: ").trim_start_matches("rpc: ").to_owned(),
+                )
+            }
         }
     }
 
@@ -179,7 +190,7 @@ impl ServeError {
             ServeError::QueueFull(_) | ServeError::CallerLimit(_) => 429,
             ServeError::Cancelled => 499,
             ServeError::Internal { .. } => 500,
-            ServeError::OverBudget { .. } | ServeError::ShuttingDown => 503,
+            ServeError::OverBudget { .. } | ServeError::ShuttingDown | ServeError::Unavailable(_) => 503,
         }
     }
 
@@ -194,7 +205,9 @@ impl ServeError {
             }
             ServeError::Busy(_) => "conflict_error",
             ServeError::QueueFull(_) | ServeError::CallerLimit(_) => "rate_limit_error",
-            ServeError::OverBudget { .. } | ServeError::ShuttingDown => "service_unavailable_error",
+            ServeError::OverBudget { .. } | ServeError::ShuttingDown | ServeError::Unavailable(_) => {
+                "service_unavailable_error"
+            }
             ServeError::Cancelled => "cancelled",
             ServeError::Internal { .. } => "server_error",
         }
@@ -214,6 +227,7 @@ impl ServeError {
             ServeError::OverBudget { .. } => "over_memory_budget",
             ServeError::Busy(_) => "model_busy",
             ServeError::ShuttingDown => "shutting_down",
+            ServeError::Unavailable(_) => "peer_unavailable",
             ServeError::Cancelled => "cancelled",
             ServeError::Internal { .. } => "server_error",
         }
@@ -232,6 +246,7 @@ impl ServeError {
             ServeError::OverBudget { .. } => "OverBudget",
             ServeError::Busy(_) => "Busy",
             ServeError::ShuttingDown => "ShuttingDown",
+            ServeError::Unavailable(_) => "Unavailable",
             ServeError::Cancelled => "Cancelled",
             ServeError::Internal { .. } => "Failed",
         }

@@ -311,7 +311,17 @@ impl Registry {
 
     fn touch(&self, name: &str) -> Option<Arc<ServedModel>> {
         let mut slots = lock(&self.loaded);
-        let slot = slots.iter_mut().find(|s| s.model.name == name)?;
+        let i = slots.iter().position(|s| s.model.name == name)?;
+        // A model whose peer was lost cannot compute again: it is unloaded here (requests still
+        // holding it fail at their next pass), and loaded anew, peer and all, by the caller.
+        if let Some(why) = slots[i].model.model.model().unavailable() {
+            let slot = slots.remove(i);
+            drop((slots, slot));
+            tracing::warn!(model = %name, "unloaded: {why}");
+            self.unloaded();
+            return None;
+        }
+        let slot = &mut slots[i];
         slot.last_used = Instant::now();
         Some(slot.model.clone())
     }
