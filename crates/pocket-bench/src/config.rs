@@ -62,6 +62,9 @@ pub struct BenchConfig {
     pub kv: KvType,
     /// The device our engine runs on (llama.cpp runs on the GPU when ours does).
     pub device: DeviceChoice,
+    /// Layers on RPC peers (none: every layer here). llama.cpp gets the same peers and as many
+    /// of its last layers on them as our engine put there.
+    pub split: Option<pocket_runtime::rpc::SplitOptions>,
     /// Most tokens per forward pass, for every engine.
     pub n_batch: usize,
     /// Cap on every prompt's `max_tokens`.
@@ -110,6 +113,7 @@ impl BenchConfig {
             threads: Threads::Auto,
             kv: KvType::F16,
             device: DeviceChoice::default(),
+            split: None,
             n_batch: SessionConfig::default().n_batch,
             max_tokens_cap: None,
             cost_curve: true,

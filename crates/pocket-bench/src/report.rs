@@ -28,6 +28,18 @@ pub fn table(r: &BenchResults) -> String {
             format!(", kernels {}", r.machine.kernels.as_deref().unwrap_or("ggml"))
         },
     );
+    for run in r.machine.placement.iter().filter(|run| run.peer.is_some()) {
+        let _ = writeln!(
+            out,
+            "layers {}..{} on {} of peer {} ({}{}), llama.cpp's too",
+            run.first_layer,
+            run.first_layer + run.n_layers,
+            run.device,
+            run.peer.as_deref().unwrap_or_default(),
+            mib(run.weight_bytes),
+            run.round_trip_us.map(|us| format!(", round trip {us} µs at load")).unwrap_or_default()
+        );
+    }
     let _ = writeln!(
         out,
         "start {}{}",

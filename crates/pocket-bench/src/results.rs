@@ -69,6 +69,11 @@ pub struct Machine {
     /// written before there were any lack the field.
     #[serde(default)]
     pub kernels: Option<String>,
+    /// Where the model's layers were when some were on RPC peers (llama.cpp's were split the
+    /// same way): runs of layers with their device, peer and round trip. Empty: all on
+    /// `backend`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<pocket_core::LayerPlacement>,
 }
 
 /// The model benchmarked.

@@ -30,6 +30,7 @@ pub(crate) fn sample() -> BenchResults {
             threads: 2,
             backend: "CPU".into(),
             kernels: Some("ggml".into()),
+            placement: Vec::new(),
         },
         model: BenchModel {
             name: "smollm2-135m".into(),

@@ -177,7 +177,10 @@ pub fn run(
     let summary = summarize(&runs, &mode_names);
     Ok(BenchResults {
         pocket_version: env!("CARGO_PKG_VERSION").to_owned(),
-        machine: machine(config, main.device(), Some(main.kernels())),
+        machine: Machine {
+            placement: main.model().info().placement.clone(),
+            ..machine(config, main.device(), Some(main.kernels()))
+        },
         model: BenchModel {
             name: config.model_name.clone(),
             file_sha256,
@@ -216,6 +219,7 @@ fn machine(config: &BenchConfig, backend: &str, kernels: Option<&str>) -> Machin
         threads: config.threads.max(),
         backend: backend.to_owned(),
         kernels: kernels.map(str::to_owned),
+        placement: Vec::new(),
     }
 }
 
@@ -263,6 +267,7 @@ fn open_targets(config: &BenchConfig, ledger: &Ledger) -> Result<Vec<Target>, Er
                 device: config.device.clone(),
                 weights: m.weights,
                 ledger: Some(ledger.clone()),
+                split: config.split.clone(),
                 ..OpenOptions::default()
             };
             let model = Arc::new(LoadedModel::open(&config.model_path, &options)?);

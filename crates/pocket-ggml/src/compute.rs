@@ -83,14 +83,17 @@ impl Compute {
         let g = compute.build(model, &plan, worst)?;
         // Measure the buffers first and pay for them in the ledger, then allocate them.
         let measured = compute.sched.measure(&g.ctx);
+        compute.graph_mem = g.ctx.into_memory();
         let Some(ledger) = ledger else {
-            compute.graph_mem = g.ctx.into_memory();
             compute.compute_bytes = measured;
             return Ok(compute);
         };
         let reservation = ledger
             .reserve_in(Place::Device, measured.device as u64, what)
             .and_then(|d| Ok([d, ledger.reserve(measured.host as u64, what)?]));
+        // A graph the scheduler has split once is not split again (see `graph`): the same
+        // graph, built anew.
+        let g = compute.build(model, &plan, worst)?;
         let reserved = reservation.is_ok() && compute.sched.reserve(&g.ctx);
         compute.graph_mem = g.ctx.into_memory();
         compute.reservation = Some(reservation?);
@@ -129,13 +132,21 @@ impl Compute {
         let hit = self.cached.as_ref().is_some_and(|c| c.matches(plan, segments));
         if !hit {
             self.drop_cached();
-            let graph = self.build(model, plan, segments)?;
+            let mut graph = self.build(model, plan, segments)?;
             // One segment's graph fits what was reserved for the largest it was measured for;
             // several may not, nor one past it.
             let (rows, n_kv) = self.measured;
             let past = segments.iter().any(|s| s.shape.n_tokens > rows || s.shape.n_kv > n_kv);
             let grown = if segments.len() > 1 || past {
-                self.sched.measure(&graph.ctx)
+                let grown = self.sched.measure(&graph.ctx);
+                // ggml's scheduler rewrites the graph it splits (an op's input from another
+                // backend becomes a copy made in the scheduler's own context, freed by the next
+                // split): split again, such a graph has no inputs to copy across and reads
+                // freed tensors. The graph measured is dropped and built anew for computing.
+                // (Seen as a peer's KV write out of range after a split model's cache grew.)
+                self.graph_mem = graph.ctx.into_memory();
+                graph = self.build(model, plan, segments)?;
+                grown
             } else {
                 BufferBytes::default()
             };

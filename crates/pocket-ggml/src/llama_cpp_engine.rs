@@ -124,12 +124,33 @@ impl LlamaCppModel {
         let device = Device::select(&options.device, Repack::None, || None)?;
         let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         let what = format!("the weights of {}", path.display());
-        let reservation = options.ledger.as_ref().map(|l| l.reserve(file_bytes, &what)).transpose()?;
-        let weights = LlamaWeights::load(path, Load::Full { gpu: !device.is_cpu(), repack: false })
-            .ok_or_else(|| Error::BadModel {
-                path: path.to_owned(),
-                reason: format!("llama.cpp could not load this {arch:?} model (its log says why)"),
-            })?;
+        // Layers on peers, as llama.cpp's `--rpc` with `-ngl` places them (the last ones).
+        let split = match &options.split {
+            Some(_) if !device.is_cpu() => {
+                return Err(Error::Rpc(format!(
+                    "llama.cpp's graph places layers on peers beside the CPU, not beside {}: use device = \"cpu\"",
+                    device.name
+                )));
+            }
+            Some(split) => {
+                Some(crate::split::plan(&file, crate::split::n_layer(&file)?, split, &device.name)?)
+            }
+            None => None,
+        };
+        let here_bytes = file_bytes - split.as_ref().map_or(0, |p| p.remote_bytes);
+        let reservation = options.ledger.as_ref().map(|l| l.reserve(here_bytes, &what)).transpose()?;
+        let load = match &split {
+            Some(plan) => Load::Split {
+                remote: &plan.remote,
+                remote_layers: plan.remote.layers.iter().filter(|l| l.is_some()).count(),
+                repack: false,
+            },
+            None => Load::Full { gpu: !device.is_cpu(), repack: false },
+        };
+        let weights = LlamaWeights::load(path, load).ok_or_else(|| Error::BadModel {
+            path: path.to_owned(),
+            reason: format!("llama.cpp could not load this {arch:?} model (its log says why)"),
+        })?;
         if weights.has_encoder() {
             return Err(Error::Core(CoreError::Unsupported(format!(
                 "{} is an encoder-decoder GGUF ({arch}); pocketd runs encoder-decoder models from ONNX",
@@ -151,7 +172,7 @@ impl LlamaCppModel {
             n_ctx_train,
             weights_bytes: file_bytes,
             exact_passes: None,
-            placement: Vec::new(),
+            placement: split.map(|p| p.placement).unwrap_or_default(),
         };
         let shape = Shape::read(&file, &arch, n_layers, n_embd, n_vocab);
         let recurrent = weights.is_recurrent();
@@ -239,6 +260,10 @@ impl Model for LlamaCppModel {
 
     fn drafters(&self) -> &'static [SpecMode] {
         if self.inner.recurrent { Self::PLAIN } else { Self::DRAFTERS }
+    }
+
+    fn unavailable(&self) -> Option<String> {
+        self.inner.weights.lost_peer()
     }
 
     fn cache_key(&self) -> Option<&CacheKey> {

@@ -46,6 +46,28 @@ impl LlamaCpp {
         Self::load_parallel(path, threads, n_ctx, n_batch, kv, gpu, repack, 1)
     }
 
+    /// As [`LlamaCpp::load_parallel`] on the CPU, with the layers `split` says on peers (ggml's
+    /// RPC backend, through the same links our engine uses), as llama.cpp's `--rpc` with `-ngl`
+    /// places them: what our split is compared with.
+    #[allow(clippy::too_many_arguments)]
+    pub fn load_split(
+        path: &Path,
+        threads: usize,
+        n_ctx: usize,
+        n_batch: usize,
+        kv: KvType,
+        repack: bool,
+        n_seq: usize,
+        split: &crate::rpc::SplitOptions,
+    ) -> Result<Self> {
+        let file = crate::ffi::gguf::GgufFile::open(path)?;
+        let plan = crate::split::plan(&file, crate::split::n_layer(&file)?, split, "CPU")?;
+        let remote_layers = plan.remote.layers.iter().filter(|l| l.is_some()).count();
+        let weights = LlamaWeights::load(path, Load::Split { remote: &plan.remote, remote_layers, repack })
+            .ok_or_else(|| Error::Ggml(format!("llama.cpp could not load {}", path.display())))?;
+        Self::on(weights, threads, n_ctx, n_batch, kv, n_seq)
+    }
+
     /// As [`LlamaCpp::load`], for `n_seq` sequences of `n_ctx` tokens each that decode
     /// together ([`LlamaCpp::generate_together`]), as llama.cpp's server batches its slots
     /// (`-np`).
@@ -62,6 +84,18 @@ impl LlamaCpp {
     ) -> Result<Self> {
         let weights = LlamaWeights::load(path, Load::Full { gpu, repack })
             .ok_or_else(|| Error::Ggml(format!("llama.cpp could not load {}", path.display())))?;
+        Self::on(weights, threads, n_ctx, n_batch, kv, n_seq)
+    }
+
+    /// A context for `n_seq` sequences of `n_ctx` tokens on `weights`.
+    fn on(
+        weights: LlamaWeights,
+        threads: usize,
+        n_ctx: usize,
+        n_batch: usize,
+        kv: KvType,
+        n_seq: usize,
+    ) -> Result<Self> {
         // llama.cpp runs on the count it is given, as its programs do.
         let threads = pocket_core::Threads::Fixed(threads.max(1));
         let n_seq = n_seq.max(1);

@@ -118,7 +118,7 @@ impl GgmlModel {
         let mut here_bytes = file_bytes;
         let mut placement = Vec::new();
         if let Some(split) = &options.split {
-            let plan = crate::split::plan(&file, &hp, split, &device.name)?;
+            let plan = crate::split::plan(&file, hp.n_layer, split, &device.name)?;
             device = device.with_remote(plan.remote);
             here_bytes = file_bytes.saturating_sub(plan.remote_bytes);
             placement = plan.placement;

@@ -10,10 +10,9 @@ use std::time::Duration;
 use pocket_core::LayerPlacement;
 
 use crate::error::{Error, Result};
-use crate::ffi::device::{Remote, RemoteDevice, dev_name};
+use crate::ffi::device::{Remote, RemoteDevice, dev_memory, dev_name};
 use crate::ffi::gguf::GgufFile;
-use crate::hparams::Hparams;
-use crate::rpc::{Peer, probe};
+use crate::rpc::probe;
 
 /// Which layers go to peers, and which peers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,21 +52,21 @@ pub(crate) struct SplitPlan {
     pub(crate) placement: Vec<LayerPlacement>,
 }
 
-/// The layers of `f` placed on peers by `options`; the others stay on this machine's device,
-/// named `here`.
-pub(crate) fn plan(f: &GgufFile, hp: &Hparams, options: &SplitOptions, here: &str) -> Result<SplitPlan> {
+/// The layers of `f` (`n_layer` of them) placed on peers by `options`; the others stay on this
+/// machine's device, named `here`.
+pub(crate) fn plan(f: &GgufFile, n_layer: usize, options: &SplitOptions, here: &str) -> Result<SplitPlan> {
     if options.peers.is_empty() {
         return Err(Error::Rpc("a split needs at least one peer".into()));
     }
-    let layer_bytes = layer_bytes(f, hp.n_layer);
+    let layer_bytes = layer_bytes(f, n_layer);
     let whole_model: u64 = file_bytes(f) - layer_bytes.iter().sum::<u64>();
     let n_remote = match options.layers {
-        RemoteLayers::Last(n) => n.min(hp.n_layer),
+        RemoteLayers::Last(n) => n.min(n_layer),
         RemoteLayers::Fit { local_bytes } => {
             let mut local = whole_model + layer_bytes.iter().sum::<u64>();
             let mut n = 0;
-            while local > local_bytes && n < hp.n_layer {
-                local -= layer_bytes[hp.n_layer - 1 - n];
+            while local > local_bytes && n < n_layer {
+                local -= layer_bytes[n_layer - 1 - n];
                 n += 1;
             }
             if local > local_bytes {
@@ -83,11 +82,17 @@ pub(crate) fn plan(f: &GgufFile, hp: &Hparams, options: &SplitOptions, here: &st
     };
     // A peer that is down or speaks another protocol is left out, named in the error if the
     // others cannot take the layers.
-    let mut peers: Vec<Peer> = Vec::new();
+    let mut peers: Vec<(String, Option<Duration>)> = Vec::new();
     let mut down: Vec<String> = Vec::new();
     for endpoint in &options.peers {
+        // A peer another model of ours is using now is serving that connection: it is asked
+        // through it rather than probed.
+        if crate::rpc::live_link(endpoint).is_some() {
+            peers.push((endpoint.clone(), None));
+            continue;
+        }
         match probe(endpoint, PROBE_TIMEOUT) {
-            Ok(peer) => peers.push(peer),
+            Ok(peer) => peers.push((peer.endpoint, Some(peer.round_trip))),
             Err(e) => {
                 tracing::warn!("{e}");
                 down.push(e.to_string().trim_start_matches("rpc: ").to_owned());
@@ -100,26 +105,25 @@ pub(crate) fn plan(f: &GgufFile, hp: &Hparams, options: &SplitOptions, here: &st
     let mut devices = Vec::new();
     let mut free = Vec::new();
     let mut round_trips = Vec::new();
-    for peer in &peers {
+    for (endpoint, round_trip) in &peers {
         // ggml's client reaches the peer through our link, which it cannot abort on.
-        let link = crate::rpc::link_to(&peer.endpoint)?;
-        let devs = crate::ffi::rpc::add_server(link.local_endpoint())?;
-        for (dev, offered) in devs.into_iter().zip(&peer.devices) {
+        let link = crate::rpc::link_to(endpoint)?;
+        for dev in crate::ffi::rpc::add_server(link.local_endpoint())? {
             devices.push(RemoteDevice {
                 dev,
                 name: dev_name(dev),
-                endpoint: peer.endpoint.clone(),
+                endpoint: endpoint.clone(),
                 link: std::sync::Arc::clone(&link),
             });
-            free.push(offered.free_bytes);
-            round_trips.push(peer.round_trip);
+            free.push(dev_memory(dev).0);
+            round_trips.push(round_trip.or_else(|| link.stats().round_trip_min));
         }
     }
-    let first_remote = hp.n_layer - n_remote;
-    let mut layers = vec![None; hp.n_layer];
+    let first_remote = n_layer - n_remote;
+    let mut layers = vec![None; n_layer];
     let mut on = 0;
     let mut used = 0u64;
-    for il in first_remote..hp.n_layer {
+    for il in first_remote..n_layer {
         let need = (layer_bytes[il] as f64 * (1.0 + PEER_HEADROOM)) as u64;
         while on < devices.len() && used + need > free[on] {
             on += 1;
@@ -134,13 +138,10 @@ pub(crate) fn plan(f: &GgufFile, hp: &Hparams, options: &SplitOptions, here: &st
                  on the peers: they offer {} MiB ({}){unreachable}",
                 needed >> 20,
                 free.iter().sum::<u64>() >> 20,
-                peers
+                devices
                     .iter()
-                    .map(|p| format!(
-                        "{}: {} MiB",
-                        p.endpoint,
-                        p.devices.iter().map(|d| d.free_bytes).sum::<u64>() >> 20
-                    ))
+                    .zip(&free)
+                    .map(|(d, free)| format!("{} {}: {} MiB", d.endpoint, d.name, free >> 20))
                     .collect::<Vec<_>>()
                     .join(", ")
             )));
@@ -162,17 +163,17 @@ pub(crate) fn plan(f: &GgufFile, hp: &Hparams, options: &SplitOptions, here: &st
                 first_layer: il,
                 n_layers: 1,
                 weight_bytes: layer_bytes[il],
-                round_trip_us: on.map(|d| round_trips[d].as_micros() as u64),
+                round_trip_us: on.and_then(|d| round_trips[d]).map(|t| t.as_micros() as u64),
             }),
         }
     }
     tracing::info!(
         layers = n_remote,
-        of = hp.n_layer,
+        of = n_layer,
         peers = %options.peers.join(" "),
         bytes = remote_bytes,
         "layers {first_remote}..{} on peers",
-        hp.n_layer
+        n_layer
     );
     Ok(SplitPlan { remote: Remote { devices, layers }, remote_bytes, placement })
 }
@@ -183,6 +184,16 @@ fn run_device(run: &LayerPlacement, on: Option<usize>, devices: &[RemoteDevice],
         None => run.peer.is_none() && run.device == here,
         Some(d) => run.peer.as_deref() == Some(devices[d].endpoint.as_str()) && run.device == devices[d].name,
     }
+}
+
+/// The layers of `f` as its metadata counts them (`{architecture}.block_count`), for a file
+/// our graph does not build.
+pub(crate) fn n_layer(f: &GgufFile) -> Result<usize> {
+    let arch = f.get_str("general.architecture").unwrap_or_default();
+    f.get_u64(&format!("{arch}.block_count")).map(|n| n as usize).ok_or_else(|| Error::BadModel {
+        path: f.path().to_owned(),
+        reason: format!("no {arch}.block_count: cannot place its layers on peers"),
+    })
 }
 
 /// Bytes of each layer's tensors in `f` (named `blk.N.…`).

@@ -154,3 +154,23 @@ fn a_peer_that_is_down_is_named() {
     let err = GgmlModel::load(&model_path(SMOL), &options).err().expect("no peer, no split").to_string();
     assert!(err.contains(&format!("peer 127.0.0.1:{port} is down")), "{err}");
 }
+
+#[test]
+fn a_split_cache_grows_past_its_first_block() {
+    let _serial = serial();
+    let (whole, half) = (unsplit(SMOL), split(SMOL, 15));
+    let prompt = prose(&whole, 200);
+    let mut a = session(&whole, &config(1024));
+    let mut b = session(&half, &config(1024));
+    let la = collect(&a.decode(&prompt, &full(&whole), Rows::Last).unwrap());
+    let lb = collect(&b.decode(&prompt, &full(&half), Rows::Last).unwrap());
+    assert_eq!(pocket_core::argmax(&la), pocket_core::argmax(&lb));
+    let mut next = pocket_core::argmax(&la) as u32;
+    // Past 256 positions the cache of both sides of the link is reallocated.
+    for step in 0..120 {
+        let x = collect(&a.decode(&[next], &full(&whole), Rows::Last).unwrap());
+        let y = collect(&b.decode(&[next], &full(&half), Rows::Last).unwrap());
+        assert_eq!(pocket_core::argmax(&x), pocket_core::argmax(&y), "step {step}: top-1 differs");
+        next = pocket_core::argmax(&x) as u32;
+    }
+}

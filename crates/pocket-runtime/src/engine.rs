@@ -240,9 +240,6 @@ impl LoadedModel {
                 ),
             ));
         }
-        if options.split.is_some() {
-            return Err(split_refused(&format!("runs on llama.cpp's graph ({why_not_ours})")));
-        }
         tracing::info!("{}: {why_not_ours}; running it on llama.cpp's graph", path.display());
         let model = LlamaCppModel::load(path, &load)?;
         let (device, kernels) = (model.device_name().to_owned(), model.kernels().to_owned());

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use pocket_core::{Error as CoreError, argmax};
 use pocket_runtime::LlamaCpp;
+use pocket_runtime::rpc::{RemoteLayers, SplitOptions};
 use pocket_runtime::{Engine, LoadedModel};
 
 use super::{PromptRun, RunOutput, Runner, RunnerContext};
@@ -31,6 +32,23 @@ pub struct LlamaCppRunner {
     threads: usize,
     kv: pocket_core::KvType,
     kv_bytes_per_token: u64,
+    /// The peers and layers our engine's model put on them, given to llama.cpp too.
+    split: Option<SplitOptions>,
+}
+
+/// llama.cpp split as our engine's `model` is: its peers, as many last layers on them.
+fn same_split(model: &LoadedModel) -> Option<SplitOptions> {
+    let placement = &model.model().info().placement;
+    let mut peers: Vec<String> = Vec::new();
+    for run in placement {
+        if let Some(peer) = &run.peer
+            && !peers.contains(peer)
+        {
+            peers.push(peer.clone());
+        }
+    }
+    let remote: usize = placement.iter().filter(|r| r.peer.is_some()).map(|r| r.n_layers).sum();
+    (!peers.is_empty()).then_some(SplitOptions { peers, layers: RemoteLayers::Last(remote) })
 }
 
 impl LlamaCppRunner {
@@ -45,17 +63,31 @@ impl LlamaCppRunner {
                 cx.model_name
             )));
         }
-        let llama = LlamaCpp::load(
-            cx.model.path(),
-            s.threads.max(),
-            s.n_ctx,
-            s.n_batch,
-            s.kv,
-            cx.model.on_gpu(),
-            true,
-        )
+        let split = same_split(cx.model);
+        let llama = match &split {
+            Some(split) => LlamaCpp::load_split(
+                cx.model.path(),
+                s.threads.max(),
+                s.n_ctx,
+                s.n_batch,
+                s.kv,
+                true,
+                1,
+                split,
+            ),
+            None => LlamaCpp::load(
+                cx.model.path(),
+                s.threads.max(),
+                s.n_ctx,
+                s.n_batch,
+                s.kv,
+                cx.model.on_gpu(),
+                true,
+            ),
+        }
         .map_err(pocket_runtime::Error::from)?;
         Ok(LlamaCppRunner {
+            split,
             llama,
             parallel: None,
             kv_bytes_per_token: cx.model.kv_bytes_per_token(s)?,
@@ -130,16 +162,28 @@ impl Runner for LlamaCppRunner {
         let n = prompts.len();
         if self.parallel.as_ref().is_none_or(|(k, _)| *k != n) {
             self.parallel = None; // one such context at a time
-            let llama = LlamaCpp::load_parallel(
-                self.model.path(),
-                self.threads,
-                self.n_ctx,
-                self.n_batch,
-                self.kv,
-                self.model.on_gpu(),
-                true,
-                n,
-            )
+            let llama = match &self.split {
+                Some(split) => LlamaCpp::load_split(
+                    self.model.path(),
+                    self.threads,
+                    self.n_ctx,
+                    self.n_batch,
+                    self.kv,
+                    true,
+                    n,
+                    split,
+                ),
+                None => LlamaCpp::load_parallel(
+                    self.model.path(),
+                    self.threads,
+                    self.n_ctx,
+                    self.n_batch,
+                    self.kv,
+                    self.model.on_gpu(),
+                    true,
+                    n,
+                ),
+            }
             .map_err(pocket_runtime::Error::from)?;
             self.parallel = Some((n, llama));
         }

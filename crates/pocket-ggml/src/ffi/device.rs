@@ -157,6 +157,14 @@ pub fn device_memory(choice: &DeviceChoice) -> Result<Option<DeviceMemory>> {
     }))
 }
 
+/// A device's (free, total) bytes, as its backend reports them.
+pub(crate) fn dev_memory(dev: sys::ggml_backend_dev_t) -> (u64, u64) {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: a live device (a registry one, or an RPC one ggml keeps); out-pointers valid.
+    unsafe { sys::ggml_backend_dev_memory(dev, &mut free, &mut total) };
+    (free as u64, total as u64)
+}
+
 pub(crate) fn dev_name(dev: sys::ggml_backend_dev_t) -> String {
     // SAFETY: dev is a registry device; its name is a static NUL-terminated string.
     unsafe { CStr::from_ptr(sys::ggml_backend_dev_name(dev)) }.to_string_lossy().into_owned()

@@ -13,22 +13,29 @@ use pocket_core::{KvType, Threads, Token};
 
 use super::types::ggml_type;
 use crate::error::{Error, Result};
-use crate::ffi::device::cstring;
+use crate::ffi::device::{Remote, cstring};
 use crate::ffi::pools::Pools;
 
 /// What to load of a GGUF file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Load {
+#[derive(Clone, Copy)]
+pub(crate) enum Load<'a> {
     /// The vocabulary and metadata only (no tensors).
     VocabOnly,
     /// Everything: weights memory-mapped, on the GPU if `gpu`; `repack` is llama.cpp's
     /// `use_extra_bufts` (its CPU repacking buffer types).
     Full { gpu: bool, repack: bool },
+    /// Everything, the last `remote_layers` layers on `remote`'s devices (peers reached
+    /// through ggml's RPC backend), the rest on the CPU, as llama.cpp's `--rpc` with
+    /// `-ngl` places them.
+    Split { remote: &'a Remote, remote_layers: usize, repack: bool },
 }
 
 /// A `llama_model`: weights (or only the vocabulary) and metadata, read-only once loaded.
 pub(crate) struct LlamaWeights {
     model: NonNull<sys::llama_model>,
+    /// The links to the peers holding some of its layers (a split model's): a computation
+    /// after one was lost gave made-up results.
+    links: Vec<Arc<crate::rpc::Link>>,
 }
 
 // SAFETY: a loaded llama_model is only read afterwards (llama.cpp's server shares one between
@@ -47,10 +54,13 @@ impl Drop for LlamaWeights {
 
 impl LlamaWeights {
     /// Load `path` as `what` says; `None` when llama.cpp refuses the file (it logs why).
-    pub(crate) fn load(path: &Path, what: Load) -> Option<Self> {
+    pub(crate) fn load(path: &Path, what: Load<'_>) -> Option<Self> {
         crate::ffi::init();
         let cpath = cstring(&path.to_string_lossy());
-        // SAFETY: default parameters adjusted field by field; cpath is a valid C string.
+        let mut devices: Vec<sys::ggml_backend_dev_t> = Vec::new();
+        let mut links = Vec::new();
+        // SAFETY: default parameters adjusted field by field; cpath is a valid C string; the
+        // NULL-terminated device list outlives the call, which copies it.
         let model = unsafe {
             let mut p = sys::llama_model_default_params();
             match what {
@@ -59,10 +69,23 @@ impl LlamaWeights {
                     p.n_gpu_layers = if gpu { 999 } else { 0 };
                     p.use_extra_bufts = repack;
                 }
+                Load::Split { remote, remote_layers, repack } => {
+                    devices.extend(remote.devices.iter().map(|d| d.dev));
+                    devices.push(std::ptr::null_mut());
+                    links.extend(remote.devices.iter().map(|d| Arc::clone(&d.link)));
+                    p.devices = devices.as_mut_ptr();
+                    p.n_gpu_layers = remote_layers as i32;
+                    p.use_extra_bufts = repack;
+                }
             }
             sys::llama_model_load_from_file(cpath.as_ptr(), p)
         };
-        NonNull::new(model).map(|model| LlamaWeights { model })
+        NonNull::new(model).map(|model| LlamaWeights { model, links })
+    }
+
+    /// Why a peer holding some of the layers stopped answering, if one did.
+    pub(crate) fn lost_peer(&self) -> Option<String> {
+        self.links.iter().find_map(|l| l.lost())
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::llama_model {
@@ -389,6 +412,9 @@ impl LlamaContext {
                 self.fill_batch(rows);
                 let b = &mut self.batch;
                 let rc = sys::llama_decode(self.ctx.as_ptr(), *b);
+                if let Some(why) = self.weights.lost_peer() {
+                    return Err(Error::Rpc(why));
+                }
                 if rc != 0 {
                     return Err(Error::Ggml(format!("llama_decode failed ({rc})")));
                 }

@@ -147,7 +147,9 @@ impl Scheduler {
         })
     }
 
-    /// Bytes of the compute buffers `graph` needs, without allocating them.
+    /// Bytes of the compute buffers `graph` needs, without allocating them. Like
+    /// [`Scheduler::reserve`] and [`Scheduler::alloc`], it splits the graph, which rewrites it:
+    /// a graph is given to one of the three, once.
     pub(crate) fn measure(&self, graph: &Ctx) -> BufferBytes {
         let mut sizes = vec![0usize; self.backends.len()];
         // SAFETY: a graph built for this scheduler's backends; one size per backend.

@@ -173,6 +173,12 @@ impl Link {
         self.shared.state().lost.clone()
     }
 
+    /// Whether ggml holds a connection through the link now (something of ours has buffers
+    /// on the peer), over which the peer is reached, since a server serves one client at a time.
+    pub fn connected(&self) -> bool {
+        !self.shared.state().open.is_empty()
+    }
+
     /// Connections from ggml accepted so far.
     pub fn generation(&self) -> u64 {
         self.shared.generation.load(Ordering::SeqCst)

@@ -18,6 +18,8 @@
 mod link;
 mod wire;
 
+use std::sync::{Arc, Mutex};
+
 pub use crate::ffi::rpc::{ServeOptions, lent, protocol, serve, serve_device};
 pub use crate::split::{RemoteLayers, SplitOptions};
 pub use link::{Link, LinkOptions, LinkStats};
@@ -29,9 +31,7 @@ pub const DEFAULT_PORT: u16 = 50052;
 /// The link to `peer` (`host:port`): one per peer for the life of the process, so that a model
 /// loaded again after its peer came back reaches it through the same endpoint (ggml keeps what
 /// it learns about an endpoint, and a link must outlive every buffer ggml holds through it).
-pub(crate) fn link_to(peer: &str) -> crate::Result<std::sync::Arc<Link>> {
-    use std::sync::{Arc, Mutex};
-    static LINKS: Mutex<Vec<Arc<Link>>> = Mutex::new(Vec::new());
+pub(crate) fn link_to(peer: &str) -> crate::Result<Arc<Link>> {
     let mut links = LINKS.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(link) = links.iter().find(|l| l.peer() == peer) {
         return Ok(Arc::clone(link));
@@ -40,3 +40,12 @@ pub(crate) fn link_to(peer: &str) -> crate::Result<std::sync::Arc<Link>> {
     links.push(Arc::clone(&link));
     Ok(link)
 }
+
+/// The link to `peer`, if ggml holds a healthy connection through it now: the peer is then
+/// known to be up and to speak our protocol, and cannot be probed (it serves that connection).
+pub(crate) fn live_link(peer: &str) -> Option<Arc<Link>> {
+    let links = LINKS.lock().unwrap_or_else(|e| e.into_inner());
+    links.iter().find(|l| l.peer() == peer && l.connected() && l.lost().is_none()).cloned()
+}
+
+static LINKS: Mutex<Vec<Arc<Link>>> = Mutex::new(Vec::new());

@@ -309,6 +309,7 @@ fn config_of(
     config.modes = modes;
     config.kv = args.kv;
     config.device = args.model.device.clone();
+    config.split = args.model.split();
     config.max_tokens_cap = args.max_tokens_cap.map(|n| n as usize);
     config.rounds = args.rounds as usize;
     config.wait_quiet = std::time::Duration::from_secs_f64(args.wait_quiet);
