@@ -174,3 +174,30 @@ fn a_split_cache_grows_past_its_first_block() {
         next = pocket_core::argmax(&x) as u32;
     }
 }
+
+#[test]
+fn a_peer_of_another_protocol_is_refused_by_name() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = listener.local_addr().unwrap().to_string();
+    // A server of protocol 6.0.0: it answers the handshake with its version.
+    std::thread::spawn(move || {
+        for mut sock in listener.incoming().flatten() {
+            let mut hello = [0u8; 1 + 8 + 24];
+            if sock.read_exact(&mut hello).is_err() {
+                continue;
+            }
+            let mut reply = 28u64.to_le_bytes().to_vec();
+            reply.extend([6, 0, 0, 0]);
+            reply.extend([0u8; 24]);
+            let _ = sock.write_all(&reply);
+        }
+    });
+    let options = LoadOptions {
+        device: DeviceChoice::Cpu,
+        split: Some(SplitOptions { peers: vec![endpoint.clone()], layers: RemoteLayers::Last(4) }),
+        ..LoadOptions::default()
+    };
+    let err = GgmlModel::load(&model_path(SMOL), &options).err().expect("refused").to_string();
+    assert!(err.contains(&format!("peer {endpoint} speaks RPC protocol 6.0.0")), "{err}");
+}
