@@ -14,7 +14,7 @@ use pocket_core::cost::CostModel;
 use pocket_core::spec::{AutoConfig, AutoDrafter, Drafter, SuffixDrafter};
 use pocket_core::{GenerateRequest, Model, Rows, SamplingConfig, Session, StopConfig, generate_speculative};
 use pocket_ggml::rpc::{RemoteLayers, ServeOptions, SplitOptions, probe, serve};
-use pocket_ggml::{AttentionKernel, DeviceChoice, GgmlModel, LoadOptions};
+use pocket_ggml::{AttentionKernel, DeviceChoice, GgmlModel, LoadOptions, Repack};
 
 /// The peer: a CPU lending 512 MiB on a free loopback port, one per test process (a process
 /// lends one device).
@@ -42,7 +42,9 @@ fn peer() -> &'static str {
 }
 
 /// `name` with its last `remote` layers on the peer, attending with ggml's flash attention
-/// (what the layers on the peer use; our own CPU attention kernel is for unsplit models).
+/// (what the layers on the peer use; our own CPU attention kernel is for unsplit models), its
+/// weights as stored (the peer's are: ggml's Q4_K layout for 4 tokens at once rounds otherwise
+/// than its one-row kernel, which is what the peer runs).
 fn split(name: &str, remote: usize) -> GgmlModel {
     static MODELS: std::sync::Mutex<Vec<(String, usize, GgmlModel)>> = std::sync::Mutex::new(Vec::new());
     let mut models = MODELS.lock().unwrap_or_else(|e| e.into_inner());
@@ -52,6 +54,7 @@ fn split(name: &str, remote: usize) -> GgmlModel {
     let options = LoadOptions {
         device: DeviceChoice::Cpu,
         attention: AttentionKernel::Ggml,
+        repack: Repack::None,
         split: Some(SplitOptions { peers: vec![peer().to_owned()], layers: RemoteLayers::Last(remote) }),
         ..LoadOptions::default()
     };
@@ -65,15 +68,26 @@ fn split(name: &str, remote: usize) -> GgmlModel {
 }
 
 fn unsplit(name: &str) -> GgmlModel {
-    let options =
-        LoadOptions { device: DeviceChoice::Cpu, attention: AttentionKernel::Ggml, ..LoadOptions::default() };
+    let options = LoadOptions {
+        device: DeviceChoice::Cpu,
+        attention: AttentionKernel::Ggml,
+        repack: Repack::None,
+        ..LoadOptions::default()
+    };
     GgmlModel::load(&model_path(name), &options).expect("the model loads")
 }
 
 #[test]
 fn split_logits_match_the_unsplit_model() {
     let _serial = serial();
-    let (whole, half) = (unsplit(SMOL), split(SMOL, 15));
+    logits_match(SMOL, 15);
+    // Q4_K and Q6_K matrices, and a verification-width probe at load that puts our CPU ops
+    // beside the peer's output.
+    logits_match(QWEN, 12);
+}
+
+fn logits_match(name: &str, remote: usize) {
+    let (whole, half) = (unsplit(name), split(name, remote));
     let prompt = prose(&whole, 48);
     let n_vocab = whole.info().n_vocab;
     let mut a = session(&whole, &config(256));
@@ -94,7 +108,9 @@ fn split_logits_match_the_unsplit_model() {
         assert_eq!(pocket_core::argmax(&x), pocket_core::argmax(&y), "step {step}: top-1 differs");
         next = pocket_core::argmax(&x) as u32;
     }
-    eprintln!("split across a loopback peer vs unsplit: max |Δ| {worst:e} over 48 prompt rows and 8 steps");
+    eprintln!(
+        "{name} split across a loopback peer vs unsplit: max |Δ| {worst:e} over 48 prompt rows and 8 steps"
+    );
     // ggml's kernels on both sides of the link; what differs is where each runs. llama.cpp's
     // own noise against us on this model is of this order (pocket parity).
     assert!(worst < 0.05, "max |Δ| {worst}");
@@ -200,4 +216,38 @@ fn a_peer_of_another_protocol_is_refused_by_name() {
     };
     let err = GgmlModel::load(&model_path(SMOL), &options).err().expect("refused").to_string();
     assert!(err.contains(&format!("peer {endpoint} speaks RPC protocol 6.0.0")), "{err}");
+}
+
+/// A file our graph does not build (OLMo-2, synthetic) on llama.cpp's graph with its last
+/// layers on the peer, as llama.cpp's `--rpc` places them: the same greedy tokens as unsplit.
+#[test]
+fn llama_cpps_graph_splits_the_same_way() {
+    let _serial = serial();
+    let path = Synthetic { arch: "olmo2", args: &[], weights: "f16" }.path();
+    let load = |split: Option<SplitOptions>| {
+        let options = LoadOptions { device: DeviceChoice::Cpu, split, ..LoadOptions::default() };
+        pocket_ggml::LlamaCppModel::load(&path, &options).expect("llama.cpp loads it")
+    };
+    let whole = load(None);
+    let n_layers = whole.info().n_layers;
+    let half =
+        load(Some(SplitOptions { peers: vec![peer().to_owned()], layers: RemoteLayers::Last(n_layers / 2) }));
+    let on_peer: usize = half.info().placement.iter().filter(|p| p.peer.is_some()).map(|p| p.n_layers).sum();
+    assert_eq!(on_peer, n_layers / 2, "{:?}", half.info().placement);
+    let generate = |model: &dyn Model| {
+        let prompt =
+            model.tokenizer().encode("one two three four five six seven one two three", true).unwrap();
+        let mut session = model.session(&config(256)).expect("session");
+        let request = GenerateRequest {
+            prompt,
+            sampling: SamplingConfig::default(),
+            stop: StopConfig { max_tokens: 24, stop: Vec::new() },
+        };
+        generate_speculative(model.info(), session.as_mut(), model.tokenizer(), &request, None, &mut |_| {
+            ControlFlow::Continue(())
+        })
+        .expect("generate")
+        .tokens
+    };
+    assert_eq!(generate(&half), generate(&whole));
 }

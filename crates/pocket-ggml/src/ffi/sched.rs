@@ -149,7 +149,9 @@ impl Scheduler {
 
     /// Bytes of the compute buffers `graph` needs, without allocating them. Like
     /// [`Scheduler::reserve`] and [`Scheduler::alloc`], it splits the graph, which rewrites it:
-    /// a graph is given to one of the three, once.
+    /// a graph is given to one of the three, once. (ggml resets the scheduler first, so our
+    /// ops are not pinned to the CPU here: on a split model the measure may put a few small
+    /// tensors on the peer that the allocation then puts here.)
     pub(crate) fn measure(&self, graph: &Ctx) -> BufferBytes {
         let mut sizes = vec![0usize; self.backends.len()];
         // SAFETY: a graph built for this scheduler's backends; one size per backend.
@@ -178,8 +180,31 @@ impl Scheduler {
 
     /// Allocate compute buffers large enough for `graph` (and every smaller one).
     pub(crate) fn reserve(&self, graph: &Ctx) -> bool {
+        self.pin_custom_ops(graph);
         // SAFETY: a graph built for this scheduler's backends.
         unsafe { sys::ggml_backend_sched_reserve(self.sched.as_ptr(), graph.graph()) }
+    }
+
+    /// Keep our own ops (custom ops: our kernels, whose code is in this process) on the CPU.
+    /// A GPU backend refuses them, but ggml's RPC backend says it runs every op, and the
+    /// scheduler would give a peer an op whose input came from the peer: the peer would call
+    /// a function pointer of ours (it crashed, on Qwen's verification passes).
+    fn pin_custom_ops(&self, graph: &Ctx) {
+        if self.remote == 0 {
+            return;
+        }
+        let cpu = self.backends.last().expect("the CPU backend is always there").as_ptr();
+        let g = graph.graph();
+        // SAFETY: a graph built for this scheduler's backends: its nodes are live; the CPU
+        // backend is one of the scheduler's.
+        unsafe {
+            for i in 0..sys::ggml_graph_n_nodes(g) {
+                let node = sys::ggml_graph_node(g, i);
+                if (*node).op == sys::GGML_OP_CUSTOM {
+                    sys::ggml_backend_sched_set_tensor_backend(self.sched.as_ptr(), node, cpu);
+                }
+            }
+        }
     }
 
     /// Bytes of the compute buffers allocated, on the device and in host memory.
@@ -193,10 +218,10 @@ impl Scheduler {
     /// Assign `graph`'s tensors to the backends and their buffers, ready for inputs.
     pub(crate) fn alloc(&self, graph: &Ctx) -> bool {
         // SAFETY: a graph built for this scheduler's backends.
-        unsafe {
-            sys::ggml_backend_sched_reset(self.sched.as_ptr());
-            sys::ggml_backend_sched_alloc_graph(self.sched.as_ptr(), graph.graph())
-        }
+        unsafe { sys::ggml_backend_sched_reset(self.sched.as_ptr()) };
+        self.pin_custom_ops(graph);
+        // SAFETY: as above; the pins set since the reset hold for this allocation.
+        unsafe { sys::ggml_backend_sched_alloc_graph(self.sched.as_ptr(), graph.graph()) }
     }
 
     /// Splits of the graph allocated last: the runs of consecutive nodes on one backend that
