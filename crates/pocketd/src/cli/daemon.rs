@@ -70,6 +70,20 @@ pub fn status(args: Args) -> anyhow::Result<()> {
             m.sessions,
             m.idle_seconds
         );
+        for run in &m.placement {
+            let peer = run.peer.as_deref().map(|p| format!(" of peer {p}")).unwrap_or_default();
+            let rtt = run.round_trip_us.map(|us| format!(", round trip {us} µs")).unwrap_or_default();
+            println!(
+                "  layers {}..{} on {}{peer}: {}{rtt}",
+                run.first_layer,
+                run.first_layer + run.n_layers,
+                run.device,
+                format_size(run.weight_bytes)
+            );
+        }
+    }
+    if let Some(rpc) = &s.rpc {
+        println!("rpc: protocol {}", rpc.protocol);
     }
     for r in &s.sessions {
         println!("request {} on {}: {} tokens so far", r.id, r.model, r.generated_tokens);
