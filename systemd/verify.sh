@@ -59,30 +59,28 @@ trap cleanup EXIT
 
 # --- Units ------------------------------------------------------------------
 
-# Both units in one directory, so that the socket's Service= resolves.
+# copy_unit UNIT PROGRAM BINARY: systemd/UNIT into $tmp/units with its one
+# `ExecStart=/usr/bin/PROGRAM ...` line running BINARY instead.
+copy_unit() {
+    local unit=$1 program=$2 binary=$3 replaced=0 line
+    while IFS= read -r line; do
+        if [[ $line == "ExecStart=/usr/bin/$program "* ]]; then
+            line="ExecStart=\"$binary\" ${line#"ExecStart=/usr/bin/$program "}"
+            replaced=$((replaced + 1))
+        fi
+        printf '%s\n' "$line"
+    done <"$here/$unit" >"$tmp/units/$unit"
+    [[ $replaced -eq 1 ]] || die "$unit: expected one ExecStart=/usr/bin/$program ... line, found $replaced"
+}
+
+# The units in one directory, so that the socket's Service= resolves.
 mkdir "$tmp/units"
-replaced=0
-while IFS= read -r line; do
-    if [[ $line == "ExecStart=/usr/bin/pocketd "* ]]; then
-        line="ExecStart=\"$bin\" ${line#"ExecStart=/usr/bin/pocketd "}"
-        replaced=$((replaced + 1))
-    fi
-    printf '%s\n' "$line"
-done <"$here/pocketd.service" >"$tmp/units/pocketd.service"
-[[ $replaced -eq 1 ]] || die "pocketd.service: expected one ExecStart=/usr/bin/pocketd ... line, found $replaced"
+copy_unit pocketd.service pocketd "$bin"
 cp "$here/pocketd.socket" "$tmp/units/"
 # pocketd-rpc.service runs `pocket rpc-serve`: the pocket beside the pocketd given, if there is one.
 pocket_bin=$(dirname "$bin")/pocket
 [[ -x $pocket_bin ]] || pocket_bin=$bin
-replaced=0
-while IFS= read -r line; do
-    if [[ $line == "ExecStart=/usr/bin/pocket "* ]]; then
-        line="ExecStart=\"$pocket_bin\" ${line#"ExecStart=/usr/bin/pocket "}"
-        replaced=$((replaced + 1))
-    fi
-    printf '%s\n' "$line"
-done <"$here/pocketd-rpc.service" >"$tmp/units/pocketd-rpc.service"
-[[ $replaced -eq 1 ]] || die "pocketd-rpc.service: expected one ExecStart=/usr/bin/pocket ... line, found $replaced"
+copy_unit pocketd-rpc.service pocket "$pocket_bin"
 
 opts=(--man=no)
 # systemd >= 250: the exit status covers only the units named, not what they pull in.

@@ -6,17 +6,13 @@
 
 mod common;
 
-use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 use common::*;
 use pocket_core::cost::CostModel;
 use pocket_core::memory::Ledger;
-use pocket_core::spec::{DraftModelDrafter, Drafter, SuffixDrafter};
-use pocket_core::{
-    Error as CoreError, GenerateRequest, KvType, LayerPlan, Model, Rows, SamplingConfig, StopConfig, Token,
-    generate_speculative,
-};
+use pocket_core::spec::{DraftModelDrafter, SuffixDrafter};
+use pocket_core::{Error as CoreError, KvType, LayerPlan, Model, Rows, Token};
 use pocket_ggml::parity::{ParityOptions, parity};
 use pocket_ggml::{DeviceChoice, GraphSupport, LlamaCppModel, LoadOptions, graph_support};
 
@@ -58,25 +54,6 @@ fn parity_runs_on_the_llama_cpp_engine() {
         assert_eq!(kv.top1_vs_llama_cpp, report.n, "{}", kv.kv);
         assert_eq!(kv.max_abs_diff, 0.0, "{}", kv.kv);
     }
-}
-
-/// Greedy generation of `max_tokens` from `prompt`, speculating with `drafter` if given.
-fn greedy(
-    model: &dyn Model,
-    prompt: &[Token],
-    max_tokens: usize,
-    drafter: Option<&mut dyn Drafter>,
-) -> pocket_core::Generation {
-    let request = GenerateRequest {
-        prompt: prompt.to_vec(),
-        sampling: SamplingConfig::default(),
-        stop: StopConfig { max_tokens, stop: Vec::new() },
-    };
-    let mut session = model.session(&config(512)).expect("session");
-    generate_speculative(model.info(), session.as_mut(), model.tokenizer(), &request, drafter, &mut |_| {
-        ControlFlow::Continue(())
-    })
-    .expect("generate")
 }
 
 /// SmolLM2 put on llama.cpp's engine (a real model: its continuations of repeated text give the

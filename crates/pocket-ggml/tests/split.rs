@@ -5,40 +5,20 @@
 
 mod common;
 
-use std::ops::ControlFlow;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use common::*;
 use pocket_core::cost::CostModel;
 use pocket_core::spec::{AutoConfig, AutoDrafter, Drafter, SuffixDrafter};
-use pocket_core::{GenerateRequest, Model, Rows, SamplingConfig, Session, StopConfig, generate_speculative};
-use pocket_ggml::rpc::{RemoteLayers, ServeOptions, SplitOptions, probe, serve};
+use pocket_core::{Model, Rows, Session};
+use pocket_ggml::rpc::{RemoteLayers, SplitOptions, serve_on_loopback};
 use pocket_ggml::{AttentionKernel, DeviceChoice, GgmlModel, LoadOptions, Repack};
 
 /// The peer: a CPU lending 512 MiB on a free loopback port, one per test process (a process
 /// lends one device).
 fn peer() -> &'static str {
     static ENDPOINT: OnceLock<String> = OnceLock::new();
-    ENDPOINT.get_or_init(|| {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let endpoint = format!("127.0.0.1:{port}");
-        let options = ServeOptions {
-            endpoint: endpoint.clone(),
-            device: DeviceChoice::Cpu,
-            memory: 512 << 20,
-            threads: THREADS,
-            cache_dir: None,
-        };
-        std::thread::spawn(move || serve(&options));
-        for _ in 0..100 {
-            if probe(&endpoint, Duration::from_secs(1)).is_ok() {
-                return endpoint;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("the RPC server on {endpoint} did not come up");
-    })
+    ENDPOINT.get_or_init(|| serve_on_loopback(512 << 20, THREADS).expect("an RPC server on loopback"))
 }
 
 /// `name` with its last `remote` layers on the peer, attending with ggml's flash attention
@@ -120,24 +100,8 @@ fn logits_match(name: &str, remote: usize) {
 fn greedy_speculation_across_the_split_equals_plain_decoding() {
     let _serial = serial();
     let model = split(SMOL, 15);
-    let greedy = SamplingConfig::default();
-    let run = |drafter: Option<&mut dyn Drafter>| {
-        let mut session = model.session(&config(512)).expect("session");
-        let request = GenerateRequest {
-            prompt: chat(&model, "Rename the variable `n` to `count` in: def f(n):\n    return n * n + n\n"),
-            sampling: greedy.clone(),
-            stop: StopConfig { max_tokens: 48, stop: Vec::new() },
-        };
-        generate_speculative(
-            model.info(),
-            session.as_mut(),
-            model.tokenizer(),
-            &request,
-            drafter,
-            &mut |_| ControlFlow::Continue(()),
-        )
-        .expect("generate")
-    };
+    let prompt = chat(&model, "Rename the variable `n` to `count` in: def f(n):\n    return n * n + n\n");
+    let run = |drafter: Option<&mut dyn Drafter>| greedy(&model, &prompt, 48, drafter);
     let plain = run(None);
     assert!(plain.tokens.len() > 8, "too short: {:?}", plain.text);
     let flat = CostModel::linear(0.0);
@@ -237,17 +201,7 @@ fn llama_cpps_graph_splits_the_same_way() {
     let generate = |model: &dyn Model| {
         let prompt =
             model.tokenizer().encode("one two three four five six seven one two three", true).unwrap();
-        let mut session = model.session(&config(256)).expect("session");
-        let request = GenerateRequest {
-            prompt,
-            sampling: SamplingConfig::default(),
-            stop: StopConfig { max_tokens: 24, stop: Vec::new() },
-        };
-        generate_speculative(model.info(), session.as_mut(), model.tokenizer(), &request, None, &mut |_| {
-            ControlFlow::Continue(())
-        })
-        .expect("generate")
-        .tokens
+        greedy(model, &prompt, 24, None).tokens
     };
     assert_eq!(generate(&half), generate(&whole));
 }

@@ -416,25 +416,8 @@ pub(crate) mod tests {
     /// for peers, on a free loopback port.
     pub(crate) fn server() -> &'static str {
         static ENDPOINT: OnceLock<String> = OnceLock::new();
-        ENDPOINT.get_or_init(|| {
-            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-            let endpoint = format!("127.0.0.1:{port}");
-            let options = ServeOptions {
-                endpoint: endpoint.clone(),
-                device: DeviceChoice::Cpu,
-                memory: 64 << 20,
-                threads: 1,
-                cache_dir: None,
-            };
-            std::thread::spawn(move || serve(&options));
-            for _ in 0..100 {
-                if crate::rpc::probe(&endpoint, Duration::from_secs(1)).is_ok() {
-                    return endpoint;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            panic!("the RPC server on {endpoint} did not come up");
-        })
+        ENDPOINT
+            .get_or_init(|| crate::rpc::serve_on_loopback(64 << 20, 1).expect("an RPC server on loopback"))
     }
 
     #[test]

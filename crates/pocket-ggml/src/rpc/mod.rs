@@ -1,7 +1,8 @@
 //! Models beyond one board: ggml's RPC backend, which lends a machine's device to peers.
 //!
 //! - [`serve`] runs ggml's RPC server over this machine's CPU or GPU, with the memory peers
-//!   may take capped ([`ServeOptions::memory`]); `pocket rpc-serve` is its command.
+//!   may take capped ([`ServeOptions::memory`]); `pocket rpc-serve` is its command, and
+//!   [`serve_on_loopback`] runs one in process (tests, benchmarks).
 //! - [`SplitOptions`] (in [`LoadOptions::split`](crate::LoadOptions::split)) puts a model's
 //!   last layers on peers: their weights, KV cache and ops live there.
 //! - [`probe`] asks a server, in our own code, which protocol it speaks and what its devices
@@ -27,6 +28,42 @@ pub use wire::{Peer, PeerDevice, Version, probe};
 
 /// The port ggml's `rpc-server` listens on by default, and ours.
 pub const DEFAULT_PORT: u16 = 50052;
+
+/// Lend this process's CPU (`memory` bytes to peers, computing on `threads` threads) on a free
+/// loopback port, from a thread of its own, for as long as the process lives; returns its
+/// `host:port` once it answers. For tests and benchmarks that need a peer in process (a process
+/// lends one device: a second call fails).
+pub fn serve_on_loopback(memory: u64, threads: usize) -> crate::Result<String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| crate::Error::Rpc(format!("no free loopback port: {e}")))?
+        .port();
+    let endpoint = format!("127.0.0.1:{port}");
+    let options = ServeOptions {
+        endpoint: endpoint.clone(),
+        device: crate::DeviceChoice::Cpu,
+        memory,
+        threads,
+        cache_dir: None,
+    };
+    let server = std::thread::Builder::new()
+        .name("rpc-serve".into())
+        .spawn(move || serve(&options))
+        .map_err(|e| crate::Error::Rpc(format!("cannot start the server's thread: {e}")))?;
+    let mut last = None;
+    for _ in 0..100 {
+        if server.is_finished() {
+            let why = server.join().ok().and_then(|r| r.err());
+            return Err(why.unwrap_or_else(|| crate::Error::Rpc(format!("the server on {endpoint} stopped"))));
+        }
+        match probe(&endpoint, std::time::Duration::from_secs(1)) {
+            Ok(_) => return Ok(endpoint),
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Err(last.unwrap_or_else(|| crate::Error::Rpc(format!("the server on {endpoint} did not come up"))))
+}
 
 /// The link to `peer` (`host:port`): one per peer for the life of the process, so that a model
 /// loaded again after its peer came back reaches it through the same endpoint (ggml keeps what

@@ -272,3 +272,27 @@ impl Synthetic {
         path
     }
 }
+
+/// Greedy generation of `max_tokens` from `prompt`, speculating with `drafter` if given.
+pub fn greedy(
+    model: &dyn Model,
+    prompt: &[Token],
+    max_tokens: usize,
+    drafter: Option<&mut dyn pocket_core::spec::Drafter>,
+) -> pocket_core::Generation {
+    let request = pocket_core::GenerateRequest {
+        prompt: prompt.to_vec(),
+        sampling: pocket_core::SamplingConfig::default(),
+        stop: pocket_core::StopConfig { max_tokens, stop: Vec::new() },
+    };
+    let mut session = model.session(&config(512)).expect("session");
+    pocket_core::generate_speculative(
+        model.info(),
+        session.as_mut(),
+        model.tokenizer(),
+        &request,
+        drafter,
+        &mut |_| std::ops::ControlFlow::Continue(()),
+    )
+    .expect("generate")
+}
