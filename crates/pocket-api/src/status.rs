@@ -52,6 +52,31 @@ pub struct RpcStatus {
     /// The protocol version this build speaks (`7.0.0`): a peer must speak the same major
     /// version and a minor no newer.
     pub protocol: String,
+    /// The peers models have used since the daemon started, live.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<RpcPeerStatus>,
+}
+
+/// An RPC peer as the daemon's link to it sees it (`/v1/status`'s `rpc.peers`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RpcPeerStatus {
+    /// `host:port`, as configured.
+    pub peer: String,
+    /// Whether a model holds a connection to it now.
+    pub connected: bool,
+    /// Why the peer was lost, if the current (or last) connection lost it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<String>,
+    /// The shortest request–reply round trip seen, in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round_trip_min_us: Option<u64>,
+    /// The latest request–reply round trip, in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round_trip_last_us: Option<u64>,
+    /// Bytes sent to it, all connections together.
+    pub bytes_to_peer: u64,
+    /// Bytes received from it, all connections together.
+    pub bytes_from_peer: u64,
 }
 
 /// The CPU threads of forward passes (`GET /v1/status`'s `cpu`).

@@ -162,6 +162,12 @@ fn a_model_too_large_for_the_budget_runs_with_its_last_layers_on_a_peer() {
     assert!(status["memory"]["peak_bytes"].as_u64().unwrap() <= budget, "{status}");
     assert!(status["memory"]["resident_bytes"].as_u64().unwrap() < budget, "{status}");
     assert_eq!(status["rpc"]["protocol"], rpc::protocol().unwrap());
+    let peer = &status["rpc"]["peers"][0];
+    assert_eq!(peer["peer"], server.endpoint.as_str(), "{status}");
+    assert_eq!(peer["connected"], true, "{status}");
+    assert!(peer["round_trip_last_us"].as_u64().is_some(), "{status}");
+    // The weights on the peer crossed the link.
+    assert!(peer["bytes_to_peer"].as_u64().unwrap() > 500 << 20, "{status}");
 }
 
 #[test]

@@ -85,4 +85,10 @@ pub(crate) fn live_link(peer: &str) -> Option<Arc<Link>> {
     links.iter().find(|l| l.peer() == peer && l.connected() && l.lost().is_none()).cloned()
 }
 
+/// The links to peers this process has made (one per peer, kept for the process): what a
+/// status shows of each, live.
+pub fn links() -> Vec<Arc<Link>> {
+    LINKS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 static LINKS: Mutex<Vec<Arc<Link>>> = Mutex::new(Vec::new());

@@ -84,6 +84,21 @@ pub fn status(args: Args) -> anyhow::Result<()> {
     }
     if let Some(rpc) = &s.rpc {
         println!("rpc: protocol {}", rpc.protocol);
+        for p in &rpc.peers {
+            let state = match (&p.lost, p.connected) {
+                (Some(why), _) => format!("lost: {why}"),
+                (None, true) => "connected".to_owned(),
+                (None, false) => "idle".to_owned(),
+            };
+            let rtt =
+                p.round_trip_min_us.map(|us| format!(", round trip {us} µs at best")).unwrap_or_default();
+            println!(
+                "  peer {}: {state}{rtt}, {} sent, {} received",
+                p.peer,
+                format_size(p.bytes_to_peer),
+                format_size(p.bytes_from_peer)
+            );
+        }
     }
     for r in &s.sessions {
         println!("request {} on {}: {} tokens so far", r.id, r.model, r.generated_tokens);

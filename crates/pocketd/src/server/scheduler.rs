@@ -292,7 +292,10 @@ impl Scheduler {
             cpu: Some(self.cpu()),
             learning: self.learner.doing(),
             connections: None,
-            rpc: pocket_runtime::rpc::protocol().map(|p| pocket_api::RpcStatus { protocol: p.to_owned() }),
+            rpc: pocket_runtime::rpc::protocol().map(|p| pocket_api::RpcStatus {
+                protocol: p.to_owned(),
+                peers: pocket_runtime::rpc::links().iter().map(|l| peer_status(l)).collect(),
+            }),
         }
     }
 
@@ -415,4 +418,19 @@ fn request_id(id: u64) -> String {
         std::collections::hash_map::RandomState::new().build_hasher().finish() as u32
     });
     format!("{start:08x}-{id}")
+}
+
+/// What the status shows of the link to an RPC peer.
+fn peer_status(link: &pocket_runtime::rpc::Link) -> pocket_api::RpcPeerStatus {
+    let stats = link.stats();
+    let us = |d: Option<std::time::Duration>| d.map(|d| d.as_micros() as u64);
+    pocket_api::RpcPeerStatus {
+        peer: link.peer().to_owned(),
+        connected: link.connected(),
+        lost: link.lost(),
+        round_trip_min_us: us(stats.round_trip_min),
+        round_trip_last_us: us(stats.round_trip_last),
+        bytes_to_peer: stats.bytes_to_peer,
+        bytes_from_peer: stats.bytes_from_peer,
+    }
 }
