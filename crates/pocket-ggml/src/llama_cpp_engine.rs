@@ -132,9 +132,7 @@ impl LlamaCppModel {
                     device.name
                 )));
             }
-            Some(split) => {
-                Some(crate::split::plan(&file, crate::split::n_layer(&file)?, split, &device.name)?)
-            }
+            Some(split) => crate::split::plan(&file, crate::split::n_layer(&file)?, split, &device.name)?,
             None => None,
         };
         let here_bytes = file_bytes - split.as_ref().map_or(0, |p| p.remote_bytes);

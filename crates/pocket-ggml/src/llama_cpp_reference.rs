@@ -62,8 +62,15 @@ impl LlamaCpp {
     ) -> Result<Self> {
         let file = crate::ffi::gguf::GgufFile::open(path)?;
         let plan = crate::split::plan(&file, crate::split::n_layer(&file)?, split, "CPU")?;
-        let remote_layers = plan.remote.layers.iter().filter(|l| l.is_some()).count();
-        let weights = LlamaWeights::load(path, Load::Split { remote: &plan.remote, remote_layers, repack })
+        let load = match &plan {
+            Some(plan) => Load::Split {
+                remote: &plan.remote,
+                remote_layers: plan.remote.layers.iter().filter(|l| l.is_some()).count(),
+                repack,
+            },
+            None => Load::Full { gpu: false, repack },
+        };
+        let weights = LlamaWeights::load(path, load)
             .ok_or_else(|| Error::Ggml(format!("llama.cpp could not load {}", path.display())))?;
         Self::on(weights, threads, n_ctx, n_batch, kv, n_seq)
     }

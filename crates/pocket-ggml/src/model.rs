@@ -117,8 +117,9 @@ impl GgmlModel {
         let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         let mut here_bytes = file_bytes;
         let mut placement = Vec::new();
-        if let Some(split) = &options.split {
-            let plan = crate::split::plan(&file, hp.n_layer, split, &device.name)?;
+        if let Some(split) = &options.split
+            && let Some(plan) = crate::split::plan(&file, hp.n_layer, split, &device.name)?
+        {
             device = device.with_remote(plan.remote);
             here_bytes = file_bytes.saturating_sub(plan.remote_bytes);
             placement = plan.placement;

@@ -53,8 +53,14 @@ pub(crate) struct SplitPlan {
 }
 
 /// The layers of `f` (`n_layer` of them) placed on peers by `options`; the others stay on this
-/// machine's device, named `here`.
-pub(crate) fn plan(f: &GgufFile, n_layer: usize, options: &SplitOptions, here: &str) -> Result<SplitPlan> {
+/// machine's device, named `here`. None: every layer stays (`Fit` found the model fits, or
+/// `Last(0)`), and no peer is asked anything.
+pub(crate) fn plan(
+    f: &GgufFile,
+    n_layer: usize,
+    options: &SplitOptions,
+    here: &str,
+) -> Result<Option<SplitPlan>> {
     if options.peers.is_empty() {
         return Err(Error::Rpc("a split needs at least one peer".into()));
     }
@@ -80,6 +86,10 @@ pub(crate) fn plan(f: &GgufFile, n_layer: usize, options: &SplitOptions, here: &
             n
         }
     };
+    if n_remote == 0 {
+        tracing::info!("the model fits here: no layers on peers");
+        return Ok(None);
+    }
     // A peer that is down or speaks another protocol is left out, named in the error if the
     // others cannot take the layers.
     let mut peers: Vec<(String, Option<Duration>)> = Vec::new();
@@ -99,7 +109,7 @@ pub(crate) fn plan(f: &GgufFile, n_layer: usize, options: &SplitOptions, here: &
             }
         }
     }
-    if n_remote > 0 && peers.is_empty() {
+    if peers.is_empty() {
         return Err(Error::Rpc(down.join("; ")));
     }
     let mut devices = Vec::new();
@@ -175,7 +185,7 @@ pub(crate) fn plan(f: &GgufFile, n_layer: usize, options: &SplitOptions, here: &
         "layers {first_remote}..{} on peers",
         n_layer
     );
-    Ok(SplitPlan { remote: Remote { devices, layers }, remote_bytes, placement })
+    Ok(Some(SplitPlan { remote: Remote { devices, layers }, remote_bytes, placement }))
 }
 
 /// Whether `run` is on the device `on` names (None: this machine's, `here`).

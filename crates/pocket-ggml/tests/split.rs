@@ -205,3 +205,19 @@ fn llama_cpps_graph_splits_the_same_way() {
     };
     assert_eq!(generate(&half), generate(&whole));
 }
+
+/// A model that fits is not split, and its peers are not even asked (this one is down).
+#[test]
+fn a_model_that_fits_stays_whole() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let options = LoadOptions {
+        device: DeviceChoice::Cpu,
+        split: Some(SplitOptions {
+            peers: vec![format!("127.0.0.1:{port}")],
+            layers: RemoteLayers::Fit { local_bytes: 1 << 30 },
+        }),
+        ..LoadOptions::default()
+    };
+    let model = GgmlModel::load(&model_path(SMOL), &options).expect("it fits");
+    assert!(model.info().placement.is_empty(), "{:?}", model.info().placement);
+}
