@@ -11,6 +11,10 @@
 //!   which is not there), so a binary looks in that folder itself: it is passed on as
 //!   `DEP_POCKET_GGML_LIB_DIR` (the `links` key makes Cargo pass it), and pocketd's build script
 //!   puts it in its binaries' rpath.
+//! - **Where OpenVINO's libraries are** (the `openvino` feature, also shared libraries):
+//!   `POCKET_OPENVINO_LIBS` from scripts/setup-openvino, passed on as
+//!   `DEP_POCKET_GGML_OPENVINO_LIBS` for pocketd's binaries, and put with the folder above in
+//!   the run path of this crate's own tests.
 
 use std::path::{Path, PathBuf};
 
@@ -20,9 +24,11 @@ fn main() {
     let lib_dir = std::env::var_os("DEP_LLAMA_GGML_CMAKE_DIR")
         .and_then(|cmake| Path::new(&cmake).parent().map(Path::to_path_buf));
     rpc_protocol(lib_dir.as_deref());
-    if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
+    let shared = ["CARGO_FEATURE_CUDA", "CARGO_FEATURE_OPENVINO"];
+    if shared.iter().all(|feature| std::env::var_os(feature).is_none()) {
         return;
     }
+    openvino_run_path(lib_dir.as_deref());
     match lib_dir {
         Some(lib) => println!("cargo:lib_dir={}", lib.display()),
         None => println!(
@@ -61,4 +67,27 @@ fn rpc_protocol(lib_dir: Option<&Path>) {
         }
         _ => println!("cargo:warning=no protocol version in {}", PathBuf::from(&header).display()),
     }
+}
+
+/// With `openvino`: pass the wheel's library folder on, and give this crate's tests a run path
+/// to it and to llama-cpp-sys-2's shared libraries (pocketd's build script does the same for
+/// its binaries).
+fn openvino_run_path(lib_dir: Option<&Path>) {
+    println!("cargo:rerun-if-env-changed=POCKET_OPENVINO_LIBS");
+    if std::env::var_os("CARGO_FEATURE_OPENVINO").is_none() {
+        return;
+    }
+    let Some(libs) = std::env::var_os("POCKET_OPENVINO_LIBS") else {
+        println!("cargo:warning=POCKET_OPENVINO_LIBS is not set: run scripts/setup-openvino first");
+        return;
+    };
+    let libs = PathBuf::from(libs);
+    println!("cargo:openvino_libs={}", libs.display());
+    // ffi/openvino.rs asks OpenVINO's C API for its devices.
+    println!("cargo:rustc-link-search=native={}", libs.display());
+    let mut dirs = vec![libs.display().to_string()];
+    if let Some(lib) = lib_dir {
+        dirs.push(lib.display().to_string());
+    }
+    println!("cargo:rustc-link-arg=-Wl,--disable-new-dtags,-rpath,{}", dirs.join(":"));
 }

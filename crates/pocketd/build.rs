@@ -12,6 +12,8 @@
 //! `scripts/setup-cuda` runs without `LD_LIBRARY_PATH` on the machine that built it. Elsewhere
 //! (a board with JetPack, a GPU server) the CUDA runtime and cuBLAS come from
 //! `/usr/local/cuda/lib64`, the last entry, or the system's library path or `LD_LIBRARY_PATH`.
+//! With the `openvino` feature ggml is shared too, and OpenVINO's libraries are found in the
+//! wheel's folder that scripts/setup-openvino unpacked (`DEP_POCKET_GGML_OPENVINO_LIBS`).
 //!
 //! The search path is written as DT_RPATH rather than DT_RUNPATH (`--disable-new-dtags`):
 //! only DT_RPATH also applies to the libraries' own dependencies — libggml-cuda.so needs
@@ -25,7 +27,9 @@ fn main() {
     println!("cargo:rustc-env=POCKETD_VERSION={version} ({rpc})");
     println!("cargo:rerun-if-env-changed=CUDA_PATH");
     println!("cargo:rerun-if-env-changed=DEP_POCKET_GGML_LIB_DIR");
-    if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
+    println!("cargo:rerun-if-env-changed=DEP_POCKET_GGML_OPENVINO_LIBS");
+    let cuda = std::env::var_os("CARGO_FEATURE_CUDA").is_some();
+    if !cuda && std::env::var_os("CARGO_FEATURE_OPENVINO").is_none() {
         return;
     }
     let mut dirs = vec!["$ORIGIN".to_string(), "$ORIGIN/../lib/pocketd".to_string()];
@@ -33,6 +37,14 @@ fn main() {
     // beside the binaries point to (see pocket-ggml's build.rs).
     if let Some(lib) = std::env::var_os("DEP_POCKET_GGML_LIB_DIR") {
         dirs.push(std::path::PathBuf::from(lib).display().to_string());
+    }
+    // OpenVINO's runtime, plugins and oneTBB from the wheel scripts/setup-openvino unpacked.
+    if let Some(libs) = std::env::var_os("DEP_POCKET_GGML_OPENVINO_LIBS") {
+        dirs.push(std::path::PathBuf::from(libs).display().to_string());
+    }
+    if !cuda {
+        println!("cargo:rustc-link-arg=-Wl,--disable-new-dtags,-rpath,{}", dirs.join(":"));
+        return;
     }
     if let Some(cuda) = std::env::var_os("CUDA_PATH") {
         let cuda = std::path::PathBuf::from(cuda);

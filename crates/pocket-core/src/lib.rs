@@ -54,3 +54,16 @@ pub use tokenizer::{ChatMessage, FunctionCall, Role, Tokenizer, ToolCall};
 
 /// A token id in a model's vocabulary.
 pub type Token = u32;
+
+/// pocketd's cache directory (what it learned of models and devices, compiled graphs):
+/// `$POCKET_CACHE_DIR`, else `$XDG_CACHE_HOME/pocketd`, else `~/.cache/pocketd` (the systemd
+/// unit sets `POCKET_CACHE_DIR=/var/cache/pocketd`).
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    if let Some(d) = std::env::var_os("POCKET_CACHE_DIR") {
+        return Some(d.into());
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(std::path::PathBuf::from(d).join("pocketd"));
+    }
+    std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/pocketd"))
+}

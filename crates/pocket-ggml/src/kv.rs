@@ -145,10 +145,11 @@ fn device_tensors(d: &DeviceCache, kv: KvType, rows: usize) -> Result<DeviceTens
     }
     let mut k = Vec::with_capacity(n_layer);
     let mut v = Vec::with_capacity(n_layer);
-    for b in &d.bufts {
+    for (il, b) in d.bufts.iter().enumerate() {
         let arena = &mut arenas[bufts.iter().position(|&x| x == b.0).expect("listed above")];
-        k.push(arena.matrix(ggml_type(kv.k), d.n_embd_kv, rows)?);
-        v.push(arena.matrix(ggml_type(kv.v), d.n_embd_kv, rows)?);
+        // llama.cpp's names: ggml's OpenVINO backend finds each attention's layer by them.
+        k.push(arena.named_matrix(ggml_type(kv.k), d.n_embd_kv, rows, &format!("cache_k_l{il}"))?);
+        v.push(arena.named_matrix(ggml_type(kv.v), d.n_embd_kv, rows, &format!("cache_v_l{il}"))?);
     }
     let mut first = None;
     for (arena, &buft) in arenas.iter_mut().zip(&bufts) {
@@ -246,9 +247,9 @@ impl KvCache {
         let mut arena = Arena::new(n_tensors)?;
         let mut k = Vec::with_capacity(hp.n_layer);
         let mut v = Vec::with_capacity(hp.n_layer);
-        for _ in 0..hp.n_layer {
-            k.push(arena.matrix(ggml_type(kv.k), hp.n_embd_kv(), n_ctx)?);
-            v.push(arena.matrix(ggml_type(kv.v), hp.n_embd_kv(), n_ctx)?);
+        for il in 0..hp.n_layer {
+            k.push(arena.named_matrix(ggml_type(kv.k), hp.n_embd_kv(), n_ctx, &format!("cache_k_l{il}"))?);
+            v.push(arena.named_matrix(ggml_type(kv.v), hp.n_embd_kv(), n_ctx, &format!("cache_v_l{il}"))?);
         }
         let region = (n_ctx * k_row_bytes.max(v_row_bytes)).next_multiple_of(PAGE);
         let map = MmapOptions::new()

@@ -83,8 +83,9 @@ pub struct ParityReport {
     /// The engine compared with llama.cpp: `ggml` (our graph) or `llama.cpp` (our engine over
     /// llama.h, for a file our graph does not build).
     pub engine: String,
-    /// The ggml device our graph ran on (`CPU`, `Vulkan0`, ...). llama.cpp runs on the same
-    /// kind: the CPU, or with every layer offloaded to the GPUs ggml finds.
+    /// The ggml device our graph ran on (`CPU`, `Vulkan0`, `openvino:CPU`, ...). llama.cpp runs
+    /// on the same kind: the CPU, or with every layer offloaded to the GPUs ggml finds (on the
+    /// CPU for an OpenVINO device).
     pub device: String,
     /// Prompt tokens.
     pub prompt_tokens: usize,
@@ -193,6 +194,10 @@ pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
                 (Box::new(m), None, "llama.cpp", name, gpu)
             }
         };
+    // On an OpenVINO device the reference is llama.cpp on the CPU: the OpenVINO backend
+    // compiles whole graphs, and in this llama.cpp its cache of compiled graphs takes a decode
+    // step's graph for the prompt's (llama.cpp's graph fails there after the first pass).
+    let on_gpu = on_gpu && !device_name.starts_with("openvino:");
     let model = model.as_ref();
     let n_vocab = model.info().n_vocab;
     let prompt = model.tokenizer().encode(&options.prompt, true)?;

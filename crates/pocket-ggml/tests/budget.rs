@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use pocket_core::memory::Ledger;
 use pocket_core::{Error, Model, Rows, Session};
-use pocket_ggml::{DeviceChoice, GgmlModel, KV_BLOCK_TOKENS, LoadOptions};
+use pocket_ggml::{GgmlModel, KV_BLOCK_TOKENS, LoadOptions};
 
 #[test]
 fn the_footprint_predicts_what_a_session_reserves() {
@@ -143,8 +143,7 @@ fn a_preallocated_session_holds_the_whole_context_from_the_start() {
 
 /// SmolLM2 on the build's device, paid for in `ledger`.
 fn load_in(ledger: &Ledger) -> pocket_ggml::Result<GgmlModel> {
-    let options =
-        LoadOptions { device: DeviceChoice::Auto, ledger: Some(ledger.clone()), ..LoadOptions::default() };
+    let options = LoadOptions { device: device(), ledger: Some(ledger.clone()), ..LoadOptions::default() };
     GgmlModel::load(&model_path(SMOL), &options)
 }
 

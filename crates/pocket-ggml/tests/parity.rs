@@ -22,19 +22,13 @@ fn run(name: &str, prompt: &str, kv_types: Vec<KvType>) -> ParityReport {
         n_tokens: N_TOKENS,
         threads: THREADS,
         kv_types,
-        device: pocket_ggml::DeviceChoice::Auto,
+        device: device(),
     };
     let report = parity(&model_path(name), &options).unwrap_or_else(|e| panic!("parity on {name}: {e}"));
     eprintln!("{name}: our graph on {}, and llama.cpp on the same backend", report.device);
     // Built with a GPU backend, the comparison is of our graph on the GPU (`scripts/test-vulkan`
     // makes lavapipe one); falling back to the CPU would test nothing new.
-    #[cfg(any(feature = "vulkan", feature = "cuda"))]
-    assert_ne!(
-        report.device,
-        "CPU",
-        "built with a GPU backend but ggml found no GPU (devices: {})",
-        pocket_ggml::device_names().join(", ")
-    );
+    assert_on_the_device(&report.device);
     assert_eq!(report.n, N_TOKENS);
     assert_eq!(report.positions.len(), N_TOKENS);
     for kv in &report.kv {

@@ -17,16 +17,9 @@ use pocket_core::spec::SkipSet;
 use pocket_core::{CacheKey, KvType};
 use serde::{Deserialize, Serialize};
 
-/// Where what is learned is kept: `$POCKET_CACHE_DIR`, else `$XDG_CACHE_HOME/pocketd`, else
-/// `~/.cache/pocketd` (the systemd unit sets `POCKET_CACHE_DIR=/var/cache/pocketd`).
+/// Where what is learned is kept: [`pocket_core::cache_dir`].
 pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("POCKET_CACHE_DIR") {
-        return Some(d.into());
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(d).join("pocketd"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/pocketd"))
+    pocket_core::cache_dir()
 }
 
 /// What one cache file holds.

@@ -91,6 +91,21 @@ impl Arena {
         Self::wrap(t, "ggml_new_tensor_2d")
     }
 
+    /// A new `ne0 × ne1` tensor of type `ty` named `name`, not yet placed.
+    pub(crate) fn named_matrix(
+        &self,
+        ty: sys::ggml_type,
+        ne0: usize,
+        ne1: usize,
+        name: &str,
+    ) -> Result<Tensor> {
+        let t = self.matrix(ty, ne0, ne1)?;
+        let name = cstring(name);
+        // SAFETY: a live tensor; ggml copies the name.
+        unsafe { sys::ggml_set_name(t.ptr(), name.as_ptr()) };
+        Ok(t)
+    }
+
     /// A new tensor shaped and typed like `like`, named `name`, not yet placed.
     pub(crate) fn dup(&self, like: Tensor, name: &str) -> Result<Tensor> {
         // SAFETY: a live context and a live description to copy.

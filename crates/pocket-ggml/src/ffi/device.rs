@@ -165,6 +165,97 @@ pub(crate) fn dev_memory(dev: sys::ggml_backend_dev_t) -> (u64, u64) {
     (free as u64, total as u64)
 }
 
+/// The registry's device `name` asks for: a ggml name (`CUDA0`), or with OpenVINO
+/// `openvino[:NAME]`, the device the OpenVINO backend computes on.
+fn named_device(devices: &[sys::ggml_backend_dev_t], name: &str) -> Result<sys::ggml_backend_dev_t> {
+    #[cfg(feature = "openvino")]
+    if openvino_name(name).is_some() {
+        let selected =
+            devices.iter().copied().find(|&d| openvino_of(d).is_some_and(|(_, selected)| selected));
+        return selected.ok_or_else(|| Error::NoDevice {
+            wanted: name.to_owned(),
+            available: device_names().join(", "),
+        });
+    }
+    let dev =
+        devices.iter().copied().find(|&d| dev_name(d).eq_ignore_ascii_case(name)).ok_or_else(|| {
+            Error::NoDevice { wanted: name.to_owned(), available: device_names().join(", ") }
+        })?;
+    // Another OpenVINO device than the backend's runs nothing (and ggml aborts when data is
+    // placed there): it is asked for by OpenVINO's name before the backend starts.
+    #[cfg(feature = "openvino")]
+    if let Some((ov, false)) = openvino_of(dev) {
+        let current = crate::ffi::openvino::selected().unwrap_or_default();
+        return Err(Error::NoDevice {
+            wanted: name.to_owned(),
+            available: format!(
+                "{name} is OpenVINO's {ov}, and ggml's OpenVINO backend computes on {current} in this process: \
+                 ask for openvino:{ov} (pocketd started anew)"
+            ),
+        });
+    }
+    Ok(dev)
+}
+
+/// How reports name a device: its ggml name, or for OpenVINO's devices (`OPENVINO0`) the name
+/// it is asked for by, `openvino:CPU`, which says what computes.
+fn shown_name(dev: sys::ggml_backend_dev_t) -> String {
+    #[cfg(feature = "openvino")]
+    if let Some((ov, _)) = openvino_of(dev) {
+        return format!("{}:{ov}", crate::ffi::openvino::PREFIX);
+    }
+    dev_name(dev)
+}
+
+/// Whether `auto` may take a device ggml reports as a GPU: not OpenVINO's. Our graph's output
+/// there does not yet match llama.cpp's past a few decode steps (docs/benchmarks.md, OpenVINO
+/// on its CPU device), so an OpenVINO device is only used when asked for by name.
+fn auto_takes(_dev: sys::ggml_backend_dev_t) -> bool {
+    #[cfg(feature = "openvino")]
+    if openvino_of(_dev).is_some() {
+        return false;
+    }
+    true
+}
+
+/// `openvino` → the backend's default device (empty), `openvino:NPU` → `NPU`.
+#[cfg(feature = "openvino")]
+fn openvino_name(name: &str) -> Option<&str> {
+    let prefix = crate::ffi::openvino::PREFIX;
+    if name.eq_ignore_ascii_case(prefix) {
+        return Some("");
+    }
+    let (head, rest) = name.split_once(':')?;
+    head.eq_ignore_ascii_case(prefix).then_some(rest)
+}
+
+/// OpenVINO's name for an OpenVINO device of the registry, and whether the backend computes
+/// on it.
+#[cfg(feature = "openvino")]
+fn openvino_of(dev: sys::ggml_backend_dev_t) -> Option<(String, bool)> {
+    // SAFETY: a registry device; its description is a NUL-terminated string it keeps.
+    let description = unsafe { CStr::from_ptr(sys::ggml_backend_dev_description(dev)) }.to_string_lossy();
+    let ov = crate::ffi::openvino::ov_name(&description)?.to_owned();
+    Some((ov, description.contains("(selected)")))
+}
+
+/// Every device of ggml's registry: its name and description.
+#[cfg_attr(not(feature = "openvino"), allow(dead_code))]
+pub(crate) fn registry_devices() -> Vec<(String, String)> {
+    crate::ffi::init();
+    // SAFETY: querying the registry with in-range indices; descriptions are NUL-terminated
+    // strings the device keeps.
+    unsafe {
+        (0..sys::ggml_backend_dev_count())
+            .map(|i| {
+                let dev = sys::ggml_backend_dev_get(i);
+                let description = CStr::from_ptr(sys::ggml_backend_dev_description(dev));
+                (dev_name(dev), description.to_string_lossy().into_owned())
+            })
+            .collect()
+    }
+}
+
 pub(crate) fn dev_name(dev: sys::ggml_backend_dev_t) -> String {
     // SAFETY: dev is a registry device; its name is a static NUL-terminated string.
     unsafe { CStr::from_ptr(sys::ggml_backend_dev_name(dev)) }.to_string_lossy().into_owned()
@@ -204,6 +295,13 @@ impl Device {
         repack: Repack,
         q4_k_buft: fn() -> Option<sys::ggml_backend_buffer_type_t>,
     ) -> Result<Device> {
+        // ggml's OpenVINO backend takes its one device as it starts.
+        #[cfg(feature = "openvino")]
+        if let DeviceChoice::Named(name) = choice
+            && let Some(ov) = openvino_name(name)
+        {
+            crate::ffi::openvino::request(ov)?;
+        }
         crate::ffi::init();
         // SAFETY: registry queries with in-range indices.
         let devices: Vec<sys::ggml_backend_dev_t> =
@@ -222,14 +320,12 @@ impl Device {
                 .find(|&d| {
                     // SAFETY: registry devices.
                     let kind = unsafe { sys::ggml_backend_dev_type(d) };
-                    kind == sys::GGML_BACKEND_DEVICE_TYPE_GPU || kind == sys::GGML_BACKEND_DEVICE_TYPE_IGPU
+                    let gpu = kind == sys::GGML_BACKEND_DEVICE_TYPE_GPU
+                        || kind == sys::GGML_BACKEND_DEVICE_TYPE_IGPU;
+                    gpu && auto_takes(d)
                 })
                 .unwrap_or(cpu),
-            DeviceChoice::Named(name) => {
-                devices.iter().copied().find(|&d| dev_name(d).eq_ignore_ascii_case(name)).ok_or_else(
-                    || Error::NoDevice { wanted: name.clone(), available: device_names().join(", ") },
-                )?
-            }
+            DeviceChoice::Named(name) => named_device(&devices, name)?,
         };
         let mut weight_bufts = Vec::new();
         if dev == cpu && repack == Repack::All {
@@ -245,7 +341,7 @@ impl Device {
             // SAFETY: registry device.
             weight_bufts.push(unsafe { sys::ggml_backend_dev_buffer_type(cpu) });
         }
-        Ok(Device { dev, cpu, name: dev_name(dev), weight_bufts, q4_k_buft, remote: None })
+        Ok(Device { dev, cpu, name: shown_name(dev), weight_bufts, q4_k_buft, remote: None })
     }
 
     /// This device with layers on other machines' devices.

@@ -68,6 +68,13 @@ impl LlamaWeights {
                 Load::Full { gpu, repack } => {
                     p.n_gpu_layers = if gpu { 999 } else { 0 };
                     p.use_extra_bufts = repack;
+                    if !gpu {
+                        // No devices but the CPU: with every device (a null list) llama.cpp
+                        // still hands a GPU backend the larger products of a pass, and the
+                        // OpenVINO backend the whole graph.
+                        devices.push(std::ptr::null_mut());
+                        p.devices = devices.as_mut_ptr();
+                    }
                 }
                 Load::Split { remote, remote_layers, repack } => {
                     devices.extend(remote.devices.iter().map(|d| d.dev));

@@ -1,7 +1,7 @@
 //! The FFI layer: everything that calls ggml or llama.cpp directly, as safe types —
 //! [`graph`] (building graphs), [`gguf`] (reading GGUF files), [`device`] (devices and buffer
 //! types), [`arena`] (tensors holding data: weights, KV cache), [`sched`] (a session's backends and scheduler), [`types`] (element types), [`llama`] (llama.cpp's own model and
-//! context), [`vocab`] (its tokenizer), [`rpc`] (ggml's RPC backend). The crate's `unsafe` is here and in the kernels (`attention`,
+//! context), [`vocab`] (its tokenizer), [`rpc`] (ggml's RPC backend), `openvino` (OpenVINO's devices, with that feature). The crate's `unsafe` is here and in the kernels (`attention`,
 //! `gemm`).
 
 pub(crate) mod arena;
@@ -12,6 +12,8 @@ pub mod gguf_check;
 pub(crate) mod graph;
 pub(crate) mod heap;
 pub(crate) mod llama;
+#[cfg(feature = "openvino")]
+pub(crate) mod openvino;
 pub(crate) mod pools;
 pub(crate) mod rpc;
 pub(crate) mod sched;
@@ -20,6 +22,7 @@ pub(crate) mod vocab;
 
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use llama_cpp_sys_2 as sys;
 
@@ -28,6 +31,8 @@ use llama_cpp_sys_2 as sys;
 pub(crate) fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
+        #[cfg(feature = "openvino")]
+        openvino::configure();
         // ggml's tiled K-quant matmul takes over from 8 rows, with other arithmetic than the
         // 1-row kernel: verification passes (up to MAX_DRAFT + 1 rows) must compute each row
         // as plain decoding does, so it is off unless the operator asked for it explicitly.
@@ -45,7 +50,16 @@ pub(crate) fn init() {
             sys::ggml_log_set(Some(log), std::ptr::null_mut());
             sys::llama_backend_init();
         }
+        STARTED.store(true, Ordering::Release);
     });
+}
+
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Whether [`init`] has run (ggml's backends have started and read their settings).
+#[cfg_attr(not(feature = "openvino"), allow(dead_code))]
+pub(crate) fn started() -> bool {
+    STARTED.load(Ordering::Acquire)
 }
 
 /// # Safety

@@ -58,21 +58,35 @@ fn model_with(name: &str, weights: WeightFormat, attention: AttentionKernel) -> 
     let path = model_path(name);
     // The device the build has: a GPU where one is built in (`scripts/test-cuda`, and
     // `scripts/test-vulkan` on lavapipe), so that these tests say something about it.
-    let options =
-        LoadOptions { device: pocket_ggml::DeviceChoice::Auto, weights, attention, ..LoadOptions::default() };
+    let options = LoadOptions { device: device(), weights, attention, ..LoadOptions::default() };
     let m = GgmlModel::load(&path, &options).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
-    #[cfg(any(feature = "vulkan", feature = "cuda"))]
-    assert_ne!(
-        m.device_name(),
-        "CPU",
-        "built with a GPU backend but ggml found no GPU (devices: {})",
-        pocket_ggml::device_names().join(", ")
-    );
+    assert_on_the_device(m.device_name());
     if let Some(exact) = &m.info().exact_passes {
         eprintln!("{name} on {}: {}", m.device_name(), exact.why);
     }
     models.push((name.to_owned(), weights, attention, m.clone()));
     m
+}
+
+/// The device the engine's tests load on: `POCKET_TEST_DEVICE` if set (`openvino:CPU` in
+/// `scripts/test-openvino`: OpenVINO's CPU device is not one `auto` takes), else the build's
+/// own (`auto`: a GPU where one is built in).
+pub fn device() -> pocket_ggml::DeviceChoice {
+    std::env::var("POCKET_TEST_DEVICE")
+        .map_or(pocket_ggml::DeviceChoice::Auto, |d| d.parse().unwrap_or_default())
+}
+
+/// Fail when a build with a GPU backend (or a test asked for a device) ran on the CPU: the
+/// comparison would then test nothing new.
+pub fn assert_on_the_device(device_name: &str) {
+    let asked = std::env::var("POCKET_TEST_DEVICE").is_ok_and(|d| !d.eq_ignore_ascii_case("cpu"));
+    let gpu_built = cfg!(any(feature = "vulkan", feature = "cuda"));
+    assert!(
+        !(asked || gpu_built) || device_name != "CPU",
+        "expected a device other than the CPU (POCKET_TEST_DEVICE {:?}) but ggml gave the CPU (devices: {})",
+        std::env::var("POCKET_TEST_DEVICE").ok(),
+        pocket_ggml::device_names().join(", ")
+    );
 }
 
 /// SmolLM2, the default test model.

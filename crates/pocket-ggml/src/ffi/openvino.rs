@@ -1,0 +1,145 @@
+//! OpenVINO's devices (the `openvino` feature): which there are, and which one ggml's OpenVINO
+//! backend computes on.
+//!
+//! ggml-openvino registers every OpenVINO device (`OPENVINO0`, `OPENVINO1`, … in the sorted
+//! order of OpenVINO's names: `CPU`, `GPU`, `NPU`) but runs ops on one only, chosen by
+//! `GGML_OPENVINO_DEVICE` when the backend starts, and aborts the process if that names a
+//! device OpenVINO does not have. So a device is asked for by OpenVINO's name
+//! (`--device openvino:NPU`), checked here against OpenVINO's own list (its C API) before
+//! ggml starts, and set for the backend then; a second, different one in the same process is
+//! refused, since the backend cannot change its device.
+
+use std::ffi::{CStr, c_char};
+use std::sync::Mutex;
+
+use crate::error::{Error, Result};
+
+/// How `--device` names an OpenVINO device: `openvino:NPU`, `openvino:GPU.1`, `openvino:CPU`;
+/// `openvino` alone is the backend's default (its CPU device where there is one).
+pub(crate) const PREFIX: &str = "openvino";
+
+#[repr(C)]
+struct AvailableDevices {
+    devices: *mut *mut c_char,
+    size: usize,
+}
+
+#[link(name = "openvino_c")]
+unsafe extern "C" {
+    fn ov_core_create(core: *mut *mut std::ffi::c_void) -> i32;
+    fn ov_core_free(core: *mut std::ffi::c_void);
+    fn ov_core_get_available_devices(core: *const std::ffi::c_void, devices: *mut AvailableDevices) -> i32;
+    fn ov_available_devices_free(devices: *mut AvailableDevices);
+}
+
+/// The devices OpenVINO's plugins find on this machine, by OpenVINO's names, sorted, without
+/// its routing devices (`AUTO`, `MULTI`, `HETERO`), as ggml-openvino lists them.
+pub(crate) fn available() -> Result<Vec<String>> {
+    let mut core = std::ptr::null_mut();
+    // SAFETY: `core` is a valid out-pointer; on success OpenVINO gives a core we free below.
+    if unsafe { ov_core_create(&mut core) } != 0 || core.is_null() {
+        return Err(Error::Ggml("OpenVINO's runtime did not start (ov_core_create failed)".into()));
+    }
+    let mut list = AvailableDevices { devices: std::ptr::null_mut(), size: 0 };
+    // SAFETY: a live core and a valid out-struct, which OpenVINO fills with `size` C strings.
+    let status = unsafe { ov_core_get_available_devices(core, &mut list) };
+    let mut names = Vec::new();
+    if status == 0 && !list.devices.is_null() {
+        for i in 0..list.size {
+            // SAFETY: `devices` holds `size` NUL-terminated strings, alive until freed below.
+            let name = unsafe { CStr::from_ptr(*list.devices.add(i)) };
+            names.push(name.to_string_lossy().into_owned());
+        }
+        // SAFETY: the list OpenVINO filled, freed once.
+        unsafe { ov_available_devices_free(&mut list) };
+    }
+    // SAFETY: the core created above, freed once.
+    unsafe { ov_core_free(core) };
+    if status != 0 {
+        return Err(Error::Ggml(format!("OpenVINO could not list its devices (status {status})")));
+    }
+    names.retain(|n| !["AUTO", "MULTI", "HETERO", "BATCH"].iter().any(|r| n.starts_with(r)));
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+/// The device asked for before ggml started (none: the backend's default).
+static REQUESTED: Mutex<Option<String>> = Mutex::new(None);
+
+/// Ask for OpenVINO's device `name` (as OpenVINO names it; empty: the backend's default).
+/// Before ggml starts it is checked against [`available`] and given to the backend; after, it
+/// must be the device the backend already computes on.
+pub(crate) fn request(name: &str) -> Result<()> {
+    let mut requested = REQUESTED.lock().unwrap_or_else(|e| e.into_inner());
+    if super::started() {
+        let current = selected().unwrap_or_default();
+        return if name.is_empty() || name.eq_ignore_ascii_case(&current) {
+            Ok(())
+        } else {
+            Err(Error::NoDevice {
+                wanted: format!("{PREFIX}:{name}"),
+                available: format!(
+                    "{PREFIX}:{current} (ggml's OpenVINO backend computes on one device per process, \
+                     chosen when it starts)"
+                ),
+            })
+        };
+    }
+    if name.is_empty() {
+        return Ok(());
+    }
+    let names = available()?;
+    let Some(found) = names.iter().find(|n| n.eq_ignore_ascii_case(name)) else {
+        return Err(Error::NoDevice {
+            wanted: format!("{PREFIX}:{name}"),
+            available: names.iter().map(|n| format!("{PREFIX}:{n}")).collect::<Vec<_>>().join(", "),
+        });
+    };
+    *requested = Some(found.clone());
+    Ok(())
+}
+
+/// Called as ggml starts: hand the requested device to the backend, and give OpenVINO's
+/// plugins a cache for the models they compile (one per graph shape: a first request pays
+/// for compiling, later processes read it back) in pocketd's cache directory, unless the
+/// operator set `GGML_OPENVINO_CACHE_DIR`.
+pub(super) fn configure() {
+    let requested = REQUESTED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(name) = requested.as_deref() {
+        // SAFETY: set once, while ggml starts (under `init`'s Once, before its registry reads
+        // it); Rust code of this process does not read this variable.
+        unsafe { std::env::set_var("GGML_OPENVINO_DEVICE", name) };
+    }
+    // The backend's attention for grouped queries as plain matrix products: its fused one
+    // fails OpenVINO's CPU shape inference for our graph's passes of several tokens
+    // ("Incompatible MatMul batch dimension", SmolLM2's 9 query heads over 3 KV heads).
+    if std::env::var_os("GGML_OPENVINO_MANUAL_GQA_ATTN").is_none() {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("GGML_OPENVINO_MANUAL_GQA_ATTN", "1") };
+    }
+    if std::env::var_os("GGML_OPENVINO_CACHE_DIR").is_none()
+        && let Some(dir) = pocket_core::cache_dir().map(|d| d.join("openvino"))
+        && std::fs::create_dir_all(&dir).is_ok()
+    {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("GGML_OPENVINO_CACHE_DIR", &dir) };
+    }
+}
+
+/// OpenVINO's name for the device the backend computes on, read from the ggml devices'
+/// descriptions (`GGML_OPENVINO_DEVICE=NPU (selected) - …`); none before ggml starts or in a
+/// build without the backend.
+pub(crate) fn selected() -> Option<String> {
+    super::device::registry_devices().into_iter().find_map(|(_, description)| {
+        let rest = description.strip_prefix("GGML_OPENVINO_DEVICE=")?;
+        let (name, rest) = rest.split_once(' ')?;
+        rest.starts_with("(selected)").then(|| name.to_owned())
+    })
+}
+
+/// OpenVINO's name for a ggml device's description, if it is one of the backend's.
+pub(crate) fn ov_name(description: &str) -> Option<&str> {
+    let rest = description.strip_prefix("GGML_OPENVINO_DEVICE=")?;
+    Some(rest.split_once(' ').map_or(rest, |(name, _)| name))
+}
