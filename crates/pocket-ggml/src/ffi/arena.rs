@@ -99,22 +99,14 @@ impl Arena {
         ne1: usize,
         name: &str,
     ) -> Result<Tensor> {
-        let t = self.matrix(ty, ne0, ne1)?;
-        let name = cstring(name);
-        // SAFETY: a live tensor; ggml copies the name.
-        unsafe { sys::ggml_set_name(t.ptr(), name.as_ptr()) };
-        Ok(t)
+        Ok(named(self.matrix(ty, ne0, ne1)?, name))
     }
 
     /// A new tensor shaped and typed like `like`, named `name`, not yet placed.
     pub(crate) fn dup(&self, like: Tensor, name: &str) -> Result<Tensor> {
         // SAFETY: a live context and a live description to copy.
         let t = unsafe { sys::ggml_dup_tensor(self.ctx.as_ptr(), like.ptr()) };
-        let t = Self::wrap(t, "ggml_dup_tensor")?;
-        let name = cstring(name);
-        // SAFETY: a live tensor; ggml copies the name.
-        unsafe { sys::ggml_set_name(t.ptr(), name.as_ptr()) };
-        Ok(t)
+        Ok(named(Self::wrap(t, "ggml_dup_tensor")?, name))
     }
 
     /// Allocate every tensor not yet placed in one new buffer of type `buft`.
@@ -257,6 +249,14 @@ impl Arena {
                 unsafe { map.unchecked_advise_range(UncheckedAdvice::DontNeed, range.start, range.len()) };
         }
     }
+}
+
+/// `t`, named `name`.
+fn named(t: Tensor, name: &str) -> Tensor {
+    let name = cstring(name);
+    // SAFETY: a live tensor; ggml copies the name.
+    unsafe { sys::ggml_set_name(t.ptr(), name.as_ptr()) };
+    t
 }
 
 #[cfg(test)]

@@ -239,21 +239,14 @@ fn openvino_of(dev: sys::ggml_backend_dev_t) -> Option<(String, bool)> {
     Some((ov, description.contains("(selected)")))
 }
 
-/// Every device of ggml's registry: its name and description.
-#[cfg_attr(not(feature = "openvino"), allow(dead_code))]
-pub(crate) fn registry_devices() -> Vec<(String, String)> {
+/// OpenVINO's name for the registry's device the OpenVINO backend computes on.
+#[cfg(feature = "openvino")]
+pub(crate) fn openvino_selected() -> Option<String> {
     crate::ffi::init();
-    // SAFETY: querying the registry with in-range indices; descriptions are NUL-terminated
-    // strings the device keeps.
-    unsafe {
-        (0..sys::ggml_backend_dev_count())
-            .map(|i| {
-                let dev = sys::ggml_backend_dev_get(i);
-                let description = CStr::from_ptr(sys::ggml_backend_dev_description(dev));
-                (dev_name(dev), description.to_string_lossy().into_owned())
-            })
-            .collect()
-    }
+    // SAFETY: registry queries with in-range indices.
+    let devices: Vec<_> =
+        unsafe { (0..sys::ggml_backend_dev_count()).map(|i| sys::ggml_backend_dev_get(i)).collect() };
+    devices.into_iter().find_map(|d| openvino_of(d).and_then(|(ov, selected)| selected.then_some(ov)))
 }
 
 pub(crate) fn dev_name(dev: sys::ggml_backend_dev_t) -> String {

@@ -128,14 +128,9 @@ pub(super) fn configure() {
 }
 
 /// OpenVINO's name for the device the backend computes on, read from the ggml devices'
-/// descriptions (`GGML_OPENVINO_DEVICE=NPU (selected) - …`); none before ggml starts or in a
-/// build without the backend.
+/// descriptions (`GGML_OPENVINO_DEVICE=NPU (selected) - …`).
 pub(crate) fn selected() -> Option<String> {
-    super::device::registry_devices().into_iter().find_map(|(_, description)| {
-        let rest = description.strip_prefix("GGML_OPENVINO_DEVICE=")?;
-        let (name, rest) = rest.split_once(' ')?;
-        rest.starts_with("(selected)").then(|| name.to_owned())
-    })
+    super::device::openvino_selected()
 }
 
 /// OpenVINO's name for a ggml device's description, if it is one of the backend's.
