@@ -390,6 +390,10 @@ pub struct Timings {
     pub drafted: u64,
     /// Drafted tokens accepted.
     pub accepted: u64,
+    /// Of the drafted tokens, those drafted from earlier answers (to requests under the same
+    /// `prompt_cache_key`).
+    #[serde(default)]
+    pub recalled: u64,
     /// What the drafter did, in a line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drafter: Option<String>,

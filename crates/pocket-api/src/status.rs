@@ -37,6 +37,10 @@ pub struct Status {
     /// Finished conversations kept for the next request to continue, most recently used first.
     #[serde(default)]
     pub parked: Vec<ParkedPrefix>,
+    /// Earlier answers kept for drafting later ones, one history per model and
+    /// `prompt_cache_key` (or `user`), most recently used first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub histories: Vec<AnswerHistory>,
     /// The HTTP connections (absent when the status did not come over HTTP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connections: Option<ConnectionStatus>,
@@ -131,6 +135,41 @@ pub struct ParkedPrefix {
     pub key: Option<String>,
     /// Seconds since it was parked or last continued.
     pub idle_seconds: f64,
+}
+
+/// A model's earlier answers under one key, which later requests under that key draft from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnswerHistory {
+    /// The model they were given by, when it is loaded (else the first digits of its
+    /// fingerprint).
+    pub model: String,
+    /// The `prompt_cache_key` (or `user`) they were given under; absent: requests without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Answers held.
+    pub answers: usize,
+    /// Tokens held (each answer after the last few tokens of its prompt).
+    pub tokens: usize,
+    /// Bytes held in the budget.
+    pub bytes: u64,
+}
+
+/// `POST /v1/cache/clear`'s body (it may be empty: everything is cleared).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClearCache {
+    /// Clear only the answers given under this `prompt_cache_key` (or `user`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_key: Option<String>,
+}
+
+/// What `POST /v1/cache/clear` cleared.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheCleared {
+    /// Answer histories dropped.
+    pub histories: usize,
+    /// Bytes given back to the budget.
+    pub bytes: u64,
 }
 
 /// The budget and its use, in bytes.

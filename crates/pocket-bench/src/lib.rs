@@ -32,6 +32,7 @@
 
 use std::path::PathBuf;
 
+pub mod agentic;
 pub mod chart;
 pub mod compare;
 pub mod concurrency;

@@ -93,6 +93,9 @@ pub fn table(r: &BenchResults) -> String {
     if let Some(c) = &r.conversations {
         conversations_table(&mut out, c, r.settings.socket.as_deref());
     }
+    if let Some(a) = &r.agentic {
+        agentic_table(&mut out, a);
+    }
     if let Some(warning) = contention_warning(r) {
         let _ = writeln!(out, "{warning}");
     }
@@ -211,6 +214,42 @@ fn modes_table(out: &mut String, r: &BenchResults) {
     }
     let _ =
         writeln!(out, "\nratios are medians of per-prompt ratios; decode counts the tokens after the first");
+}
+
+/// The replayed agentic stream: per mode, its first half, second half and all of it.
+fn agentic_table(out: &mut String, a: &crate::agentic::AgenticResults) {
+    let n = a.requests.iter().map(|r| r.index + 1).max().unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "\nagentic stream of {n} requests from {} through pocketd, modes {} (the reference) and {}; earlier \
+         answers held after it: {} answers, {} tokens, {}",
+        a.apps.join(", "),
+        a.modes.first().map_or("-", String::as_str),
+        a.modes.get(1..).unwrap_or_default().join(", "),
+        a.store.answers,
+        a.store.tokens,
+        mib(a.store.bytes)
+    );
+    let _ = writeln!(
+        out,
+        "{:<9} {:<12} {:>9} {:>8} {:>8} {:>9} {:>9} {:>10}",
+        "mode", "part", "requests", "tok/s", "speedup", "accepted", "recalled", "identical"
+    );
+    for (mode, s) in &a.summary {
+        for (part, p) in [("first half", &s.first_half), ("second half", &s.second_half), ("all", &s.all)] {
+            let _ = writeln!(
+                out,
+                "{mode:<9} {part:<12} {:>9} {:>8.1} {:>7.2}x {:>8.0}% {:>8.0}% {:>6}/{:<3}",
+                p.requests,
+                p.decode_tok_per_s,
+                p.speedup,
+                p.acceptance * 100.0,
+                p.recalled_share * 100.0,
+                p.identical,
+                p.requests
+            );
+        }
+    }
 }
 
 /// The replayed conversations: a row per turn and mode (prompt and cached tokens, time to

@@ -37,6 +37,10 @@ pub struct BenchResults {
     /// there were any).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversations: Option<ConversationResults>,
+    /// The workload's agentic streams, replayed in order through pocketd with and without
+    /// speculation; absent when the workload had none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agentic: Option<crate::agentic::AgenticResults>,
 }
 
 impl BenchResults {

@@ -63,6 +63,7 @@ pub(crate) fn sample() -> BenchResults {
         summary,
         concurrency: None,
         conversations: None,
+        agentic: None,
     }
 }
 
@@ -168,6 +169,7 @@ pub(crate) fn sample_with_conversations() -> BenchResults {
             by_conversation,
             summary,
         }),
+        agentic: None,
         ..sample()
     }
 }

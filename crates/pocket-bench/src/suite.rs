@@ -67,8 +67,14 @@ pub fn run_workload(
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<BenchResults, Error> {
     let conversations = &workload.conversations;
-    if workload.prompts.is_empty() && conversations.is_empty() {
-        return Err(Error::Invalid("the workload has no prompts or conversations".into()));
+    if workload.prompts.is_empty() && conversations.is_empty() && workload.agentic.is_empty() {
+        return Err(Error::Invalid("the workload has no prompts, conversations or agentic requests".into()));
+    }
+    if !workload.agentic.is_empty() && config.socket.is_none() {
+        return Err(Error::Invalid(format!(
+            "the workload's {} agentic requests are replayed through pocketd: give its socket (--socket PATH)",
+            workload.agentic.len()
+        )));
     }
     if !conversations.is_empty() {
         // Before the prompts run, not after.
@@ -92,6 +98,10 @@ pub fn run_workload(
         }
         results.settings.socket = config.socket.as_ref().map(|s| s.display().to_string());
         results.conversations = Some(replayed);
+    }
+    if !workload.agentic.is_empty() {
+        results.settings.socket = config.socket.as_ref().map(|s| s.display().to_string());
+        results.agentic = Some(crate::agentic::replay(config, &workload.agentic)?);
     }
     Ok(results)
 }
@@ -134,6 +144,7 @@ fn daemon_only(config: &BenchConfig) -> Result<BenchResults, Error> {
         summary: BTreeMap::new(),
         concurrency: None,
         conversations: None,
+        agentic: None,
     })
 }
 
@@ -200,6 +211,7 @@ pub fn run(
         summary,
         concurrency,
         conversations: None,
+        agentic: None,
     })
 }
 

@@ -50,6 +50,10 @@ pub enum Kind {
     /// A conversation replayed turn by turn (`system` and `turns` instead of `messages`): not
     /// a [`Prompt`] but a [`Conversation`], whose turns are results of their own.
     Conversation,
+    /// One request of an app's stream of similar requests (`app` beside `messages`): not a
+    /// [`Prompt`] but an [`AgenticRequest`], replayed in file order through pocketd so that
+    /// what it learns from earlier answers builds up as in use.
+    Agentic,
 }
 
 impl Kind {
@@ -62,6 +66,7 @@ impl Kind {
             Kind::Chat => "chat",
             Kind::Seq2seq => "seq2seq",
             Kind::Conversation => "conversation",
+            Kind::Agentic => "agentic",
         }
     }
 }
@@ -109,13 +114,30 @@ pub struct Conversation {
     pub max_tokens: usize,
 }
 
-/// A whole workload: prompts, run in every mode, and conversations, replayed through pocketd.
+/// One request of an app's stream: apps ask similar things again and again, and the stream
+/// is replayed in order ([`crate::agentic`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgenticRequest {
+    /// Unique name of the request (among all lines).
+    pub id: String,
+    /// The app that sends it: its requests share a `prompt_cache_key`, apart from other apps'.
+    pub app: String,
+    /// The chat.
+    pub messages: Vec<ChatMessage>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+}
+
+/// A whole workload: prompts, run in every mode, and conversations and agentic streams,
+/// replayed through pocketd.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Workload {
     /// The prompts, in file order.
     pub prompts: Vec<Prompt>,
     /// The conversations, in file order.
     pub conversations: Vec<Conversation>,
+    /// The agentic requests, in file order (the order they are sent in).
+    pub agentic: Vec<AgenticRequest>,
 }
 
 /// A line of a workload that is not a valid prompt or conversation.
@@ -176,6 +198,37 @@ impl RawConversation {
     }
 }
 
+/// An `agentic` line as written; checked into an [`AgenticRequest`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgentic {
+    id: String,
+    /// Always `agentic` (how the line was told apart).
+    #[serde(rename = "kind")]
+    _kind: Kind,
+    app: String,
+    messages: Vec<ChatMessage>,
+    max_tokens: usize,
+}
+
+impl RawAgentic {
+    fn check(self) -> Result<AgenticRequest, String> {
+        check_common(&self.id, self.max_tokens)?;
+        if self.app.trim().is_empty() {
+            return Err("`app` is empty".into());
+        }
+        if self.messages.is_empty() {
+            return Err("`messages` is empty".into());
+        }
+        Ok(AgenticRequest {
+            id: self.id,
+            app: self.app,
+            messages: self.messages,
+            max_tokens: self.max_tokens,
+        })
+    }
+}
+
 /// What prompts and conversations both need.
 fn check_common(id: &str, max_tokens: usize) -> Result<(), String> {
     if id.trim().is_empty() {
@@ -214,10 +267,11 @@ impl RawPrompt {
     }
 }
 
-/// A line: a prompt or a conversation.
+/// A line: a prompt, a conversation or an agentic request.
 enum Line {
     Prompt(Prompt),
     Conversation(Conversation),
+    Agentic(AgenticRequest),
 }
 
 impl Line {
@@ -225,6 +279,7 @@ impl Line {
         match self {
             Line::Prompt(p) => &p.id,
             Line::Conversation(c) => &c.id,
+            Line::Agentic(a) => &a.id,
         }
     }
 }
@@ -237,6 +292,10 @@ fn parse_line(line: &str) -> Result<Line, String> {
     if kind == Some(Kind::Conversation) {
         let raw: RawConversation = serde_json::from_str(line).map_err(|e| json_message(&e))?;
         return raw.check().map(Line::Conversation);
+    }
+    if kind == Some(Kind::Agentic) {
+        let raw: RawAgentic = serde_json::from_str(line).map_err(|e| json_message(&e))?;
+        return raw.check().map(Line::Agentic);
     }
     let raw: RawPrompt = serde_json::from_str(line).map_err(|e| json_message(&e))?;
     raw.check().map(Line::Prompt)
@@ -274,6 +333,14 @@ fn parse_lines(text: &str, conversations: bool) -> Result<Workload, WorkloadErro
         match parsed {
             Line::Prompt(p) => workload.prompts.push(p),
             Line::Conversation(c) if conversations => workload.conversations.push(c),
+            Line::Agentic(a) if conversations => workload.agentic.push(a),
+            Line::Agentic(a) => {
+                return Err(fail(format!(
+                    "{:?} is an agentic request: agentic streams are replayed through pocketd (`pocket bench \
+                     --socket`), not run as prompts",
+                    a.id
+                )));
+            }
             Line::Conversation(c) => {
                 return Err(fail(format!(
                     "{:?} is a conversation: conversations are replayed through pocketd (`pocket bench \
@@ -283,7 +350,7 @@ fn parse_lines(text: &str, conversations: bool) -> Result<Workload, WorkloadErro
             }
         }
     }
-    if workload.prompts.is_empty() && workload.conversations.is_empty() {
+    if workload.prompts.is_empty() && workload.conversations.is_empty() && workload.agentic.is_empty() {
         return Err(WorkloadError {
             line: text.lines().count().max(1),
             message: if conversations {

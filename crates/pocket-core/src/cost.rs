@@ -184,6 +184,25 @@ impl CostModel {
             .map(|k| (k, self.speedup(alpha, k, draft_cost)))
             .fold((0, 1.0), |best, c| if c.1 > best.1 { c } else { best })
     }
+
+    /// For a draft whose i-th token is accepted (given all before it were) with probability
+    /// `p[i]`: the length up to `p.len()` with the best expected speed-up (tokens per pass,
+    /// the pending one and the target's own next token included, over the pass's cost), and
+    /// that speed-up; `(0, 1.0)` when no length beats plain decoding.
+    pub fn best_path(&self, p: &[f64]) -> (usize, f64) {
+        let mut reach = 1.0;
+        let mut expected = 1.0;
+        let mut best = (0, 1.0);
+        for (i, &pi) in p.iter().take(crate::spec::MAX_DRAFT).enumerate() {
+            reach *= pi.clamp(0.0, 1.0);
+            expected += reach;
+            let gain = expected / self.pass(i + 2);
+            if gain > best.1 {
+                best = (i + 1, gain);
+            }
+        }
+        best
+    }
 }
 
 /// The timed passes: `samples[i]` holds the seconds of each pass of `config.sizes[i]`.
@@ -245,6 +264,17 @@ mod tests {
         let (k, gain) = m.best_k(0.95, 0.0, 16);
         assert!(k > 2 && gain > 1.3, "{k} {gain}");
         assert!(CostModel::from_curve(&[]).best_k(0.99, 0.0, 16).0 == 0);
+        // A path of equal probabilities is sized as best_k sizes it; a sure prefix then a
+        // doubtful branch stops at the branch on a steep curve.
+        for (curve, alpha) in [(&flat, 0.8), (&steep, 0.9), (&CostModel::linear(0.3), 0.85)] {
+            let (k, gain) = curve.best_k(alpha, 0.0, 16);
+            let (pk, pgain) = curve.best_path(&[alpha; 16]);
+            assert_eq!(k, pk);
+            assert!((gain - pgain).abs() < 1e-9);
+        }
+        let mid = CostModel::linear(0.3);
+        assert_eq!(mid.best_path(&[1.0, 1.0, 1.0, 0.1, 1.0]).0, 3);
+        assert_eq!(mid.best_path(&[]), (0, 1.0));
     }
 
     #[test]

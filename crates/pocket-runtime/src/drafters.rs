@@ -14,7 +14,9 @@ use pocket_core::spec::{
     AutoConfig, AutoDrafter, DraftModelDrafter, Drafter, DrafterReport, InputCopyDrafter, LayerSkipConfig,
     LayerSkipDrafter, SkipSet, SpecMode, SuffixDrafter,
 };
+use pocket_core::spec::{History, Recall};
 use pocket_core::{Model, SessionConfig, Token};
+use std::sync::Arc;
 
 use crate::{Error, Known, Result};
 
@@ -46,6 +48,9 @@ pub struct Setup<'a> {
     pub seed: u64,
     /// The ledger a draft model's session pays for its memory in.
     pub ledger: &'a Ledger,
+    /// Earlier answers of the model (to requests with the same hint), and what drafting from
+    /// them learned, for `suffix` and `auto`.
+    pub history: Option<(Arc<History>, Recall)>,
 }
 
 /// A drafter, keeping its concrete type for what is learned from it afterwards.
@@ -71,6 +76,24 @@ impl Built {
             Built::LayerSkip(d) => d.as_mut(),
             Built::Draft(d) => d,
             Built::Auto(d) => d.as_mut(),
+        }
+    }
+
+    /// What drafting from earlier answers learned in this request (`suffix` and `auto`).
+    pub fn learned(&self) -> Option<Recall> {
+        match self {
+            Built::Suffix(d) => Some(d.learned()),
+            Built::Auto(d) => Some(d.learned()),
+            _ => None,
+        }
+    }
+
+    /// Drafts taken from earlier answers, and the tokens they held.
+    pub fn recalled(&self) -> (usize, usize) {
+        match self {
+            Built::Suffix(d) => d.recalled(),
+            Built::Auto(d) => d.recalled(),
+            _ => (0, 0),
         }
     }
 
@@ -110,10 +133,16 @@ pub fn build(mode: SpecMode, setup: &Setup<'_>) -> Result<Option<Built>> {
     };
     Ok(Some(match mode {
         SpecMode::Off => return Ok(None),
-        SpecMode::Suffix => Built::Suffix(Box::new(match setup.source {
-            Some(source) => SuffixDrafter::with_source(source, max_draft, cost()),
-            None => SuffixDrafter::with_cost(max_draft, cost()),
-        })),
+        SpecMode::Suffix => {
+            let d = match setup.source {
+                Some(source) => SuffixDrafter::with_source(source, max_draft, cost()),
+                None => SuffixDrafter::with_cost(max_draft, cost()),
+            };
+            Built::Suffix(Box::new(match &setup.history {
+                Some((history, learned)) => d.with_history(history.clone(), learned),
+                None => d,
+            }))
+        }
         SpecMode::InputCopy => {
             let source =
                 setup.source.ok_or_else(|| Error::invalid("spec", not_offered(mode, setup.model)))?;
@@ -134,7 +163,11 @@ pub fn build(mode: SpecMode, setup: &Setup<'_>) -> Result<Option<Built>> {
             let Some(cost) = setup.known.cost() else { return Ok(None) };
             let config = AutoConfig { max_draft, ..AutoConfig::new(cost.clone()) };
             if let Some(source) = setup.source {
-                return Ok(Some(Built::Auto(Box::new(AutoDrafter::for_seq2seq(config, source)))));
+                let auto = AutoDrafter::for_seq2seq(config, source);
+                return Ok(Some(Built::Auto(Box::new(match &setup.history {
+                    Some((history, learned)) => auto.with_history(history.clone(), learned),
+                    None => auto,
+                }))));
             }
             let layerskip = match &setup.known.skip_set {
                 Some(set) if setup.model.drafters().contains(&SpecMode::LayerSkip) => {
@@ -148,7 +181,11 @@ pub fn build(mode: SpecMode, setup: &Setup<'_>) -> Result<Option<Built>> {
                 config.draft_model_cost = d.info().weights_bytes as f64 / info.weights_bytes.max(1) as f64;
             }
             let draft = draft_model(config.max_draft)?;
-            Built::Auto(Box::new(AutoDrafter::new(config, layerskip, draft)))
+            let auto = AutoDrafter::new(config, layerskip, draft);
+            Built::Auto(Box::new(match &setup.history {
+                Some((history, learned)) => auto.with_history(history.clone(), learned),
+                None => auto,
+            }))
         }
     }))
 }

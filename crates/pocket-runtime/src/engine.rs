@@ -101,6 +101,8 @@ pub struct OpenOptions {
     /// are dropped). Its parked prefixes are given up (written to disk, where the cache has a
     /// directory) when the model is dropped.
     pub prompt_cache: Option<Arc<PromptCache>>,
+    /// Where its answers are kept for later requests to draft from (none: they are not).
+    pub histories: Option<Arc<crate::Histories>>,
     /// Layers on other machines' devices (ggml's RPC backend; decoder GGUF models on our
     /// graph): none, every layer here.
     pub split: Option<pocket_ggml::rpc::SplitOptions>,
@@ -118,6 +120,7 @@ pub struct LoadedModel {
     /// A skip-set search that a request interrupted, resumed when learning resumes.
     pub(crate) search: Mutex<Option<LayerSkipDrafter>>,
     prompt_cache: Option<Arc<PromptCache>>,
+    histories: Option<Arc<crate::Histories>>,
     /// llguidance's view of the vocabulary, built on the first constrained request.
     grammars: Mutex<Option<Arc<Grammars>>>,
     /// The chat template the file ships, compiled on first use (`None`: it has none, or
@@ -274,6 +277,7 @@ impl LoadedModel {
             knowledge,
             search: Mutex::new(None),
             prompt_cache: options.prompt_cache.clone(),
+            histories: options.histories.clone(),
             grammars: Mutex::new(None),
             chat_template: OnceLock::new(),
         }
@@ -317,6 +321,16 @@ impl LoadedModel {
     /// Where its finished sessions are parked, if anywhere.
     pub fn prompt_cache(&self) -> Option<&PromptCache> {
         self.prompt_cache.as_deref()
+    }
+
+    /// Where its answers are kept for later requests to draft from, if anywhere, and the
+    /// model's name there (its files' fingerprint, else its path).
+    pub fn histories(&self) -> Option<(&crate::Histories, String)> {
+        let name = match self.model.cache_key() {
+            Some(key) => key.fingerprint.clone(),
+            None => self.path.display().to_string(),
+        };
+        Some((self.histories.as_deref()?, name))
     }
 
     /// What a session of it with `threads` threads and a `kv` cache parks its state under;

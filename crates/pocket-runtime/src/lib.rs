@@ -29,6 +29,7 @@ mod error;
 /// GBNF grammars (llama.cpp's format) converted to llguidance's Lark dialect.
 pub mod gbnf;
 pub mod grammar;
+pub mod histories;
 pub mod json_close;
 pub mod json_least;
 mod knowledge;
@@ -44,6 +45,7 @@ pub mod weight_choice;
 
 pub use engine::{Engine, LoadedModel, OpenOptions, is_onnx};
 pub use error::{Error, ErrorKind, Result};
+pub use histories::Histories;
 pub use knowledge::{GOOD_KV_AGREEMENT, Knowledge, Known, cache_dir};
 pub use pipeline::{Input, Outcome, Prepared, Request, Sink};
 pub use prompt_cache::PromptCache;

@@ -120,6 +120,11 @@ pub struct Prepared {
     pub adopted: Option<Adoption>,
     /// Park the session when it ends (under this hint).
     pub park: Option<Park>,
+    /// The client's hint: which earlier answers it drafts from, and where its answer goes.
+    pub cache_hint: Option<String>,
+    /// Draft from earlier answers and keep this one ([`crate::Histories`]): with the prompt
+    /// cache, which a request (a benchmark's, `cache_prompt: false`) turns off with it.
+    pub histories: bool,
     /// The request's grammar, compiled, in its start state.
     pub grammar: Option<GrammarConstraint>,
     /// Seconds compiling the grammar took (building the model's token trie, on its first
@@ -179,6 +184,8 @@ pub struct Outcome {
     /// What the drafter did (`None` for plain decoding asked for); its `Display` is the line
     /// reports show.
     pub drafter: Option<DrafterReport>,
+    /// Drafts taken from earlier answers ([`crate::Histories`]), and the tokens they held.
+    pub recalled: (usize, usize),
     /// What the planner gave it, when it was planned.
     pub plan: Option<Plan>,
     /// Bytes of KV cache the session held at the end.
@@ -416,7 +423,9 @@ pub fn prepare(
         let mut costs = ModelCosts { target, draft: draft.map(|d| d.model()), config: config.clone() };
         // Parked sessions are the first thing given up: before anything the plan would give up.
         let keep = adopted.as_ref().map(|a| &a.parked);
-        let evict = || cache.is_some_and(|c| c.evict_lru(keep));
+        // Earlier answers kept for drafting go before them.
+        let histories = model.histories().map(|(h, _)| h);
+        let evict = || histories.is_some_and(|h| h.shrink()) || cache.is_some_and(|c| c.evict_lru(keep));
         let plan = loop {
             match memory::plan(ledger, &asked, &mut costs) {
                 Ok(plan) if plan.degraded.is_empty() || !evict() => break plan,
@@ -444,6 +453,8 @@ pub fn prepare(
     Ok(Prepared {
         adopted,
         park,
+        cache_hint: request.cache_hint.clone(),
+        histories: request.prompt_cache,
         tokens,
         config,
         spec,
@@ -492,6 +503,10 @@ pub fn run(
         max_draft: p.max_draft,
         seed: p.sampling.seed,
         ledger,
+        history: model
+            .histories()
+            .filter(|_| p.histories)
+            .and_then(|(h, name)| h.get(&name, p.cache_hint.as_deref())),
     };
     let mut built = drafters::build(p.spec, &setup)?;
     let mut session = target.session_in(&p.config, ledger)?;
@@ -595,6 +610,14 @@ pub fn run(
     } else {
         (answer, Vec::new())
     };
+    // The answer is kept for later requests to draft from; a cancelled one's is not.
+    if let Some((histories, name)) = model.histories().filter(|_| p.histories)
+        && generation.stop != StopReason::Cancelled
+    {
+        let prompt = if seq2seq { &request.prompt[..] } else { &p.tokens[..] };
+        let learned = built.as_ref().and_then(drafters::Built::learned);
+        histories.add(&name, p.cache_hint.as_deref(), prompt, &generation.tokens, learned);
+    }
     let (kv_bytes, session_bytes) = (session.kv_bytes(), session.memory());
     if let (Some(park), Some(cache)) = (&p.park, model.prompt_cache())
         && let Err(e) = cache.park_session(park.key.clone(), park.hint.clone(), session.as_ref())
@@ -603,6 +626,7 @@ pub fn run(
     }
     Ok(Outcome {
         spec: p.spec,
+        recalled: built.as_ref().map_or((0, 0), drafters::Built::recalled),
         drafter: drafters::report(p.spec, built.as_mut()),
         plan: p.plan.clone(),
         kv_bytes,
@@ -668,6 +692,51 @@ mod tests {
         }
         // The session's memory is back when the request ends.
         assert_eq!(ledger.used(), 0);
+    }
+
+    #[test]
+    fn answers_are_drafted_from_by_later_requests_under_the_same_hint_only() {
+        let histories =
+            Arc::new(crate::Histories::new(&Ledger::unlimited(), crate::histories::Limits::default()));
+        let options = OpenOptions {
+            cache_dir: Some(std::env::temp_dir()),
+            histories: Some(histories.clone()),
+            ..OpenOptions::default()
+        };
+        let model = LoadedModel::from_model(
+            Arc::new(FakeModel::default()),
+            Engine::Ggml,
+            Path::new("fake.gguf"),
+            &options,
+        );
+        let ledger = Ledger::unlimited();
+        let ask = |hint: &str, spec| Request {
+            spec,
+            cache_hint: Some(hint.into()),
+            prompt_cache: true,
+            ..text("a")
+        };
+        let (plain, _) = generate(&model, &ask("app-a", SpecMode::Off), &ledger).unwrap();
+        assert_eq!(plain.recalled, (0, 0));
+        assert_eq!(histories.list().len(), 1);
+        // The same app asking again drafts the earlier answer, and gets the same tokens.
+        let (again, _) = generate(&model, &ask("app-a", SpecMode::Suffix), &ledger).unwrap();
+        assert_eq!(again.generation.tokens, plain.generation.tokens);
+        assert!(again.recalled.1 >= 3, "{:?}", again.recalled);
+        assert!(again.generation.spec.accepted >= 3, "{:?}", again.generation.spec);
+        // Another app has no earlier answers: nothing of app-a's is drafted into its answer.
+        let (other, _) = generate(&model, &ask("app-b", SpecMode::Suffix), &ledger).unwrap();
+        assert_eq!((other.generation.tokens, other.recalled), (plain.generation.tokens, (0, 0)));
+        assert_eq!(histories.list().iter().map(|h| h.answers).sum::<usize>(), 3);
+        // Cleared, app-a starts over.
+        histories.clear(Some("app-a"));
+        let (cleared, _) = generate(&model, &ask("app-a", SpecMode::Suffix), &ledger).unwrap();
+        assert_eq!(cleared.recalled, (0, 0));
+        // A request without the cache (a benchmark's) neither drafts from them nor adds to them.
+        let before = histories.list();
+        let uncached = Request { prompt_cache: false, ..ask("app-a", SpecMode::Suffix) };
+        let (o, _) = generate(&model, &uncached, &ledger).unwrap();
+        assert_eq!((o.recalled, histories.list()), ((0, 0), before));
     }
 
     #[test]

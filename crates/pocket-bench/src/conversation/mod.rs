@@ -165,7 +165,7 @@ pub(crate) fn check(config: &BenchConfig) -> Result<(&Path, SpecMode, Option<Str
 /// A name unique to this benchmark run, for the prompt-cache keys: this process and the time
 /// it started replaying (a daemon that keeps parked conversations on disk may hold an earlier
 /// run's).
-fn run_id() -> String {
+pub(crate) fn run_id() -> String {
     let since_epoch =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or(Duration::ZERO);
     format!("{}-{}", std::process::id(), since_epoch.as_millis())

@@ -160,6 +160,22 @@ impl AutoDrafter {
         AutoDrafter { input_copy: Some(input_copy), ..self }
     }
 
+    /// This drafter, its suffix drafter also drafting from `history` (earlier answers),
+    /// starting from what earlier requests `learned` about such drafts.
+    pub fn with_history(self, history: std::sync::Arc<super::History>, learned: &super::Recall) -> Self {
+        AutoDrafter { suffix: self.suffix.with_history(history, learned), ..self }
+    }
+
+    /// What drafting from the history learned in this request.
+    pub fn learned(&self) -> super::Recall {
+        self.suffix.learned()
+    }
+
+    /// Drafts the suffix drafter took from earlier answers, and the tokens they held.
+    pub fn recalled(&self) -> (usize, usize) {
+        self.suffix.recalled()
+    }
+
     /// Steps in which each choice was made.
     pub fn choices(&self) -> impl Iterator<Item = (Choice, usize)> + '_ {
         Choice::ALL.into_iter().zip(self.counts)

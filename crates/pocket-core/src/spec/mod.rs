@@ -12,6 +12,8 @@
 //!   free, and strong wherever the output copies its input (edits, summaries, code). For an
 //!   encoder-decoder model it is seeded with the source text, which the decoder's context
 //!   does not hold ([`SuffixDrafter::with_source`]).
+//!   Given a [`History`] of the app's earlier answers, it also drafts what followed in
+//!   them (SuffixDecoding), which is where answers to similar requests repeat.
 //! - [`InputCopyDrafter`]: for encoder-decoder models, the source text copied from where the
 //!   output aligns to it (Aggressive Decoding); free, and strong where the output is mostly
 //!   its input (grammar correction, editing).
@@ -30,6 +32,7 @@ mod acceptance;
 mod auto;
 mod draft_model;
 mod edit_tracker;
+mod history;
 mod input_copy;
 mod layerskip;
 mod report;
@@ -45,12 +48,13 @@ use serde::{Deserialize, Serialize};
 
 pub use auto::{AutoConfig, AutoDrafter, Choice};
 pub use draft_model::{DraftModelDrafter, check_same_vocabulary};
+pub use history::{History, PROMPT_TAIL};
 pub use input_copy::InputCopyDrafter;
 pub use layerskip::{LayerSkipConfig, LayerSkipDrafter, SkipSet};
 pub use report::DrafterReport;
 pub use search::{SearchConfig, SkipSearch};
-pub use suffix::{Match, SuffixAutomaton};
-pub use suffix_drafter::SuffixDrafter;
+pub use suffix::{Cursor, Match, SuffixAutomaton};
+pub use suffix_drafter::{Recall, SuffixDrafter};
 pub use verify::{Verdict, verify_greedy, verify_sampled};
 
 use crate::{Result, Session, Token};

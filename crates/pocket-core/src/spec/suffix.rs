@@ -22,6 +22,33 @@ pub struct Match {
     pub end: usize,
 }
 
+/// Where another sequence stands in an automaton: the longest suffix of that sequence that
+/// occurs in the automaton's tokens ([`SuffixAutomaton::walk`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cursor {
+    /// The state of the matched suffix (the root when nothing matches).
+    state: u32,
+    /// Tokens matched.
+    len: u32,
+}
+
+impl Cursor {
+    /// Tokens matched (0: none).
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Whether nothing matches.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The automaton state of the matched suffix.
+    pub(super) fn state(&self) -> u32 {
+        self.state
+    }
+}
+
 /// One state (an endpos equivalence class) of the automaton.
 #[derive(Debug, Clone, Copy)]
 struct State {
@@ -202,6 +229,74 @@ impl SuffixAutomaton {
         let stop = m.end.saturating_add(max).min(self.tokens.len());
         out.extend(self.tokens.get(m.end..stop).unwrap_or_default().iter().copied());
         m.len
+    }
+
+    /// Moves `cursor`, the longest suffix of some other sequence found in this automaton, on
+    /// by that sequence's next `token`: the standard matching walk, amortised O(1). A cursor
+    /// belongs to the automaton it walked; pushing more tokens keeps it valid.
+    pub fn walk(&self, cursor: &mut Cursor, token: Token) {
+        let mut state = cursor.state;
+        let mut len = cursor.len;
+        loop {
+            if let Some(next) = self.edge(state, token) {
+                *cursor = Cursor { state: next, len: len + 1 };
+                return;
+            }
+            if state == ROOT {
+                *cursor = Cursor::default();
+                return;
+            }
+            state = self.states[state as usize].link;
+            len = self.states[state as usize].len;
+        }
+    }
+
+    /// The tokens that follow `state`'s strings somewhere, each with the state it leads to.
+    pub(super) fn children(&self, state: u32) -> impl Iterator<Item = (Token, u32)> + '_ {
+        let mut node = self.states.get(state as usize).map_or(NONE, |s| s.head);
+        std::iter::from_fn(move || {
+            let EdgeNode { token, next } = *self.nodes.get(node as usize)?;
+            node = next;
+            Some((token, self.edge(state, token)?))
+        })
+    }
+
+    /// How many times each state's strings occur (the size of its end-position set), indexed
+    /// by state: O(states), by counting sort on the states' lengths.
+    pub(super) fn occurrences(&self) -> Vec<u32> {
+        let mut count: Vec<u32> =
+            self.states.iter().map(|s| u32::from(s.first_end == s.len && s.len > 0)).collect();
+        // A clone shares its original's first end, so `first_end == len` marks exactly the
+        // states made by a push (each ends at its own position); the root ends nowhere.
+        let mut by_len = vec![0usize; self.tokens.len() + 2];
+        for s in &self.states {
+            by_len[s.len as usize] += 1;
+        }
+        for i in 1..by_len.len() {
+            by_len[i] += by_len[i - 1];
+        }
+        let mut order = vec![0u32; self.states.len()];
+        for (i, s) in self.states.iter().enumerate().rev() {
+            by_len[s.len as usize] -= 1;
+            order[by_len[s.len as usize]] = i as u32;
+        }
+        for &i in order.iter().rev() {
+            let link = self.states[i as usize].link;
+            if link != NONE {
+                count[link as usize] += count[i as usize];
+            }
+        }
+        count
+    }
+
+    /// Bytes the automaton holds on the heap (its buffers' capacities, the map's slots and
+    /// control bytes).
+    pub fn heap_bytes(&self) -> u64 {
+        let slot = std::mem::size_of::<(u64, u32)>() + 1;
+        (self.tokens.capacity() * std::mem::size_of::<Token>()
+            + self.states.capacity() * std::mem::size_of::<State>()
+            + self.nodes.capacity() * std::mem::size_of::<EdgeNode>()
+            + self.edges.capacity() * slot) as u64
     }
 
     fn add_state(&mut self, state: State) -> u32 {

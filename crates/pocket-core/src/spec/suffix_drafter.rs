@@ -15,11 +15,19 @@
 //! drafter can be seeded with it ([`SuffixDrafter::with_source`]): the automaton then holds
 //! the source followed by the context, and a suffix of the output that occurred in the
 //! source drafts what followed it there.
+//!
+//! Given a [`History`] of earlier answers ([`SuffixDrafter::with_history`]), it also drafts
+//! what most often followed the request's latest tokens in them, each token weighed by how
+//! often it did (SuffixDecoding's frequency scoring) and by the acceptance such drafts met;
+//! the three candidates compete on the speed-up they are expected to give.
+
+use std::sync::Arc;
 
 use super::acceptance::AcceptanceEstimate;
 use super::edit_tracker::EditTracker;
-use super::suffix::SuffixAutomaton;
-use super::{Draft, Drafter};
+use super::history::History;
+use super::suffix::{Cursor, SuffixAutomaton};
+use super::{Draft, Drafter, MAX_DRAFT};
 use crate::cost::CostModel;
 use crate::{Result, Session, Token};
 
@@ -31,11 +39,27 @@ const PRIORS: [f64; 6] = [0.2, 0.35, 0.5, 0.65, 0.75, 0.85];
 /// before any verdict. Higher than a match's: a run starts where the output met text it was
 /// already copying, not anywhere a token repeats.
 const TRACKED_PRIORS: [f64; 6] = [0.4, 0.5, 0.6, 0.7, 0.8, 0.85];
+/// Acceptance assumed per bucket of the match in earlier answers before any verdict, for a
+/// continuation that always followed (a branch scales it by its share). A match there
+/// includes the prompt's tail at an answer's start, so short ones are weak.
+const RECALLED_PRIORS: [f64; 6] = [0.1, 0.25, 0.45, 0.6, 0.75, 0.85];
 /// Weight of the prior, in drafted tokens.
 const PRIOR_WEIGHT: f64 = 4.0;
 
 fn bucket(match_len: usize) -> usize {
     BUCKETS.iter().position(|&b| match_len <= b).unwrap_or(BUCKETS.len() - 1)
+}
+
+/// What drafting from a [`History`] has learned: the acceptance its drafts met, by the length
+/// of the match they were drafted from. Kept with the history, so that each request starts
+/// where the last one left off.
+#[derive(Debug, Clone, Copy)]
+pub struct Recall([AcceptanceEstimate; 6]);
+
+impl Default for Recall {
+    fn default() -> Self {
+        Recall(RECALLED_PRIORS.map(|p| AcceptanceEstimate::prior(p, PRIOR_WEIGHT)))
+    }
 }
 
 /// Where a draft comes from.
@@ -45,6 +69,8 @@ enum Origin {
     Match,
     /// What the edit tracker predicts.
     Tracker,
+    /// What followed in earlier answers.
+    History,
 }
 
 /// The suffix drafter.
@@ -62,6 +88,16 @@ pub struct SuffixDrafter {
     predicted: Draft,
     /// Where the last draft came from and the bucket of its match or run, for its verdict.
     last: (Origin, usize),
+    /// Earlier answers, and where the context stands in them.
+    history: Option<Arc<History>>,
+    cursor: Cursor,
+    recalled_acceptance: [AcceptanceEstimate; 6],
+    /// The continuation from the history for the step planned last, and each token's share.
+    recalled: Draft,
+    recalled_share: [f64; MAX_DRAFT],
+    /// Drafts taken from the history, and their tokens.
+    recalled_drafts: usize,
+    recalled_tokens: usize,
 }
 
 impl SuffixDrafter {
@@ -77,7 +113,30 @@ impl SuffixDrafter {
             tracked_acceptance: TRACKED_PRIORS.map(|p| AcceptanceEstimate::prior(p, PRIOR_WEIGHT)),
             predicted: Draft::new(),
             last: (Origin::Match, 0),
+            history: None,
+            cursor: Cursor::default(),
+            recalled_acceptance: Recall::default().0,
+            recalled: Draft::new(),
+            recalled_share: [0.0; MAX_DRAFT],
+            recalled_drafts: 0,
+            recalled_tokens: 0,
         }
+    }
+
+    /// This drafter, also drafting from `history`, earlier answers of the same model (and
+    /// app), starting from the acceptance `learned` by earlier requests' drafts from it.
+    pub fn with_history(self, history: Arc<History>, learned: &Recall) -> Self {
+        SuffixDrafter { history: Some(history), recalled_acceptance: learned.0, ..self }
+    }
+
+    /// The acceptance drafts from the history have met, for the next request to start from.
+    pub fn learned(&self) -> Recall {
+        Recall(self.recalled_acceptance)
+    }
+
+    /// Drafts taken from the history, and the tokens they held.
+    pub fn recalled(&self) -> (usize, usize) {
+        (self.recalled_drafts, self.recalled_tokens)
     }
 
     /// As [`SuffixDrafter::with_cost`], also matching against `source`, an encoder-decoder
@@ -96,8 +155,13 @@ impl SuffixDrafter {
         let src = self.source.len();
         let held = self.sam.tokens().get(src..);
         match held.filter(|h| context.starts_with(h)).map(<[Token]>::len) {
-            Some(n) => self.sam.extend(&context[n..]),
+            Some(n) => {
+                self.sam.extend(&context[n..]);
+                self.walk(&context[n..]);
+            }
             None => {
+                self.cursor = Cursor::default();
+                self.walk(context);
                 self.sam.clear();
                 self.sam.extend(&self.source);
                 self.sam.extend(context);
@@ -105,6 +169,15 @@ impl SuffixDrafter {
             }
         }
         self.tracker.update(self.sam.tokens(), src, self.sam.longest_match());
+    }
+
+    /// Moves the history's cursor on by `tokens`.
+    fn walk(&mut self, tokens: &[Token]) {
+        if let Some(h) = &self.history {
+            for &t in tokens {
+                h.walk(&mut self.cursor, t);
+            }
+        }
     }
 
     /// For the sequence `context`: how many tokens to draft (at most `max`) and the speed-up
@@ -130,6 +203,22 @@ impl SuffixDrafter {
             if k > 0 && gain > best.1 {
                 best = (k, gain);
                 self.last = (Origin::Tracker, b);
+            }
+        }
+        self.recalled.clear();
+        if let Some(h) = self.history.as_ref().filter(|_| !self.cursor.is_empty()) {
+            let room = max.min(self.recalled.capacity());
+            let n = h.continuation(self.cursor, room, &mut self.recalled, &mut self.recalled_share);
+            let b = bucket(self.cursor.len());
+            let alpha = self.recalled_acceptance[b].alpha();
+            let mut p = [0.0; MAX_DRAFT];
+            for (p, share) in p.iter_mut().zip(&self.recalled_share[..n]) {
+                *p = alpha * share;
+            }
+            let (k, gain) = self.cost.best_path(&p[..n]);
+            if k > 0 && gain > best.1 {
+                best = (k, gain);
+                self.last = (Origin::History, b);
             }
         }
         best
@@ -160,6 +249,12 @@ impl Drafter for SuffixDrafter {
                 Origin::Tracker => {
                     out.extend_from_slice(&self.predicted[..k]).ok();
                 }
+                // Likewise within the continuation.
+                Origin::History => {
+                    out.extend_from_slice(&self.recalled[..k]).ok();
+                    self.recalled_drafts += 1;
+                    self.recalled_tokens += k;
+                }
             }
         }
         Ok(())
@@ -170,6 +265,7 @@ impl Drafter for SuffixDrafter {
         let estimate = match origin {
             Origin::Match => &mut self.acceptance[b],
             Origin::Tracker => &mut self.tracked_acceptance[b],
+            Origin::History => &mut self.recalled_acceptance[b],
         };
         estimate.update(drafted.len(), accepted);
     }
@@ -277,5 +373,39 @@ mod tests {
         // Without the source nothing of it is known.
         let mut plain = SuffixDrafter::with_cost(4, CostModel::linear(0.0));
         assert_eq!(draft(&mut plain, &[0, 100, 101, 102], 4), Vec::<Token>::new());
+    }
+
+    #[test]
+    fn an_answer_given_before_is_drafted_from_the_history_and_its_acceptance_learned() {
+        // Two earlier answers to questions ending in "… 5 6 ASSISTANT(50)".
+        let answer: Vec<Token> = (200..230).collect();
+        let mut history = History::new();
+        history.push(&[1, 2, 5, 6, 50], &answer);
+        history.push(&[3, 4, 5, 6, 50], &answer);
+        let history = Arc::new(history);
+        let prompt = [9, 9, 5, 6, 50];
+        let cost = || CostModel::linear(0.1);
+        let mut first =
+            SuffixDrafter::with_cost(16, cost()).with_history(history.clone(), &Recall::default());
+        let steps = simulate(&mut first, &prompt, &answer);
+        // The first draft comes right after the first token, from the history, and the
+        // accepted drafts grow: the answer takes a few passes, not 30.
+        assert!(steps[0].0.len() >= 2 && steps[0].1 == steps[0].0.len(), "{steps:?}");
+        assert!(steps.len() <= 6, "{} steps: {steps:?}", steps.len());
+        // The next request starts from what this one learned, and drafts longer at once.
+        let mut next = SuffixDrafter::with_cost(16, cost()).with_history(history.clone(), &first.learned());
+        let again = simulate(&mut next, &prompt, &answer);
+        assert!(again[0].0.len() > steps[0].0.len() && again.len() < steps.len(), "{again:?}");
+        // Without the history, nothing of it is known.
+        let plain = simulate(&mut SuffixDrafter::with_cost(16, cost()), &prompt, &answer);
+        assert_eq!(plain.len(), answer.len() - 1);
+        assert!(plain.iter().all(|(d, _)| d.is_empty()));
+        // An answer that departs from the history: drafts rejected there shrink, and the
+        // tokens still come out as they are (the simulation keeps only what agrees).
+        let other: Vec<Token> = (200..210).chain(300..320).collect();
+        let mut d = SuffixDrafter::with_cost(16, cost()).with_history(history, &Recall::default());
+        let steps = simulate(&mut d, &prompt, &other);
+        assert!(steps.iter().any(|(d, kept)| *kept < d.len()), "{steps:?}");
+        assert!(d.recalled().0 >= 1);
     }
 }

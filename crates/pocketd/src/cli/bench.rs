@@ -239,11 +239,17 @@ fn workload_of(args: &Args, engine: Engine) -> anyhow::Result<(workload::Workloa
         anyhow::ensure!(n > 0, "--max-prompts must be at least 1");
         workload.prompts.truncate(n);
         workload.conversations.truncate(n);
+        workload.agentic.truncate(n);
     }
     anyhow::ensure!(
         workload.conversations.is_empty() || args.socket.is_some(),
         "the workload's {} conversations are replayed through pocketd: give its socket (--socket PATH)",
         workload.conversations.len()
+    );
+    anyhow::ensure!(
+        workload.agentic.is_empty() || args.socket.is_some(),
+        "the workload's {} agentic requests are replayed through pocketd: give its socket (--socket PATH)",
+        workload.agentic.len()
     );
     Ok((workload, name))
 }
@@ -347,6 +353,14 @@ fn announce(config: &BenchConfig, workload: &workload::Workload, path: &std::pat
             bench::conversation::MODES.join(","),
             config.conversation_mode.spec().map_or("-", |s| s.name()),
             config.start.name()
+        );
+    }
+    if !workload.agentic.is_empty() {
+        eprintln!(
+            "replaying a stream of {} agentic requests to {} through pocketd, modes {}",
+            workload.agentic.len(),
+            config.model_name,
+            bench::agentic::MODES.join(","),
         );
     }
 }

@@ -505,6 +505,16 @@ impl Pocketd {
         Ok(m.bytes())
     }
 
+    /// Forget the earlier answers kept for drafting later ones: those given under `key` (a
+    /// request's `cache_key`), or all of them when `key` is empty. Returns how many histories
+    /// were dropped.
+    #[zbus(out_args("histories"))]
+    async fn clear_cache(&self, key: &str) -> Result<u32, PocketError> {
+        let cleared = self.scheduler.histories().clear((!key.is_empty()).then_some(key));
+        self.scheduler.registry.changed();
+        Ok(u32::try_from(cleared).unwrap_or(u32::MAX))
+    }
+
     /// Unload a model no request is using.
     async fn unload_model(&self, name: &str) -> Result<(), PocketError> {
         self.scheduler.registry.unload(name)?;

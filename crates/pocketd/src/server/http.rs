@@ -69,6 +69,7 @@ pub fn router(scheduler: Arc<Scheduler>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/v1/status", get(status))
+        .route("/v1/cache/clear", post(clear_cache))
         .route("/health", get(health))
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
@@ -81,7 +82,7 @@ pub fn router(scheduler: Arc<Scheduler>) -> Router {
 async fn not_found(uri: axum::http::Uri) -> ServeError {
     ServeError::UnknownEndpoint(format!(
         "no such endpoint {}; pocketd serves /v1/chat/completions, /v1/completions, /v1/models, /v1/status, \
-         /v1/models/NAME/load|unload, /v1/messages (Anthropic's), /tokenize, /detokenize, /health and /metrics",
+         /v1/models/NAME/load|unload, /v1/cache/clear, /v1/messages (Anthropic's), /tokenize, /detokenize, /health and /metrics",
         uri.path()
     ))
 }
@@ -401,6 +402,21 @@ async fn health(State(s): Shared) -> Result<axum::Json<serde_json::Value>, Serve
         return Err(ServeError::ShuttingDown);
     }
     Ok(axum::Json(serde_json::json!({"status": "ok"})))
+}
+
+/// `POST /v1/cache/clear`: forgets the earlier answers kept for drafting later ones, all of
+/// them or (with `{"prompt_cache_key": KEY}`) those given under one key.
+async fn clear_cache(
+    State(s): Shared,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<axum::Json<pocket_api::CacheCleared>, ServeError> {
+    let empty = body.as_ref().is_ok_and(|b| b.iter().all(u8::is_ascii_whitespace));
+    let request: pocket_api::ClearCache =
+        if empty { pocket_api::ClearCache::default() } else { parse(body)? };
+    let before = s.histories().bytes();
+    let histories = s.histories().clear(request.prompt_cache_key.as_deref());
+    s.registry.changed();
+    Ok(axum::Json(pocket_api::CacheCleared { histories, bytes: before - s.histories().bytes().min(before) }))
 }
 
 async fn status(State(s): Shared, table: Table) -> axum::Json<pocket_api::Status> {

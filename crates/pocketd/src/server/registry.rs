@@ -17,7 +17,7 @@ use pocket_core::memory::Ledger;
 use pocket_models::{Catalog, Format};
 use pocket_runtime::learn::{self, TuneSettings};
 use pocket_runtime::rpc::{RemoteLayers, SplitOptions};
-use pocket_runtime::{DeviceChoice, LoadedModel, OpenOptions, PromptCache};
+use pocket_runtime::{DeviceChoice, Histories, LoadedModel, OpenOptions, PromptCache};
 
 use super::error::ServeError;
 
@@ -69,6 +69,8 @@ pub struct Registry {
     /// RPC peers for the last layers of models too large for the budget (`rpc`).
     rpc: Vec<String>,
     prompt_cache: Option<Arc<PromptCache>>,
+    /// Earlier answers, which later requests draft from.
+    histories: Option<Arc<Histories>>,
     keep_alive: Duration,
     /// Other names for models (the configuration's `model_aliases`).
     aliases: BTreeMap<String, String>,
@@ -121,6 +123,7 @@ impl Registry {
             device,
             rpc: Vec::new(),
             prompt_cache,
+            histories: None,
             keep_alive,
             aliases: BTreeMap::new(),
             loaded: Mutex::new(Vec::new()),
@@ -134,6 +137,35 @@ impl Registry {
     pub fn with_rpc(mut self, peers: Vec<String>) -> Registry {
         self.rpc = peers;
         self
+    }
+
+    /// This registry with its models keeping their answers in `histories` for later requests
+    /// to draft from.
+    pub fn with_histories(mut self, histories: Arc<Histories>) -> Registry {
+        self.histories = Some(histories);
+        self
+    }
+
+    /// The answer histories, one per model and key, for `/v1/status`.
+    pub fn histories_status(&self) -> Vec<pocket_api::AnswerHistory> {
+        let Some(histories) = &self.histories else { return Vec::new() };
+        let loaded = self.loaded();
+        histories
+            .list()
+            .into_iter()
+            .map(|h| pocket_api::AnswerHistory {
+                model: loaded
+                    .iter()
+                    .find(|(m, _)| {
+                        m.model.model().cache_key().is_some_and(|k| k.fingerprint.starts_with(&h.model))
+                    })
+                    .map_or(h.model, |(m, _)| m.name.clone()),
+                key: h.hint,
+                answers: h.answers,
+                tokens: h.tokens,
+                bytes: h.bytes,
+            })
+            .collect()
     }
 
     /// This registry with other names for models (alias → a model's name).
@@ -364,12 +396,14 @@ impl Registry {
         loop {
             let ledger = self.ledger.sub();
             let (path, l, cache) = (found.path.clone(), ledger.clone(), self.prompt_cache.clone());
+            let histories = self.histories.clone();
             let (device, split_now) = (self.device.clone(), split.clone());
             let loaded = tokio::task::spawn_blocking(move || {
                 let options = OpenOptions {
                     device,
                     ledger: Some(l),
                     prompt_cache: cache,
+                    histories,
                     split: split_now,
                     ..OpenOptions::default()
                 };
@@ -420,10 +454,12 @@ impl Registry {
         }
     }
 
-    /// Give up the least recently used parked conversation: what goes first when memory is
-    /// needed. Returns whether one was.
+    /// Give up what goes first when memory is needed: earlier answers kept for drafting (half
+    /// of the least recently used history), then the least recently used parked
+    /// conversation. Returns whether anything was.
     pub fn evict_parked(&self) -> bool {
-        let evicted = self.prompt_cache.as_ref().is_some_and(|c| c.evict_lru(None));
+        let evicted = self.histories.as_ref().is_some_and(|h| h.shrink())
+            || self.prompt_cache.as_ref().is_some_and(|c| c.evict_lru(None));
         if evicted {
             self.changed();
         }

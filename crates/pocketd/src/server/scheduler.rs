@@ -25,9 +25,10 @@ use pocket_core::Threads;
 use pocket_core::memory::format_size;
 use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::spec::SpecMode;
+use pocket_runtime::histories::Limits as HistoryLimits;
 use pocket_runtime::learn::TuneSettings;
 use pocket_runtime::prompt_cache::DiskOptions;
-use pocket_runtime::{DeviceChoice, DeviceMemory, PromptCache};
+use pocket_runtime::{DeviceChoice, DeviceMemory, Histories, PromptCache};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::admission::{self, Admission, parallel_from_curve};
@@ -64,6 +65,7 @@ pub struct Scheduler {
     /// What learns about the loaded models while the daemon is idle.
     learner: Arc<Learner>,
     prompt_cache: Option<Arc<PromptCache>>,
+    histories: Arc<Histories>,
     /// The Responses API's stored responses.
     pub responses: ResponseStore,
 }
@@ -98,6 +100,7 @@ impl Scheduler {
         } else {
             None
         };
+        let histories = Arc::new(Histories::new(&ledger, HistoryLimits::default()));
         let registry = Registry::new(
             config.models_dir.clone(),
             ledger.clone(),
@@ -106,7 +109,8 @@ impl Scheduler {
             prompt_cache.clone(),
         )
         .with_aliases(config.model_aliases.clone())
-        .with_rpc(config.rpc.clone());
+        .with_rpc(config.rpc.clone())
+        .with_histories(histories.clone());
         let threads = config.threads;
         let worker = Arc::new(Worker {
             ledger: ledger.clone(),
@@ -133,7 +137,13 @@ impl Scheduler {
             activity: Arc::default(),
             learner: Arc::default(),
             prompt_cache,
+            histories,
         }))
+    }
+
+    /// Earlier answers of every model and key, which later requests draft from.
+    pub fn histories(&self) -> &Histories {
+        &self.histories
     }
 
     /// Where finished conversations are parked (none when `prompt_cache` is off).
@@ -280,6 +290,7 @@ impl Scheduler {
         let settings = TuneSettings::new(self.threads.max(), self.config.kv);
         pocket_api::Status {
             parked: self.prompt_cache().map(|c| self.registry.parked_status(c)).unwrap_or_default(),
+            histories: self.registry.histories_status(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             uptime_seconds: self.started.elapsed().as_secs_f64(),
             memory: self.memory(),

@@ -332,6 +332,7 @@ fn finished(outcome: &pocket_runtime::Outcome, return_tokens: bool, tokenizer: &
             decode_tok_per_s: generation.decode_tok_per_s(),
             drafted: generation.spec.drafted as u64,
             accepted: generation.spec.accepted as u64,
+            recalled: outcome.recalled.1 as u64,
             drafter: outcome.drafter.as_ref().map(ToString::to_string),
             queued_ms: 0.0,
             peak_bytes: 0,

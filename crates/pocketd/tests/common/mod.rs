@@ -334,11 +334,13 @@ impl Drop for Daemon {
 
 /// What the budget holds apart from parked prompt-cache prefixes: the models and live sessions.
 /// A finished (or hung-up) session is parked, so its memory moves to `parked` rather than
-/// leaving the ledger; this is the figure that must return to its idle value.
+/// leaving the ledger, and its answer is kept for drafting (`histories`); this is the figure
+/// that must return to its idle value.
 pub(crate) fn used_without_parked(status: &Value) -> u64 {
-    let parked: u64 =
-        status["parked"].as_array().map_or(0, |p| p.iter().map(|e| e["bytes"].as_u64().unwrap()).sum());
-    status["memory"]["used_bytes"].as_u64().unwrap() - parked
+    let sum = |field: &str| -> u64 {
+        status[field].as_array().map_or(0, |p| p.iter().map(|e| e["bytes"].as_u64().unwrap()).sum())
+    };
+    status["memory"]["used_bytes"].as_u64().unwrap() - sum("parked") - sum("histories")
 }
 
 /// A raw HTTP request on the socket, left open for the caller to read from or hang up.

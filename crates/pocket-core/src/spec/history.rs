@@ -1,0 +1,238 @@
+//! Earlier answers, for drafting what an app's answers repeat across requests (after
+//! SuffixDecoding, Oliaro et al. 2024).
+//!
+//! Apps on a board ask the same kinds of things again and again, and their answers open,
+//! close and are shaped alike ("To find …, you can use …", `{"action": …`). A [`History`]
+//! holds earlier answers, each after the last few tokens of its prompt (the chat template's
+//! opening of the assistant's turn, and the end of the question), in one suffix automaton.
+//! A request walks its own tokens over it ([`History::walk`]); where the longest suffix of
+//! the request occurred in earlier answers, the draft follows the continuation that most
+//! often came next, and each drafted token carries how often it did
+//! ([`History::continuation`]): the frequency scoring that sizes the draft.
+//!
+//! A history is immutable while requests draft from it (they hold it behind an `Arc`); an
+//! answer is added when its request ends, into a copy where one is in use.
+
+use std::collections::VecDeque;
+
+use super::suffix::{Cursor, SuffixAutomaton};
+use crate::Token;
+
+/// Ends every answer in the automaton, so that no draft runs from one answer into the next.
+/// No vocabulary comes near it.
+pub(super) const SEPARATOR: Token = u32::MAX - 1;
+
+/// Tokens of the prompt kept before each answer: enough for a chat template's opening of the
+/// assistant's turn and the end of the question, so that an answer's first tokens can be
+/// drafted too.
+pub const PROMPT_TAIL: usize = 8;
+
+/// Earlier answers in one suffix automaton, oldest first, with how often each of its strings
+/// occurs.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    sam: SuffixAutomaton,
+    /// Occurrences of each automaton state's strings.
+    counts: Vec<u32>,
+    /// Tokens each answer takes in the automaton (prompt tail, answer, separator), oldest
+    /// first.
+    entries: VecDeque<usize>,
+}
+
+impl History {
+    /// An empty history.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds an answer: `output`, after the last [`PROMPT_TAIL`] tokens of `prompt`. An empty
+    /// answer adds nothing.
+    pub fn push(&mut self, prompt: &[Token], output: &[Token]) {
+        if output.is_empty() {
+            return;
+        }
+        let tail = &prompt[prompt.len().saturating_sub(PROMPT_TAIL)..];
+        let before = self.sam.len();
+        self.sam.extend(tail);
+        self.sam.extend(output);
+        self.sam.push(SEPARATOR);
+        self.entries.push_back(self.sam.len() - before);
+        self.counts = self.sam.occurrences();
+    }
+
+    /// Drops the oldest answers until at most `tokens` tokens are held, rebuilding the
+    /// automaton from the answers kept; whether anything was dropped.
+    pub fn keep_newest(&mut self, tokens: usize) -> bool {
+        let mut cut = 0;
+        let mut held = self.sam.len();
+        while held > tokens {
+            let Some(n) = self.entries.pop_front() else { break };
+            cut += n;
+            held -= n;
+        }
+        if cut == 0 {
+            return false;
+        }
+        let kept = self.sam.tokens()[cut..].to_vec();
+        self.sam = SuffixAutomaton::with_capacity(kept.len());
+        self.sam.extend(&kept);
+        self.counts = self.sam.occurrences();
+        true
+    }
+
+    /// Answers held.
+    pub fn answers(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Tokens held (prompt tails and separators included).
+    pub fn tokens(&self) -> usize {
+        self.sam.len()
+    }
+
+    /// Bytes held on the heap.
+    pub fn bytes(&self) -> u64 {
+        self.sam.heap_bytes()
+            + (self.counts.capacity() * std::mem::size_of::<u32>()) as u64
+            + (self.entries.capacity() * std::mem::size_of::<usize>()) as u64
+    }
+
+    /// Moves `cursor` on by a request's next token (see [`SuffixAutomaton::walk`]).
+    pub fn walk(&self, cursor: &mut Cursor, token: Token) {
+        self.sam.walk(cursor, token);
+    }
+
+    /// Appends to `out` up to `max` tokens that most often followed the cursor's suffix in
+    /// earlier answers, and for each the share of the occurrences so far that it continued
+    /// (`share[i]` for `out`'s i-th new token): at a branch the most frequent continuation is
+    /// taken and its share says how sure that is. Stops at the end of an answer. Returns how
+    /// many were appended. `out` must have room for `max` tokens if its `Extend` can fail.
+    pub fn continuation(
+        &self,
+        cursor: Cursor,
+        max: usize,
+        out: &mut impl Extend<Token>,
+        share: &mut [f64],
+    ) -> usize {
+        if cursor.is_empty() {
+            return 0;
+        }
+        let mut state = cursor.state();
+        let max = max.min(share.len());
+        let mut n = 0;
+        while n < max {
+            let total = self.counts.get(state as usize).copied().unwrap_or(0);
+            // The most frequent continuation; of equals, the one seen first in the list (the
+            // latest added), so that a newer habit wins a tie.
+            let best = self
+                .sam
+                .children(state)
+                .map(|(t, s)| (t, s, self.counts.get(s as usize).copied().unwrap_or(0)))
+                .fold(None, |best: Option<(Token, u32, u32)>, c| match best {
+                    Some(b) if b.2 >= c.2 => Some(b),
+                    _ => Some(c),
+                });
+            let Some((token, next, count)) = best else { break };
+            if token == SEPARATOR || total == 0 {
+                break;
+            }
+            out.extend([token]);
+            share[n] = f64::from(count) / f64::from(total);
+            n += 1;
+            state = next;
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cursor(h: &History, context: &[Token]) -> Cursor {
+        let mut c = Cursor::default();
+        for &t in context {
+            h.walk(&mut c, t);
+        }
+        c
+    }
+
+    fn draft(h: &History, context: &[Token], max: usize) -> (Vec<Token>, Vec<f64>) {
+        let mut out = Vec::new();
+        let mut share = [0.0; 16];
+        let n = h.continuation(cursor(h, context), max, &mut out, &mut share);
+        (out, share[..n].to_vec())
+    }
+
+    #[test]
+    fn an_answer_seen_before_is_drafted_from_its_prompt_tail_to_its_end() {
+        let mut h = History::new();
+        // Prompt "… 1 2 3 4 5 6 7 8 9 ASSISTANT(50)", answer 60 61 62 63.
+        let prompt: Vec<Token> = (1..=9).chain([50]).collect();
+        h.push(&prompt, &[60, 61, 62, 63]);
+        assert_eq!((h.answers(), h.tokens()), (1, PROMPT_TAIL + 4 + 1));
+        // Another question ending the same way: the whole answer, each token sure.
+        let (out, share) = draft(&h, &[77, 8, 9, 50], 8);
+        assert_eq!(out, [60, 61, 62, 63]);
+        assert_eq!(share, [1.0; 4]);
+        // Partway through, the rest; never past the answer's end.
+        assert_eq!(draft(&h, &[50, 60, 61], 8).0, [62, 63]);
+        assert_eq!(draft(&h, &[50, 60, 61], 1).0, [62]);
+        // Nothing matching, nothing drafted.
+        assert_eq!(draft(&h, &[99], 8).0, Vec::<Token>::new());
+    }
+
+    #[test]
+    fn at_a_branch_the_most_frequent_continuation_wins_with_its_share() {
+        let mut h = History::new();
+        h.push(&[50], &[60, 61, 70, 71]);
+        h.push(&[50], &[60, 61, 80, 81]);
+        h.push(&[50], &[60, 61, 80, 81]);
+        let (out, share) = draft(&h, &[50], 8);
+        assert_eq!(out, [60, 61, 80, 81]);
+        // 60 and 61 always followed; 80 followed 2 of the 3 times.
+        assert_eq!(share[..2], [1.0, 1.0]);
+        assert!((share[2] - 2.0 / 3.0).abs() < 1e-12, "{share:?}");
+        assert_eq!(share[3], 1.0);
+    }
+
+    #[test]
+    fn the_oldest_answers_go_first_and_what_stays_still_drafts() {
+        let mut h = History::new();
+        h.push(&[50], &[60, 61, 62]);
+        h.push(&[51], &[70, 71, 72]);
+        let before = h.bytes();
+        assert!(before > 0);
+        // Each entry is 1 + 3 + 1 tokens: keep one.
+        assert!(h.keep_newest(5));
+        assert_eq!((h.answers(), h.tokens()), (1, 5));
+        assert_eq!(draft(&h, &[50, 60], 8).0, Vec::<Token>::new());
+        assert_eq!(draft(&h, &[51, 70], 8).0, [71, 72]);
+        assert!(!h.keep_newest(5));
+        assert!(h.keep_newest(0));
+        assert_eq!((h.answers(), h.tokens()), (0, 0));
+        // Empty answers are not kept.
+        h.push(&[1, 2], &[]);
+        assert_eq!(h.answers(), 0);
+    }
+
+    #[test]
+    fn occurrences_match_a_brute_force_count() {
+        let mut h = History::new();
+        let answers: [&[Token]; 4] = [&[1, 2, 3, 1, 2], &[2, 3, 4], &[1, 2, 3], &[3, 3, 3]];
+        for a in answers {
+            h.push(&[9], a);
+        }
+        let text = h.sam.tokens().to_vec();
+        // For every substring up to length 3: its count from the automaton equals a scan.
+        for len in 1..=3 {
+            for start in 0..=text.len() - len {
+                let needle = &text[start..start + len];
+                let scan = text.windows(len).filter(|w| *w == needle).count() as u32;
+                let c = cursor(&h, needle);
+                assert_eq!(c.len(), len);
+                assert_eq!(h.counts[c.state() as usize], scan, "{needle:?}");
+            }
+        }
+    }
+}
