@@ -1,12 +1,14 @@
 //! Agentic streams replayed through a running pocketd: the similar requests that apps on a
 //! board send again and again (a helper writing SQL for one schema, an assistant turning
 //! commands into JSON), in file order, so that what pocketd keeps of earlier answers builds up
-//! as in use. Each request is sent in two modes, one after the other:
+//! as in use. Each request is sent in three modes, one after the other:
 //!
-//! - `off` (`spec: off`): plain decoding, the reference the other mode's answers are compared
+//! - `off` (`spec: off`): plain decoding, the reference the other modes' answers are compared
 //!   with. It runs first, so that a cost of the daemon's first request falls on it.
+//! - `no-history`: the daemon's default speculation without earlier answers (`cache_prompt:
+//!   false`, which leaves a request out of them): what the default does without them.
 //! - `default`: the request as an app sends it, with no speculation setting, so the daemon's
-//!   default decides.
+//!   default decides, drafting from earlier answers too.
 //!
 //! Every (app, mode) has a `prompt_cache_key` of its own, unique to this run: each mode's
 //! requests learn only from that mode's earlier answers of the same app, never from the
@@ -28,11 +30,14 @@ use crate::workload::AgenticRequest;
 /// Plain decoding: the reference.
 pub const OFF: &str = "off";
 
+/// The daemon's default speculation without earlier answers.
+pub const NO_HISTORY: &str = "no-history";
+
 /// What an app sends: no speculation setting.
 pub const DEFAULT: &str = "default";
 
 /// The modes in the order each request runs in them; the first is the reference.
-pub const MODES: [&str; 2] = [OFF, DEFAULT];
+pub const MODES: [&str; 3] = [OFF, NO_HISTORY, DEFAULT];
 
 /// One request of the stream in one mode.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,6 +80,8 @@ pub struct AgenticPart {
     pub decode_tok_per_s: f64,
     /// `decode_tok_per_s` over the `off` mode's for the same requests.
     pub speedup: f64,
+    /// `decode_tok_per_s` over the `no-history` mode's for the same requests.
+    pub over_no_history: f64,
     /// Drafted tokens accepted, over drafted tokens.
     pub acceptance: f64,
     /// Drafted tokens per generated token.
@@ -157,6 +164,7 @@ pub fn replay(config: &BenchConfig, requests: &[AgenticRequest]) -> Result<Agent
                     stream: true,
                     stream_options: StreamOptions::with_usage(),
                     spec: (mode == OFF).then(|| "off".to_owned()),
+                    cache_prompt: (mode == NO_HISTORY).then_some(false),
                     return_tokens: true,
                     prompt_cache_key: Some(format!("pocket-bench {run_id} {} {mode}", request.app)),
                     ..GenerationOptions::default()
@@ -218,7 +226,7 @@ pub fn summarize(records: &[AgenticRecord], mode: &str, n: usize) -> AgenticMode
             let seconds: f64 = rs.iter().filter(|r| r.generated_tokens >= 2).map(|r| r.decode_seconds).sum();
             if seconds > 0.0 { tokens as f64 / seconds } else { 0.0 }
         };
-        let (these, reference) = (of(mode), of(OFF));
+        let (these, reference, without) = (of(mode), of(OFF), of(NO_HISTORY));
         let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         let drafted: u64 = these.iter().map(|r| r.drafted).sum();
         let generated: usize = these.iter().map(|r| r.generated_tokens).sum();
@@ -226,6 +234,7 @@ pub fn summarize(records: &[AgenticRecord], mode: &str, n: usize) -> AgenticMode
             requests: these.len(),
             decode_tok_per_s: rate(&these),
             speedup: ratio(rate(&these), rate(&reference)),
+            over_no_history: ratio(rate(&these), rate(&without)),
             acceptance: ratio(these.iter().map(|r| r.accepted).sum::<u64>() as f64, drafted as f64),
             drafted_per_token: ratio(drafted as f64, generated as f64),
             recalled_share: ratio(these.iter().map(|r| r.recalled).sum::<u64>() as f64, drafted as f64),
@@ -264,11 +273,13 @@ mod tests {
             record(0, DEFAULT, 11, 1.0, 8),
             record(1, OFF, 11, 1.0, 0),
             record(1, DEFAULT, 11, 0.25, 8),
+            record(1, NO_HISTORY, 11, 0.5, 8),
         ];
         let s = summarize(&records, DEFAULT, 2);
         assert_eq!((s.first_half.requests, s.second_half.requests, s.all.requests), (1, 1, 2));
         assert!((s.first_half.speedup - 1.0).abs() < 1e-12);
         assert!((s.second_half.speedup - 4.0).abs() < 1e-12);
+        assert!((s.second_half.over_no_history - 2.0).abs() < 1e-12);
         assert!((s.all.decode_tok_per_s - 20.0 / 1.25).abs() < 1e-9);
         assert_eq!((s.all.acceptance, s.all.recalled_share), (0.5, 0.25));
         assert_eq!(summarize(&records, OFF, 2).second_half.speedup, 1.0);
