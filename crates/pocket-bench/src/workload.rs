@@ -564,6 +564,30 @@ mod tests {
     }
 
     #[test]
+    fn agentic_requests_are_read_in_order_and_malformed_ones_name_the_problem() {
+        let line = |id: &str, app: &str| {
+            format!(
+                r#"{{"id": "{id}", "kind": "agentic", "app": "{app}", "messages": [{{"role": "user", "content": "q"}}], "max_tokens": 8}}"#
+            )
+        };
+        let w = parse_workload(&format!("{}\n{}\n", line("a1", "sql"), line("b1", "home"))).unwrap();
+        assert_eq!(
+            w.agentic.iter().map(|a| (a.id.as_str(), a.app.as_str())).collect::<Vec<_>>(),
+            [("a1", "sql"), ("b1", "home")]
+        );
+        assert!(w.prompts.is_empty() && w.conversations.is_empty());
+        let err = |text: &str| parse_workload(text).unwrap_err().message;
+        assert!(err(&line("a1", " ")).contains("`app` is empty"));
+        let no_app = r#"{"id": "a1", "kind": "agentic", "messages": [{"role": "user", "content": "q"}], "max_tokens": 8}"#;
+        assert!(err(no_app).contains("missing field `app`"), "{}", err(no_app));
+        let empty = r#"{"id": "a1", "kind": "agentic", "app": "x", "messages": [], "max_tokens": 8}"#;
+        assert!(err(empty).contains("`messages` is empty"));
+        // Where only prompts are read, an agentic request says where it belongs.
+        let e = parse(&line("a1", "sql")).unwrap_err();
+        assert!(e.message.contains("\"a1\" is an agentic request") && e.message.contains("--socket"), "{e}");
+    }
+
+    #[test]
     fn the_shipped_workloads_parse() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let prompts = parse(DEFAULT_WORKLOAD).unwrap();

@@ -119,6 +119,11 @@ pub fn build(mode: SpecMode, setup: &Setup<'_>) -> Result<Option<Built>> {
     }
     let cost = || setup.known.cost().unwrap_or_else(unmeasured_cost);
     let max_draft = setup.max_draft.max(1);
+    // `suffix` and `auto` also draft from the model's earlier answers, where it has some.
+    let remembering = |auto: AutoDrafter| match &setup.history {
+        Some((history, learned)) => auto.with_history(history.clone(), learned),
+        None => auto,
+    };
     let draft_model = |max_draft: usize| {
         setup
             .draft_model
@@ -163,11 +168,9 @@ pub fn build(mode: SpecMode, setup: &Setup<'_>) -> Result<Option<Built>> {
             let Some(cost) = setup.known.cost() else { return Ok(None) };
             let config = AutoConfig { max_draft, ..AutoConfig::new(cost.clone()) };
             if let Some(source) = setup.source {
-                let auto = AutoDrafter::for_seq2seq(config, source);
-                return Ok(Some(Built::Auto(Box::new(match &setup.history {
-                    Some((history, learned)) => auto.with_history(history.clone(), learned),
-                    None => auto,
-                }))));
+                return Ok(Some(Built::Auto(Box::new(remembering(AutoDrafter::for_seq2seq(
+                    config, source,
+                ))))));
             }
             let layerskip = match &setup.known.skip_set {
                 Some(set) if setup.model.drafters().contains(&SpecMode::LayerSkip) => {
@@ -181,11 +184,7 @@ pub fn build(mode: SpecMode, setup: &Setup<'_>) -> Result<Option<Built>> {
                 config.draft_model_cost = d.info().weights_bytes as f64 / info.weights_bytes.max(1) as f64;
             }
             let draft = draft_model(config.max_draft)?;
-            let auto = AutoDrafter::new(config, layerskip, draft);
-            Built::Auto(Box::new(match &setup.history {
-                Some((history, learned)) => auto.with_history(history.clone(), learned),
-                None => auto,
-            }))
+            Built::Auto(Box::new(remembering(AutoDrafter::new(config, layerskip, draft))))
         }
     }))
 }

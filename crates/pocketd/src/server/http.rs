@@ -416,7 +416,10 @@ async fn clear_cache(
     let before = s.histories().bytes();
     let histories = s.histories().clear(request.prompt_cache_key.as_deref());
     s.registry.changed();
-    Ok(axum::Json(pocket_api::CacheCleared { histories, bytes: before - s.histories().bytes().min(before) }))
+    Ok(axum::Json(pocket_api::CacheCleared {
+        histories,
+        bytes: before.saturating_sub(s.histories().bytes()),
+    }))
 }
 
 async fn status(State(s): Shared, table: Table) -> axum::Json<pocket_api::Status> {

@@ -149,17 +149,12 @@ impl Registry {
     /// The answer histories, one per model and key, for `/v1/status`.
     pub fn histories_status(&self) -> Vec<pocket_api::AnswerHistory> {
         let Some(histories) = &self.histories else { return Vec::new() };
-        let loaded = self.loaded();
+        let model_name = self.model_names();
         histories
             .list()
             .into_iter()
             .map(|h| pocket_api::AnswerHistory {
-                model: loaded
-                    .iter()
-                    .find(|(m, _)| {
-                        m.model.model().cache_key().is_some_and(|k| k.fingerprint.starts_with(&h.model))
-                    })
-                    .map_or(h.model, |(m, _)| m.name.clone()),
+                model: model_name(&h.model),
                 key: h.hint,
                 answers: h.answers,
                 tokens: h.tokens,
@@ -305,18 +300,24 @@ impl Registry {
             .collect()
     }
 
-    /// The conversations `cache` holds, as `/v1/status` shows them: each under its loaded
-    /// model's name (else the fingerprint it was parked under).
-    pub fn parked_status(&self, cache: &PromptCache) -> Vec<pocket_api::ParkedPrefix> {
+    /// The name of the loaded model whose fingerprint starts with the digits given (what the
+    /// prompt cache and the answer histories list), else those digits.
+    fn model_names(&self) -> impl Fn(&str) -> String {
         let loaded = self.loaded();
-        let model_name = |fingerprint: &str| {
+        move |fingerprint: &str| {
             loaded
                 .iter()
                 .find(|(m, _)| {
                     m.model.model().cache_key().is_some_and(|k| k.fingerprint.starts_with(fingerprint))
                 })
                 .map_or_else(|| fingerprint.to_owned(), |(m, _)| m.name.clone())
-        };
+        }
+    }
+
+    /// The conversations `cache` holds, as `/v1/status` shows them: each under its loaded
+    /// model's name (else the fingerprint it was parked under).
+    pub fn parked_status(&self, cache: &PromptCache) -> Vec<pocket_api::ParkedPrefix> {
+        let model_name = self.model_names();
         cache
             .parked()
             .into_iter()
