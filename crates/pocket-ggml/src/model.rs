@@ -154,13 +154,6 @@ impl GgmlModel {
             exact_passes: None,
             placement,
         };
-        if device.name.starts_with("openvino:") {
-            tracing::warn!(
-                "{}: our graph on OpenVINO is experimental: its output does not yet match llama.cpp's \
-                 past a few decode steps (SmolLM2: top-1 40 of 64 positions on openvino:CPU)",
-                device.name
-            );
-        }
         let batch = shares_passes(&device, &weights, options.repack).then(Batcher::default);
         tracing::info!(
             model = %info.name, arch = %info.architecture, device = %device.name,

@@ -50,6 +50,9 @@ pub struct Position {
     pub ours: Token,
     /// max |Δlogit| over the vocabulary.
     pub max_abs_diff: f32,
+    /// Where the top-1 tokens differ: by how much llama.cpp's logit for its token exceeds its
+    /// logit for ours (a near-tie when small).
+    pub reference_margin: Option<f32>,
 }
 
 /// Agreement of one KV type.
@@ -87,6 +90,8 @@ pub struct ParityReport {
     /// on the same kind: the CPU, or with every layer offloaded to the GPUs ggml finds (on the
     /// CPU for an OpenVINO device).
     pub device: String,
+    /// Where llama.cpp ran: the same device, or `CPU` (always for an OpenVINO device).
+    pub reference_device: String,
     /// Prompt tokens.
     pub prompt_tokens: usize,
     /// Positions compared.
@@ -208,6 +213,7 @@ pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
     let n = options.n_tokens;
     let mut report = ParityReport {
         engine: engine.to_owned(),
+        reference_device: if on_gpu { device_name.clone() } else { "CPU".to_owned() },
         device: device_name,
         prompt_tokens: prompt.len(),
         n,
@@ -241,7 +247,14 @@ pub fn parity(path: &Path, options: &ParityOptions) -> Result<ParityReport> {
             agree.max_abs_diff = agree.max_abs_diff.max(d);
             tops.push(ot);
             if k == 0 {
-                report.positions.push(Position { index: i, reference: rt, ours: ot, max_abs_diff: d });
+                let reference_margin = (rt != ot).then(|| r[rt as usize] - r[ot as usize]);
+                report.positions.push(Position {
+                    index: i,
+                    reference: rt,
+                    ours: ot,
+                    max_abs_diff: d,
+                    reference_margin,
+                });
             }
         }
         if k == 0 {

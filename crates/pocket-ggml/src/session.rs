@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use pocket_core::memory::{Ledger, Reservation};
 use pocket_core::{
-    Error as CoreError, LayerPlan, Logits, PassRecord, PassStats, Rows, SavedState, Session, SessionConfig,
-    Token,
+    Error as CoreError, KvType, LayerPlan, Logits, PassRecord, PassStats, Rows, SavedState, Session,
+    SessionConfig, Token,
 };
 
 use crate::batch::{Job, SHARED_CHUNK, Turn};
@@ -51,6 +51,15 @@ pub struct GgmlSession {
 impl GgmlSession {
     pub(crate) fn new(model: Arc<Inner>, config: &SessionConfig, ledger: &Ledger) -> Result<Self> {
         let config = Self::effective(&model, config);
+        // ggml's OpenVINO backend takes no view of a quantized cache (ggml aborts in its
+        // scheduler at the first pass): refuse it here, saying what is allowed.
+        if model.device.is_openvino() && config.kv != KvType::F16 {
+            return Err(Error::Ggml(format!(
+                "{}: the KV cache is f16 only on OpenVINO devices (ggml's OpenVINO backend does not \
+                 attend over a {} cache); ask for kv f16",
+                model.device.name, config.kv
+            )));
+        }
         // The cache's capacity is rounded up to the attention padding, so padded lengths are
         // the same as llama.cpp's (which rounds its context likewise) whatever n_ctx is: ggml
         // splits long attention into per-thread chunks by that length, which shows in the last

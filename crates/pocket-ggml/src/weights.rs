@@ -311,7 +311,10 @@ fn group_by_buffer(
         };
         check_shape(f, &w.file_name, meta, &w.shape)?;
         let (ty, ne) = (meta.ty(), meta.ne());
-        let target = if w.op == WeightOp::MulMat { format.target(ty, ne[0]) } else { ty };
+        let mut target = if w.op == WeightOp::MulMat { format.target(ty, ne[0]) } else { ty };
+        if device.is_openvino() && w.op != WeightOp::Elementwise && !openvino_holds_exactly(target) {
+            target = WeightFormat::Q8_0.target(ty, ne[0]);
+        }
         let convert = target != ty;
         let desc = if convert { converted.matrix(target, ne[0] as usize, ne[1] as usize)? } else { meta };
         // The token embedding is only gathered from: it stays in host memory on every device.
@@ -326,6 +329,34 @@ fn group_by_buffer(
         }
     }
     Ok(groups)
+}
+
+/// Whether ggml's OpenVINO backend computes with matrices of type `ty` as they are. It turns
+/// the blocks of Q4_1, Q5_1, Q4_K and Q5_K into 4- or 8-bit integers with an integer zero
+/// point (the block's minimum rounded to a whole step: SmolLM2's Q4_1 logits moved by up to 12,
+/// llama.cpp's graph there as much as ours), and cannot take Q5_0 at all (Qwen2.5's
+/// projections would run on the CPU, splitting every layer's graph). The others are widened
+/// to Q8_0 as they load: each weight within about half a Q8_0 step ([`crate::convert`]), for
+/// about 1.7 times their memory.
+fn openvino_holds_exactly(ty: sys::ggml_type) -> bool {
+    use sys::{GGML_TYPE_BF16, GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_Q4_0, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0};
+    matches!(
+        ty,
+        GGML_TYPE_F32 | GGML_TYPE_F16 | GGML_TYPE_BF16 | GGML_TYPE_Q8_0 | GGML_TYPE_Q4_0 | GGML_TYPE_Q6_K
+    )
+}
+
+/// The name a weight's tensor carries in ggml: the file's, except on OpenVINO for the token
+/// embedding and the output matrix. ggml's OpenVINO backend requantizes tensors by those names
+/// to 8 bits per row (`ggml_openvino_get_requant_type`); under another name they keep their
+/// blocks.
+fn ggml_name<'a>(file_name: &'a str, device: &Device) -> std::borrow::Cow<'a, str> {
+    match file_name {
+        "token_embd.weight" | "output.weight" if device.is_openvino() => {
+            format!("{}.stored.weight", file_name.trim_end_matches(".weight")).into()
+        }
+        _ => file_name.into(),
+    }
 }
 
 /// Placing the groups' tensors in their buffers: where each wanted tensor went, and the bytes
@@ -361,7 +392,7 @@ impl Placer<'_> {
         let mut arena = Arena::new(list.len())?;
         let mut tensors = Vec::with_capacity(list.len());
         for &(i, desc) in list {
-            let t = arena.dup(desc, &self.wanted[i].file_name)?;
+            let t = arena.dup(desc, &ggml_name(&self.wanted[i].file_name, device))?;
             tensors.push((i, t));
             self.placed[i] = Some(t);
         }

@@ -25,7 +25,7 @@ fn run(name: &str, prompt: &str, kv_types: Vec<KvType>) -> ParityReport {
         device: device(),
     };
     let report = parity(&model_path(name), &options).unwrap_or_else(|e| panic!("parity on {name}: {e}"));
-    eprintln!("{name}: our graph on {}, and llama.cpp on the same backend", report.device);
+    eprintln!("{name}: our graph on {}, llama.cpp on {}", report.device, report.reference_device);
     // Built with a GPU backend, the comparison is of our graph on the GPU (`scripts/test-vulkan`
     // makes lavapipe one); falling back to the CPU would test nothing new.
     assert_on_the_device(&report.device);
@@ -53,7 +53,10 @@ fn disagreements(report: &ParityReport) -> Vec<String> {
         .iter()
         .filter(|p| p.reference != p.ours)
         .map(|p| {
-            format!("#{}: llama.cpp {} ours {} (max |Δ| {})", p.index, p.reference, p.ours, p.max_abs_diff)
+            format!(
+                "#{}: llama.cpp {} ours {} (max |Δ| {}, llama.cpp's margin {:?})",
+                p.index, p.reference, p.ours, p.max_abs_diff, p.reference_margin
+            )
         })
         .collect()
 }
@@ -66,10 +69,11 @@ fn smollm2_agrees_with_llama_cpp_at_every_position_and_q8_0_with_f16() {
     // century, when"): part of the disagreement is the f16 reference's own, since ggml
     // accumulates attention over an f16 cache in f16 when decoding one token (an f32 cache
     // disagrees with f16 at 3 of those 128 positions).
-    let report = run(SMOL, "To make a good cup of tea, you need", vec![KvType::F16, KvType::Q8_0]);
-    assert_eq!(report.top1(), N_TOKENS, "f16: {}", disagreements(&report).join("; "));
+    let kv = if quantized_kv() { vec![KvType::F16, KvType::Q8_0] } else { vec![KvType::F16] };
+    let report = run(SMOL, "To make a good cup of tea, you need", kv);
+    agrees_at_every_position(&report);
     own_attention_agrees(&report);
-    let q8 = &report.kv[1];
+    let Some(q8) = report.kv.get(1) else { return };
     assert_eq!(q8.kv, KvType::Q8_0);
     // 95% of 128, rounded up.
     assert!(q8.top1_vs_first >= 122, "q8_0 agrees with f16 at {}/{N_TOKENS} positions", q8.top1_vs_first);
@@ -78,18 +82,36 @@ fn smollm2_agrees_with_llama_cpp_at_every_position_and_q8_0_with_f16() {
 #[test]
 fn qwen2_5_coder_agrees_with_llama_cpp_at_every_position() {
     let _serial = serial();
-    let report = run(
-        QWEN,
-        "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n",
-        vec![KvType::F16, KvType::Q8_0_Q4_0],
-    );
-    assert_eq!(report.top1(), N_TOKENS, "f16: {}", disagreements(&report).join("; "));
+    let kv = if quantized_kv() { vec![KvType::F16, KvType::Q8_0_Q4_0] } else { vec![KvType::F16] };
+    let report = run(QWEN, "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n", kv);
+    agrees_at_every_position(&report);
     own_attention_agrees(&report);
     // Keys and values of different types, as llama.cpp's -ctk q8_0 -ctv q4_0: our graph
     // against llama.cpp with the same cache (bit for bit on x86-64 with AVX2).
-    let mixed = &report.kv[1];
+    let Some(mixed) = report.kv.get(1) else { return };
     assert_eq!(mixed.kv, KvType::Q8_0_Q4_0);
     assert_eq!(mixed.top1_vs_llama_cpp, N_TOKENS, "{mixed:?}");
+}
+
+/// Our graph picks llama.cpp's token at every position where both run on the same backend.
+/// On an OpenVINO device llama.cpp runs on the CPU (its graph fails there, docs/benchmarks.md)
+/// and the backend computes otherwise (its attention in f16, its activations quantized its own
+/// way): there our graph is held to 95% and differs only at near ties, as our attention kernel
+/// is below.
+#[track_caller]
+fn agrees_at_every_position(report: &ParityReport) {
+    if report.reference_device == report.device {
+        assert_eq!(report.top1(), N_TOKENS, "f16: {}", disagreements(report).join("; "));
+        return;
+    }
+    assert!(report.top1() >= 122, "f16: {}", disagreements(report).join("; "));
+    let far: Vec<String> = report
+        .positions
+        .iter()
+        .filter(|p| p.reference_margin.is_some_and(|m| m >= 1.0))
+        .map(|p| format!("#{} (margin {:?})", p.index, p.reference_margin))
+        .collect();
+    assert!(far.is_empty(), "disagreements far from a tie: {}", far.join("; "));
 }
 
 /// Our attention kernel picks llama.cpp's token at 95% of the positions or more, and differs

@@ -87,9 +87,11 @@ fn layerskip(model: &GgmlModel) -> LayerSkipDrafter {
 }
 
 /// `model` drafting for itself with a 4-bit KV cache: same vocabulary, slightly different
-/// predictions, so drafts are mostly but not always accepted.
+/// predictions, so drafts are mostly but not always accepted. (On an OpenVINO device, whose
+/// caches are f16 only, with an f16 one.)
 fn self_draft(model: &GgmlModel) -> DraftModelDrafter {
-    let draft_config = pocket_core::SessionConfig { kv: KvType::Q4_0, ..config(1024) };
+    let kv = if quantized_kv() { KvType::Q4_0 } else { KvType::F16 };
+    let draft_config = pocket_core::SessionConfig { kv, ..config(1024) };
     DraftModelDrafter::new(model, model, &draft_config, 8).unwrap()
 }
 

@@ -382,6 +382,11 @@ impl Device {
         self.dev == self.cpu
     }
 
+    /// Whether this is one of ggml's OpenVINO devices (`openvino:NPU`, `openvino:CPU`, ...).
+    pub(crate) fn is_openvino(&self) -> bool {
+        self.name.starts_with("openvino:")
+    }
+
     /// Whether every layer runs on this machine's CPU: where our own CPU kernels and shared
     /// passes apply to the whole model.
     pub(crate) fn all_on_cpu(&self) -> bool {

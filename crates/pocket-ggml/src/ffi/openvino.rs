@@ -118,6 +118,12 @@ pub(super) fn configure() {
         // SAFETY: as above.
         unsafe { std::env::set_var("GGML_OPENVINO_MANUAL_GQA_ATTN", "1") };
     }
+    // Q6_K and Q5_K matrices as the file has them: by default the backend requantizes them to
+    // 8 bits per row, which moves the logits away from llama.cpp's on the CPU.
+    if std::env::var_os("GGML_OPENVINO_REQUANT_KQUANT").is_none() {
+        // SAFETY: as above.
+        unsafe { std::env::set_var("GGML_OPENVINO_REQUANT_KQUANT", "native") };
+    }
     if std::env::var_os("GGML_OPENVINO_CACHE_DIR").is_none()
         && let Some(dir) = pocket_core::cache_dir().map(|d| d.join("openvino"))
         && std::fs::create_dir_all(&dir).is_ok()

@@ -76,6 +76,11 @@ pub fn device() -> pocket_ggml::DeviceChoice {
         .map_or(pocket_ggml::DeviceChoice::Auto, |d| d.parse().unwrap_or_default())
 }
 
+/// Whether the test device keeps quantized KV caches: not an OpenVINO device (f16 only there).
+pub fn quantized_kv() -> bool {
+    !std::env::var("POCKET_TEST_DEVICE").is_ok_and(|d| d.to_ascii_lowercase().starts_with("openvino"))
+}
+
 /// Fail when a build with a GPU backend (or a test asked for a device) ran on the CPU: the
 /// comparison would then test nothing new.
 pub fn assert_on_the_device(device_name: &str) {

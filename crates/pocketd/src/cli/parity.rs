@@ -47,18 +47,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let report = parity(&path, &options)?;
     println!(
-        "{}: {} prompt tokens, {} positions, KV {}, on {} (both engines); pocketd's engine for it: {}",
+        "{}: {} prompt tokens, {} positions, KV {}, ours on {}, llama.cpp on {}; pocketd's engine for it: {}",
         path.display(),
         report.prompt_tokens,
         report.n,
         args.kv,
         report.device,
+        report.reference_device,
         report.engine
     );
     println!("{:>5} {:>9} {:>9} {:>12}", "pos", "llama.cpp", "pocketd", "max|Δlogit|");
     for p in &report.positions {
         if args.verbose || p.reference != p.ours {
-            let mark = if p.reference == p.ours { "" } else { "  ← differs" };
+            let mark = match p.reference_margin {
+                Some(m) => format!("  ← differs (llama.cpp's margin {m:.3})"),
+                None => String::new(),
+            };
             println!("{:>5} {:>9} {:>9} {:>12.6}{mark}", p.index, p.reference, p.ours, p.max_abs_diff);
         }
     }
