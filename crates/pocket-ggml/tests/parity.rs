@@ -104,14 +104,19 @@ fn agrees_at_every_position(report: &ParityReport) {
         assert_eq!(report.top1(), N_TOKENS, "f16: {}", disagreements(report).join("; "));
         return;
     }
-    assert!(report.top1() >= 122, "f16: {}", disagreements(report).join("; "));
-    let far: Vec<String> = report
-        .positions
-        .iter()
-        .filter(|p| p.reference_margin.is_some_and(|m| m >= 1.0))
-        .map(|p| format!("#{} (margin {:?})", p.index, p.reference_margin))
-        .collect();
-    assert!(far.is_empty(), "disagreements far from a tie: {}", far.join("; "));
+    let margins: Vec<f32> = report.positions.iter().filter_map(|p| p.reference_margin).collect();
+    agrees_but_at_near_ties(report.top1(), &margins);
+}
+
+/// Top-1 agreement at 95% of the positions or more (122 of 128), every disagreement a near tie
+/// (llama.cpp's own margin for its token under one logit).
+#[track_caller]
+fn agrees_but_at_near_ties(top1: usize, flip_margins: &[f32]) {
+    assert!(
+        top1 >= 122,
+        "top-1 agrees at {top1}/{N_TOKENS} positions (margins where it differs {flip_margins:?})"
+    );
+    assert!(flip_margins.iter().all(|&m| m < 1.0), "a disagreement far from a tie: {flip_margins:?}");
 }
 
 /// Our attention kernel picks llama.cpp's token at 95% of the positions or more, and differs
@@ -127,12 +132,7 @@ fn own_attention_agrees(report: &ParityReport) {
         "own attention: top-1 {}/{} with llama.cpp, max |Δlogit| {}, margins where it differs {:?}",
         own.top1_vs_llama_cpp, report.n, own.max_abs_diff, own.flip_margins
     );
-    assert!(own.top1_vs_llama_cpp >= 122, "top-1 agrees at {}/{N_TOKENS} positions", own.top1_vs_llama_cpp);
-    assert!(
-        own.flip_margins.iter().all(|&m| m < 1.0),
-        "a disagreement far from a tie: {:?}",
-        own.flip_margins
-    );
+    agrees_but_at_near_ties(own.top1_vs_llama_cpp, &own.flip_margins);
 }
 
 /// Our passes of `n_batch` tokens against llama.cpp's ubatches of the same size: the same

@@ -280,3 +280,21 @@ fn the_skip_set_search_is_reproducible_with_a_seed() {
     assert!(!a.skip.is_empty() && a.agreement > 0.0, "{a:?}");
     assert!(!a.skip.contains(&0) && !a.skip.contains(&(model.info().n_layers - 1)), "{a:?}");
 }
+
+/// A quantized KV cache works where the device keeps one, and is refused with a clear error on
+/// an OpenVINO device (whose backend takes no view of one: ggml aborted the process there).
+#[test]
+fn a_quantized_cache_works_or_is_refused_clearly_on_smollm2() {
+    let _serial = serial();
+    let model = smol();
+    let result = model.new_session(&pocket_core::SessionConfig { kv: KvType::Q8_0, ..config(128) });
+    match (result, quantized_kv()) {
+        (Ok(_), true) => {}
+        (Err(e), false) => {
+            let e = e.to_string();
+            assert!(e.contains("f16 only") && e.contains("q8_0"), "{e}");
+        }
+        (Ok(_), false) => panic!("a q8_0 cache was made on {}", model.device_name()),
+        (Err(e), true) => panic!("a q8_0 cache on {}: {e}", model.device_name()),
+    }
+}
