@@ -5,6 +5,7 @@ use std::ops::Deref;
 use std::sync::atomic::AtomicUsize;
 
 use crate::batch::Batcher;
+use crate::ffi::sched::CompiledModelsKept;
 use crate::parts::Parts;
 
 /// The parts of a model that sessions share, and their shared passes.
@@ -13,6 +14,10 @@ pub(crate) struct Inner {
     /// The passes its sessions share; `None` where a row of a shared pass would not be
     /// exactly what that row's pass alone computes (see `model::shares_passes`).
     pub(crate) batch: Option<Batcher>,
+    /// On an OpenVINO device, what keeps the models the backend compiled for the sessions'
+    /// passes for later sessions (set after the probe at load, whose shapes are not kept).
+    /// Those models hold the weights' memory: they go before it.
+    pub(crate) compiled: Option<CompiledModelsKept>,
     pub(crate) parts: Parts,
     /// Rows a decode step is computed as: 1, or on a device where that makes single steps
     /// round as the rows of wider passes do, more (the token repeated; see `exact`). Set by

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use pocket_core::memory::{Ledger, Place};
 use pocket_core::spec::SpecMode;
 use pocket_core::{
-    CacheKey, Footprint, KvType, Model, ModelInfo, ModelKind, Session, SessionConfig, Tokenizer,
+    CacheKey, Footprint, KvType, LayerPlan, Model, ModelInfo, ModelKind, Rows, Session, SessionConfig, Token,
+    Tokenizer,
 };
 
 use crate::attention::AttentionKernel;
@@ -15,12 +16,13 @@ use crate::batch::Batcher;
 use crate::convert::WeightFormat;
 use crate::ffi::device::{Device, DeviceChoice, Repack};
 use crate::ffi::gguf::GgufFile;
+use crate::ffi::sched::CompiledModelsKept;
 use crate::ffi::vocab::Vocab;
 use crate::hparams::Hparams;
 use crate::kv::{self, KV_BLOCK_TOKENS};
 use crate::loaded::Inner;
 use crate::parts::Parts;
-use crate::session::GgmlSession;
+use crate::session::{GgmlSession, OPENVINO_PASS};
 use crate::weights::Weights;
 use crate::{Error, Result};
 
@@ -76,6 +78,17 @@ pub fn graph_support(path: &Path) -> Result<GraphSupport> {
 fn shares_passes(device: &Device, weights: &Weights, repack: Repack) -> bool {
     let off = std::env::var_os("POCKET_SHARED_PASSES").is_some_and(|v| v == "0");
     !off && device.all_on_cpu() && repack != Repack::All && weights.matrices().all(crate::gemm::rows_exact)
+}
+
+/// On an OpenVINO device, have the backend compile the shapes every request's passes take
+/// (a wide pass of a prompt, a single token filling the cache, a single token with logits:
+/// `session::fixed_width`) as the model loads, rather than in its first request: seconds each.
+fn compile_pass_shapes(inner: &Arc<Inner>) -> Result<()> {
+    let mut session = GgmlSession::new(Arc::clone(inner), &SessionConfig::default(), &Ledger::unlimited())?;
+    // Any ids of the vocabulary: only the shapes matter.
+    let tokens: Vec<Token> = (0..OPENVINO_PASS as Token + 2).collect();
+    session.decode(&tokens, &LayerPlan::full(inner.hp.n_layer)?, Rows::Last)?;
+    Ok(())
 }
 
 /// A decoder model loaded from a GGUF file: weights placed on a device, tokenizer ready.
@@ -190,7 +203,7 @@ impl GgmlModel {
             ledger: options.ledger.clone().unwrap_or_else(Ledger::unlimited),
             _reservations: reservations,
         };
-        let mut inner = Arc::new(Inner { batch, parts, step_rows: AtomicUsize::new(1) });
+        let mut inner = Arc::new(Inner { batch, compiled: None, parts, step_rows: AtomicUsize::new(1) });
         if !inner.device.all_on_cpu() {
             // A backend that cannot compute our graph (ggml's OpenVINO backend converts whole
             // graphs and knows llama.cpp's) leaves the model to llama.cpp's graph.
@@ -205,6 +218,10 @@ impl GgmlModel {
             tracing::info!(model = %inner.info.name, max_tokens = exact.max_tokens, "{}", exact.why);
             let only = Arc::get_mut(&mut inner).expect("the probe's session is gone");
             only.parts.info.exact_passes = Some(exact);
+            only.compiled = CompiledModelsKept::on(&only.parts.device)?;
+            if inner.compiled.is_some() {
+                compile_pass_shapes(&inner)?;
+            }
         }
         Ok(GgmlModel { inner })
     }

@@ -142,7 +142,11 @@ impl GgmlSession {
     /// [`Batcher::prompt_chunk`]: crate::batch::Batcher::prompt_chunk
     fn chunk(&self, done: usize, batch: usize, n_rows: usize) -> usize {
         let Some(b) = &self.model.batch else {
-            return self.config.n_batch;
+            return if self.model.device.is_openvino() {
+                fixed_width(batch - done, self.config.n_batch)
+            } else {
+                self.config.n_batch
+            };
         };
         match b.prompt_chunk(self.kv.id, batch - done, n_rows < batch) {
             Some(chunk) => chunk,
@@ -380,5 +384,41 @@ impl Session for GgmlSession {
         self.complete_len = len;
         self.partial = None;
         Ok(())
+    }
+}
+
+/// Tokens in a pass of a prompt on an OpenVINO device, `left` tokens from its end: passes of
+/// [`OPENVINO_PASS`] tokens (at most the configured batch) while more than that are left, then
+/// single tokens. ggml-openvino compiles a model for each pass shape it meets (seconds on a
+/// small CPU, and memory for as long as a session of the process lives), so a prompt of any
+/// length takes the same few shapes: the wide pass, and the single step decoding takes too.
+/// (Passes of the configured batch compiled one model for every prompt length.)
+fn fixed_width(left: usize, n_batch: usize) -> usize {
+    let wide = OPENVINO_PASS.min(n_batch);
+    if left > wide { wide } else { 1 }
+}
+
+/// The wide pass on an OpenVINO device: 16 tokens cost about two single steps on its CPU
+/// device (SmolLM2, `pocket bench`'s cost curve), and leave at most 16 to single steps.
+pub(crate) const OPENVINO_PASS: usize = 16;
+
+#[cfg(test)]
+mod tests {
+    use super::fixed_width;
+
+    #[test]
+    fn a_prompt_goes_in_wide_passes_then_single_tokens() {
+        // 38 tokens: two passes of 16, then six of one.
+        let mut left = 38;
+        let mut widths = Vec::new();
+        while left > 0 {
+            let w = fixed_width(left, 256);
+            widths.push(w);
+            left -= w;
+        }
+        assert_eq!(widths, [16, 16, 1, 1, 1, 1, 1, 1]);
+        assert_eq!(fixed_width(16, 256), 1, "the last token goes alone");
+        // A configured batch smaller than the wide pass is not exceeded.
+        assert_eq!(fixed_width(100, 8), 8);
     }
 }

@@ -96,6 +96,29 @@ impl Drop for Backend {
     }
 }
 
+/// A backend of an OpenVINO device that computes nothing, held for as long as a model is
+/// loaded. ggml-openvino keeps the models it compiled (one per pass shape, seconds each) while
+/// any backend of it lives, and frees them all when the last goes: with sessions' backends the
+/// only ones, every request that found no other session alive compiled its shapes again.
+pub(crate) struct CompiledModelsKept {
+    _backend: Backend,
+}
+
+// SAFETY: the backend is never used, only freed (Drop), by whichever thread drops the model.
+unsafe impl Send for CompiledModelsKept {}
+// SAFETY: as above: no method reads or writes it.
+unsafe impl Sync for CompiledModelsKept {}
+
+impl CompiledModelsKept {
+    /// On an OpenVINO device, a backend to keep its compiled models with; else none.
+    pub(crate) fn on(device: &Device) -> Result<Option<CompiledModelsKept>> {
+        if !device.is_openvino() {
+            return Ok(None);
+        }
+        Ok(Some(CompiledModelsKept { _backend: Backend::init(device.dev, &device.name)? }))
+    }
+}
+
 impl Scheduler {
     /// Backends for `device` (and the CPU, whose ops run on a pool of their own of
     /// `threads.max()` threads, of which each pass uses as many as the governor says) under a

@@ -224,11 +224,17 @@ pub(crate) fn build(
             last_layer,
             quantized: Default::default(),
         };
-        let mut x = ctx.get_rows(w.tok_embd, inputs.tokens);
+        // The first node's name carries the pass's rows and outputs. ggml-openvino keys the
+        // models it compiles by node count and first and last names only, and runs a pass of
+        // any width on the model it compiled from the first graph of its key; translated from
+        // a width that equals another of the graph's sizes (1, the KV heads, the heads, the
+        // head size), that model reads heads as tokens or fails at other widths.
+        let first = format!("inp_embd.{n_tokens}.{n_out}");
+        let mut x = ctx.name(ctx.get_rows(w.tok_embd, inputs.tokens), &first, None);
         if let Some(s) = hp.embd_scale {
-            x = ctx.scale(x, s);
+            x = ctx.name(ctx.scale(x, s), "inp_embd", None);
         }
-        let mut x = Some(ctx.name(x, "inp_embd", None));
+        let mut x = Some(x);
         for il in plan.layers() {
             x = x.and_then(|x| layer(&b, &w.layers[il], il, x));
         }
