@@ -142,7 +142,9 @@ impl GgmlSession {
     /// [`Batcher::prompt_chunk`]: crate::batch::Batcher::prompt_chunk
     fn chunk(&self, done: usize, batch: usize, n_rows: usize) -> usize {
         let Some(b) = &self.model.batch else {
-            return if self.model.device.is_openvino() {
+            // A prompt (fewer rows wanted than tokens) in the few widths an OpenVINO device
+            // compiles once; a pass whose every row is wanted (a draft's verification) whole.
+            return if self.model.device.is_openvino() && n_rows < batch {
                 fixed_width(batch - done, self.config.n_batch)
             } else {
                 self.config.n_batch
@@ -390,9 +392,9 @@ impl Session for GgmlSession {
 /// Tokens in a pass of a prompt on an OpenVINO device, `left` tokens from its end: passes of
 /// [`OPENVINO_PASS`] tokens (at most the configured batch) while more than that are left, then
 /// single tokens. ggml-openvino compiles a model for each pass shape it meets (seconds on a
-/// small CPU, and memory for as long as a session of the process lives), so a prompt of any
-/// length takes the same few shapes: the wide pass, and the single step decoding takes too.
-/// (Passes of the configured batch compiled one model for every prompt length.)
+/// small CPU, kept while the model is loaded), so a prompt of any length takes the same few
+/// shapes: the wide pass, and the single step decoding takes too. (Passes of the configured
+/// batch compiled one model for every prompt length.)
 fn fixed_width(left: usize, n_batch: usize) -> usize {
     let wide = OPENVINO_PASS.min(n_batch);
     if left > wide { wide } else { 1 }
