@@ -149,12 +149,11 @@ pub fn device_memory(choice: &DeviceChoice) -> Result<Option<DeviceMemory>> {
         sys::ggml_backend_dev_memory(device.dev, &mut free, &mut total);
         sys::ggml_backend_dev_type(device.dev)
     };
-    Ok(Some(DeviceMemory {
-        name: device.name,
-        unified: kind == sys::GGML_BACKEND_DEVICE_TYPE_IGPU,
-        total_bytes: total as u64,
-        free_bytes: free as u64,
-    }))
+    // ggml-openvino reports the device it computes on as a discrete GPU, whichever it is; its
+    // CPU device computes in host memory, and the NPUs and most Intel GPUs it reaches share
+    // the host's (a discrete Arc GPU is then budgeted in host memory: less, never more).
+    let unified = kind == sys::GGML_BACKEND_DEVICE_TYPE_IGPU || device.is_openvino();
+    Ok(Some(DeviceMemory { name: device.name, unified, total_bytes: total as u64, free_bytes: free as u64 }))
 }
 
 /// A device's (free, total) bytes, as its backend reports them.
