@@ -122,6 +122,12 @@ pub fn needs_tuning(model: &LoadedModel, settings: &TuneSettings) -> bool {
     if !model.offers(SpecMode::Suffix) {
         return false;
     }
+    // Nor one on a device where a token and a draft never pass exactly (no drafts are made
+    // there): measuring would only compile, and on an OpenVINO device keep while the model is
+    // loaded, a model for every pass width and layer plan it tried.
+    if model.model().info().exact_passes.as_ref().is_some_and(|e| e.max_tokens <= 1) {
+        return false;
+    }
     let known = model.knowledge().known(settings.threads, settings.kv);
     let Some(cost) = known.cost().filter(|_| !settings.again) else { return true };
     kv_agreement_wanted(model) || (known.skip_set.is_none() && search_wanted(model, settings, &cost))
