@@ -88,16 +88,15 @@ fn passes_of_each_width_agree_with_a_fresh_session_after_other_widths() {
     let (head, rest) = tokens.split_at(24);
     let cfg = SessionConfig { kv: KvType::F16, ..config(128) };
     let plan = pocket_core::LayerPlan::full(model.info().n_layers).unwrap();
-    let rows = |l: pocket_core::Logits<'_>| (0..l.rows()).map(|i| l.row(i).to_vec()).collect::<Vec<_>>();
     let mut a = model.session(&cfg).unwrap();
     a.decode(head, &plan, pocket_core::Rows::None).unwrap();
     // 1, SmolLM2's KV heads, its heads, its head size, and widths between.
     for width in [1, 3, 9, 64, 4, 2, 1] {
         a.truncate(head.len()).unwrap();
-        let got = rows(a.decode(&rest[..width], &plan, pocket_core::Rows::Tail(width)).unwrap());
+        let got = collect(&a.decode(&rest[..width], &plan, pocket_core::Rows::Tail(width)).unwrap());
         let mut b = model.session(&cfg).unwrap();
         b.decode(head, &plan, pocket_core::Rows::None).unwrap();
-        let fresh = rows(b.decode(&rest[..width], &plan, pocket_core::Rows::Tail(width)).unwrap());
+        let fresh = collect(&b.decode(&rest[..width], &plan, pocket_core::Rows::Tail(width)).unwrap());
         assert!(got == fresh, "a pass of {width} after other widths differs from a fresh session's");
     }
 }
