@@ -4,6 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use pocket_core::cost::CostCurveConfig;
 use pocket_core::memory::{Ledger, Place};
 use pocket_core::spec::SpecMode;
 use pocket_core::{
@@ -81,14 +82,19 @@ fn shares_passes(device: &Device, weights: &Weights, repack: Repack) -> bool {
 }
 
 /// On an OpenVINO device, have the backend compile the shapes every request's passes take
-/// (a wide pass of a prompt, a single token filling the cache, a single token with logits:
-/// `session::fixed_width`) as the model loads, rather than in its first request: seconds each.
+/// (a wide pass of a prompt, and a single token: `session::fixed_width`) as the model loads,
+/// rather than in its first request: seconds each.
 fn compile_pass_shapes(inner: &Arc<Inner>) -> Result<()> {
     let mut session = GgmlSession::new(Arc::clone(inner), &SessionConfig::default(), &Ledger::unlimited())?;
     // Any ids of the vocabulary: only the shapes matter.
     let tokens: Vec<Token> = (0..OPENVINO_PASS as Token + 2).collect();
     session.decode(&tokens, &LayerPlan::full(inner.hp.n_layer)?, Rows::Last)?;
     Ok(())
+}
+
+/// The process's resident memory now (`VmRSS`), 0 where `/proc` cannot say.
+fn resident_bytes() -> u64 {
+    pocket_core::memory::MemoryLimits::read().resident
 }
 
 /// A decoder model loaded from a GGUF file: weights placed on a device, tokenizer ready.
@@ -205,6 +211,9 @@ impl GgmlModel {
         };
         let mut inner = Arc::new(Inner { batch, compiled: None, parts, step_rows: AtomicUsize::new(1) });
         if !inner.device.all_on_cpu() {
+            // What compiling for this model costs, where it is kept (on OpenVINO): from here
+            // when the probe's models are kept too (another model's keeper keeps them all).
+            let resident_before_probe = CompiledModelsKept::others_alive().then(resident_bytes);
             // A backend that cannot compute our graph (ggml's OpenVINO backend converts whole
             // graphs and knows llama.cpp's) leaves the model to llama.cpp's graph.
             let exact = crate::exact::probe(&inner).map_err(|e| match e {
@@ -220,7 +229,17 @@ impl GgmlModel {
             only.parts.info.exact_passes = Some(exact);
             only.compiled = CompiledModelsKept::on(&only.parts.device)?;
             if inner.compiled.is_some() {
+                let before = resident_before_probe.unwrap_or_else(resident_bytes);
                 compile_pass_shapes(&inner)?;
+                // The host memory the process grew by is what the compiled models took (the
+                // weights were paid for above): an estimate, as other work may run beside the
+                // load, but the budget must know them (a model's worth of weights per shape).
+                let grew = resident_bytes().saturating_sub(before);
+                let what = format!("the models OpenVINO compiled for {}'s passes", inner.info.name);
+                let only = Arc::get_mut(&mut inner).expect("the compiling session is gone");
+                let (compiled, ledger) = (only.compiled.as_mut().expect("kept above"), &only.parts.ledger);
+                compiled.charge(ledger, grew, &what)?;
+                tracing::info!(model = %inner.info.name, bytes = grew, "charged the compiled models to the budget");
             }
         }
         Ok(GgmlModel { inner })
@@ -325,6 +344,18 @@ impl Model for GgmlModel {
 
     fn cache_key(&self) -> Option<&CacheKey> {
         self.inner.cache_key.as_ref()
+    }
+
+    fn cost_curve_config(&self) -> CostCurveConfig {
+        let mut config = CostCurveConfig::default();
+        // ggml-openvino compiles a model for every pass shape and keeps it while the model is
+        // loaded (seconds and a copy of the weights each): there the curve times only the
+        // widths a verification pass may take (the probe's), which requests compile anyway.
+        if self.inner.device.is_openvino() {
+            let widest = self.inner.info.exact_passes.as_ref().map_or(1, |e| e.max_tokens.max(1));
+            config.sizes.retain(|&n| n <= widest);
+        }
+        config
     }
 
     fn tokenizer(&self) -> &dyn Tokenizer {

@@ -214,6 +214,11 @@ impl GgmlSession {
         let rows = self.model.step_rows.load(Ordering::Relaxed);
         let shape = if rows > 1 && n_tokens == 1 && n_out == 1 && shape.lone_query == LoneQuery::No {
             shape.with_rows(rows)
+        } else if n_tokens == 1 && n_out == 0 && self.model.device.is_openvino() {
+            // On an OpenVINO device a single token that only fills the cache is computed as a
+            // decode step, its row of logits left unread: that shape's model is compiled and
+            // kept anyway, and each kept shape holds a copy of the weights.
+            PassShape { n_out: 1, ..shape }
         } else {
             shape
         };
@@ -224,7 +229,9 @@ impl GgmlSession {
         let t0 = Instant::now();
         let threads = sched.compute(&g.ctx)?;
         let graph = t0.elapsed();
-        if let Some(out) = g.logits {
+        if let Some(out) = g.logits
+            && n_out > 0
+        {
             out.get_data(&mut self.logits[row_off * n_vocab..(row_off + n_out) * n_vocab])?;
         }
         let splits = self.compute.splits();
@@ -392,9 +399,10 @@ impl Session for GgmlSession {
 /// Tokens in a pass of a prompt on an OpenVINO device, `left` tokens from its end: passes of
 /// [`OPENVINO_PASS`] tokens (at most the configured batch) while more than that are left, then
 /// single tokens. ggml-openvino compiles a model for each pass shape it meets (seconds on a
-/// small CPU, kept while the model is loaded), so a prompt of any length takes the same few
-/// shapes: the wide pass, and the single step decoding takes too. (Passes of the configured
-/// batch compiled one model for every prompt length.)
+/// small CPU, kept while the model is loaded, with a copy of the weights), so a prompt of any
+/// length takes the same two shapes: the wide pass, and the single step decoding takes too
+/// (`own_pass` computes a lone token's logits, wanted or not). (Passes of the configured batch
+/// compiled one model for every prompt length.)
 fn fixed_width(left: usize, n_batch: usize) -> usize {
     let wide = OPENVINO_PASS.min(n_batch);
     if left > wide { wide } else { 1 }

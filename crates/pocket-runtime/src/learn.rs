@@ -125,7 +125,7 @@ pub fn needs_tuning(model: &LoadedModel, settings: &TuneSettings) -> bool {
     // Nor one on a device where a token and a draft never pass exactly (no drafts are made
     // there): measuring would only compile, and on an OpenVINO device keep while the model is
     // loaded, a model for every pass width and layer plan it tried.
-    if model.model().info().exact_passes.as_ref().is_some_and(|e| e.max_tokens <= 1) {
+    if !drafts_verified(model) {
         return false;
     }
     let known = model.knowledge().known(settings.threads, settings.kv);
@@ -142,11 +142,19 @@ fn kv_agreement_wanted(model: &LoadedModel) -> bool {
 
 fn search_wanted(model: &LoadedModel, settings: &TuneSettings, cost: &CostModel) -> bool {
     model.offers(SpecMode::LayerSkip)
+        && drafts_verified(model)
         && match settings.skip_search {
             SkipSearch::WhereItCouldPay => layerskip_could_pay(cost),
             SkipSearch::Always => true,
             SkipSearch::Never => false,
         }
+}
+
+/// Whether drafts are verified on `model`'s device: not where its probe at load found no
+/// exact pass of a token and a draft (a skip set, and the curve's wide passes, serve nothing
+/// there).
+fn drafts_verified(model: &LoadedModel) -> bool {
+    model.model().info().exact_passes.as_ref().is_none_or(|e| e.max_tokens > 1)
 }
 
 /// Learn what `settings` ask for about `model`: its cost curve (unless known), then, where it

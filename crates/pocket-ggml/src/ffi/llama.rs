@@ -36,6 +36,12 @@ pub(crate) struct LlamaWeights {
     /// The links to the peers holding some of its layers (a split model's): a computation
     /// after one was lost gave made-up results.
     links: Vec<Arc<crate::rpc::Link>>,
+    /// Whether its contexts compute one token a pass: on an OpenVINO device. ggml-openvino
+    /// keys the models it compiles by a graph's node count and first and last node names, and
+    /// llama.cpp's graphs of a prompt and of a single step share them there: the model compiled
+    /// for a prompt's width was run for the next step, which failed ("the model input
+    /// [1,1,160,576] and the tensor (1,1,1,576) are incompatible"). One width compiles once.
+    one_token_passes: bool,
 }
 
 // SAFETY: a loaded llama_model is only read afterwards (llama.cpp's server shares one between
@@ -87,7 +93,9 @@ impl LlamaWeights {
             }
             sys::llama_model_load_from_file(cpath.as_ptr(), p)
         };
-        NonNull::new(model).map(|model| LlamaWeights { model, links })
+        let on_openvino =
+            matches!(what, Load::Full { gpu: true, .. }) && crate::ffi::openvino::selected().is_some();
+        NonNull::new(model).map(|model| LlamaWeights { model, links, one_token_passes: on_openvino })
     }
 
     /// Why a peer holding some of the layers stopped answering, if one did.
@@ -288,7 +296,7 @@ impl LlamaContext {
             let mut p = sys::llama_context_default_params();
             p.n_ctx = params.n_ctx as u32;
             p.n_batch = n_batch as u32;
-            p.n_ubatch = n_batch as u32;
+            p.n_ubatch = if weights.one_token_passes { 1 } else { n_batch as u32 };
             p.n_seq_max = params.n_seq.max(1) as u32;
             // One cache per sequence, as the server's slots that share no prefix.
             p.kv_unified = params.n_seq <= 1;

@@ -4,10 +4,12 @@
 
 use std::cell::{Cell, RefCell};
 use std::ptr::NonNull;
+use std::sync::Mutex;
 
 use llama_cpp_sys_2 as sys;
 use pocket_core::Threads;
 use pocket_core::cpu::governor;
+use pocket_core::memory::{Ledger, Place, Reservation};
 
 use crate::error::{Error, Result};
 use crate::ffi::device::{Device, buft_is_host};
@@ -97,10 +99,14 @@ impl Drop for Backend {
 }
 
 /// A backend of an OpenVINO device that computes nothing, held for as long as a model is
-/// loaded. ggml-openvino keeps the models it compiled (one per pass shape, seconds each) while
-/// any backend of it lives, and frees them all when the last goes: with sessions' backends the
-/// only ones, every request that found no other session alive compiled its shapes again.
+/// loaded, and what the models compiled for it cost in the memory budget. ggml-openvino keeps
+/// the models it compiled (one per pass shape, seconds each, each with its own copy of the
+/// weights) in one cache for the whole process while any backend of it lives, and frees them
+/// all when the last goes: with sessions' backends the only ones, every request that found no
+/// other session alive compiled its shapes again.
 pub(crate) struct CompiledModelsKept {
+    /// The compiled models' bytes in the budget, from [`CompiledModelsKept::charge`].
+    charge: Option<Reservation>,
     _backend: Backend,
 }
 
@@ -109,13 +115,51 @@ unsafe impl Send for CompiledModelsKept {}
 // SAFETY: as above: no method reads or writes it.
 unsafe impl Sync for CompiledModelsKept {}
 
+/// The keepers alive, and the charges of those gone whose compiled models ggml-openvino still
+/// keeps (it frees them only with the last of its backends).
+static KEPT: Mutex<(usize, Vec<Reservation>)> = Mutex::new((0, Vec::new()));
+
+fn kept() -> std::sync::MutexGuard<'static, (usize, Vec<Reservation>)> {
+    KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl CompiledModelsKept {
     /// On an OpenVINO device, a backend to keep its compiled models with; else none.
     pub(crate) fn on(device: &Device) -> Result<Option<CompiledModelsKept>> {
         if !device.is_openvino() {
             return Ok(None);
         }
-        Ok(Some(CompiledModelsKept { _backend: Backend::init(device.dev, &device.name)? }))
+        let backend = Backend::init(device.dev, &device.name)?;
+        kept().0 += 1;
+        Ok(Some(CompiledModelsKept { charge: None, _backend: backend }))
+    }
+
+    /// Whether another model's compiled models are kept: then what this model's probe at load
+    /// compiles stays too, until the last keeper goes.
+    pub(crate) fn others_alive() -> bool {
+        kept().0 > 0
+    }
+
+    /// Charge `bytes` for the models compiled for this model's passes to `ledger` (an
+    /// [`Error::Core`] over-budget error, charging nothing, where they do not fit). The charge
+    /// lasts as long as ggml-openvino keeps them, which may be past this keeper's life.
+    pub(crate) fn charge(&mut self, ledger: &Ledger, bytes: u64, what: &str) -> Result<()> {
+        self.charge = Some(ledger.reserve_in(Place::Host, bytes, what)?);
+        Ok(())
+    }
+}
+
+impl Drop for CompiledModelsKept {
+    fn drop(&mut self) {
+        let mut kept = kept();
+        kept.0 -= 1;
+        if kept.0 == 0 {
+            // This keeper's backend is the last (a session's would hold the model, and so this
+            // keeper, alive): the compiled models all go with it, and every charge.
+            kept.1.clear();
+        } else if let Some(charge) = self.charge.take() {
+            kept.1.push(charge);
+        }
     }
 }
 
