@@ -97,8 +97,9 @@ fn greedy_speculation_is_lossless_on_llama_cpp() {
 #[test]
 fn the_llama_cpp_engine_generates_on_the_test_device() {
     let _serial = serial();
-    let model = LlamaCppModel::load(&model_path(SMOL), &LoadOptions { device: device(), ..Default::default() })
-        .expect("load");
+    let model =
+        LlamaCppModel::load(&model_path(SMOL), &LoadOptions { device: device(), ..Default::default() })
+            .expect("load");
     let prompt = tokens_of(&model, "The history of the printing press begins in");
     let first = greedy(&model, &prompt, 8, None).tokens;
     assert_eq!(first.len(), 8, "on {}", model.device_name());

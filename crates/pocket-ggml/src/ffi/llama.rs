@@ -58,6 +58,15 @@ impl Drop for LlamaWeights {
     }
 }
 
+/// Whether ggml's OpenVINO backend computes in this process: a model loaded on a GPU device
+/// is then on it (a build has no other GPU backend beside it).
+fn openvino_started() -> bool {
+    #[cfg(feature = "openvino")]
+    return crate::ffi::openvino::selected().is_some();
+    #[cfg(not(feature = "openvino"))]
+    false
+}
+
 impl LlamaWeights {
     /// Load `path` as `what` says; `None` when llama.cpp refuses the file (it logs why).
     pub(crate) fn load(path: &Path, what: Load<'_>) -> Option<Self> {
@@ -93,8 +102,7 @@ impl LlamaWeights {
             }
             sys::llama_model_load_from_file(cpath.as_ptr(), p)
         };
-        let on_openvino =
-            matches!(what, Load::Full { gpu: true, .. }) && crate::ffi::openvino::selected().is_some();
+        let on_openvino = matches!(what, Load::Full { gpu: true, .. }) && openvino_started();
         NonNull::new(model).map(|model| LlamaWeights { model, links, one_token_passes: on_openvino })
     }
 
