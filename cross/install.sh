@@ -79,7 +79,8 @@ echo "$files" | while read -r src dest mode; do
     install -D -m "$mode" "$here/$src" "$root$dest"
     echo "installed $dest"
 done
-# A CUDA build's ggml and llama libraries: the binaries look for them in ../lib/pocketd.
+# A CUDA or OpenVINO build's ggml and llama libraries (and OpenVINO's runtime, plugin and
+# oneTBB): the binaries look for them in ../lib/pocketd.
 if [ -d "$here/lib/pocketd" ]; then
     for lib in "$here"/lib/pocketd/*; do
         install -D -m 644 "$lib" "$root/usr/lib/pocketd/${lib##*/}"
