@@ -115,9 +115,12 @@ pub(super) fn configure() {
         unsafe { std::env::set_var("GGML_OPENVINO_DEVICE", name) };
     }
     // The backend's attention for grouped queries as plain matrix products: its fused one
-    // fails OpenVINO's CPU shape inference for our graph's passes of several tokens
-    // ("Incompatible MatMul batch dimension", SmolLM2's 9 query heads over 3 KV heads).
-    if std::env::var_os("GGML_OPENVINO_MANUAL_GQA_ATTN").is_none() {
+    // fails the x86 CPU plugin's shape inference for our graph's passes of several tokens
+    // ("Incompatible MatMul batch dimension", SmolLM2's 9 query heads over 3 KV heads). The
+    // arm64 plugin (on Arm's Compute Library) is the other way round: it refuses the manual
+    // form's 5-D f16 products ("ACL does not support more than 4 dimensions") and ran the
+    // fused one for passes of 1 to 8 tokens (under qemu; cross/README.md).
+    if cfg!(target_arch = "x86_64") && std::env::var_os("GGML_OPENVINO_MANUAL_GQA_ATTN").is_none() {
         // SAFETY: as above.
         unsafe { std::env::set_var("GGML_OPENVINO_MANUAL_GQA_ATTN", "1") };
     }
