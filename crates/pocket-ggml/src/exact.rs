@@ -28,8 +28,12 @@ use crate::session::GgmlSession;
 /// next token.
 pub(crate) const PROBE_WIDTH: usize = 16;
 
-/// Tokens decoded before the probed passes, so that attention reads a cache of some length.
-const PROBE_CONTEXT: usize = 8;
+/// Tokens decoded before the probed passes: some within the first block of [`KV_PAD`]
+/// positions, and past it. Attention reads the cache padded to the block, as sessions do, and
+/// a kernel may split that length by the number of query rows: ggml-vulkan's flash attention
+/// on Mesa 25's lavapipe gave one row and two alike over 64 positions, not over 256. The
+/// session is as long as two blocks, so every probed pass reads 256 positions, then 512.
+const PROBE_CONTEXTS: [usize; 2] = [8, KV_PAD + 8];
 
 /// Rows a decode step is tried as: one, and two (the token repeated). ggml-cuda, for one, multiplies a
 /// single column with its own kernel configuration and attends with its vector kernel; two rows
@@ -70,34 +74,52 @@ pub(crate) fn probe(inner: &Arc<Inner>) -> Result<ExactPasses> {
 }
 
 /// The widest pass (up to [`PROBE_WIDTH`]) up to which every pass gives every row's bits as
-/// single steps do, decoding steps as `inner.step_rows` says.
+/// single steps do after each of [`PROBE_CONTEXTS`], decoding steps as `inner.step_rows` says.
 fn widest(inner: Arc<Inner>) -> Result<usize> {
-    let n_vocab = inner.hp.n_vocab;
     let plan = LayerPlan::full(inner.hp.n_layer).map_err(|e| crate::Error::Ggml(e.to_string()))?;
     let config = SessionConfig {
-        n_ctx: 64,
+        n_ctx: 2 * KV_PAD,
         max_rows: PROBE_WIDTH,
         threads: Threads::Fixed(1),
         ..SessionConfig::default()
     };
+    let n_vocab = inner.hp.n_vocab;
     let mut session = GgmlSession::new(inner, &config, &Ledger::unlimited())?;
-    // Tokens spread over the vocabulary: what they say does not matter, only that every row
-    // differs.
-    let tokens: Vec<Token> =
-        (0..PROBE_CONTEXT + PROBE_WIDTH).map(|i| ((i * 7919 + 13) % n_vocab) as Token).collect();
-    let (context, probed) = tokens.split_at(PROBE_CONTEXT);
+    let mut widest = PROBE_WIDTH;
+    for context in PROBE_CONTEXTS {
+        if widest == 1 {
+            break;
+        }
+        // Tokens spread over the vocabulary: what they say does not matter, only that every
+        // row differs.
+        let tokens: Vec<Token> =
+            (0..context + PROBE_WIDTH).map(|i| ((i * 7919 + 13) % n_vocab) as Token).collect();
+        widest = widest.min(widest_after(&mut session, &plan, &tokens, context)?);
+    }
+    Ok(widest)
+}
+
+/// [`widest`] after the first `context` of `tokens`, the passes taken from the rest.
+fn widest_after(
+    session: &mut GgmlSession,
+    plan: &LayerPlan,
+    tokens: &[Token],
+    context: usize,
+) -> Result<usize> {
+    let (context_tokens, probed) = tokens.split_at(context);
+    session.truncate(0)?;
     // A row is read back (not `Rows::None`): on lavapipe a first pass that read nothing back
     // was followed by a crash inside the driver (its queue thread, while ggml-vulkan compiled
     // the next pass's pipeline); reading waits for the device.
-    session.decode(context, &plan, Rows::Last)?;
+    session.decode(context_tokens, plan, Rows::Last)?;
     let mut single = Vec::with_capacity(PROBE_WIDTH);
     for &t in probed {
-        single.push(session.decode(&[t], &plan, Rows::Last)?.last().to_vec());
+        single.push(session.decode(&[t], plan, Rows::Last)?.last().to_vec());
     }
     let mut widest = 1;
     for width in 2..=PROBE_WIDTH {
-        session.truncate(PROBE_CONTEXT)?;
-        let logits = session.decode(&probed[..width], &plan, Rows::Tail(width))?;
+        session.truncate(context)?;
+        let logits = session.decode(&probed[..width], plan, Rows::Tail(width))?;
         if !(0..width).all(|i| same_bits(logits.row(i), &single[i])) {
             break;
         }
