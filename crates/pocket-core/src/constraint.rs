@@ -64,6 +64,11 @@ impl<'c> Masker<'c> {
         Masker::new(None)
     }
 
+    /// Whether there is a constraint to apply.
+    pub fn is_some(&self) -> bool {
+        self.constraint.is_some()
+    }
+
     /// Seconds spent in the constraint so far.
     pub fn seconds(&self) -> f64 {
         self.seconds

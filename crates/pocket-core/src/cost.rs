@@ -190,12 +190,25 @@ impl CostModel {
     /// the pending one and the target's own next token included, over the pass's cost), and
     /// that speed-up; `(0, 1.0)` when no length beats plain decoding.
     pub fn best_path(&self, p: &[f64]) -> (usize, f64) {
-        let mut reach = 1.0;
+        let mut reach = [0.0; crate::spec::MAX_DRAFT];
+        let mut r = 1.0;
+        for (reach, &pi) in reach.iter_mut().zip(p) {
+            r *= pi.clamp(0.0, 1.0);
+            *reach = r;
+        }
+        self.best_tree(&reach[..p.len().min(crate::spec::MAX_DRAFT)])
+    }
+
+    /// For a draft of tokens each on the accepted path with probability `reach[i]` (a path's
+    /// or a tree's, parents before children): the number of its first tokens with the best
+    /// expected speed-up (tokens per pass: the target's own token, plus each drafted token's
+    /// reach, over the pass's cost), and that speed-up; `(0, 1.0)` when none beats plain
+    /// decoding.
+    pub fn best_tree(&self, reach: &[f64]) -> (usize, f64) {
         let mut expected = 1.0;
         let mut best = (0, 1.0);
-        for (i, &pi) in p.iter().take(crate::spec::MAX_DRAFT).enumerate() {
-            reach *= pi.clamp(0.0, 1.0);
-            expected += reach;
+        for (i, &r) in reach.iter().take(crate::spec::MAX_DRAFT).enumerate() {
+            expected += r.clamp(0.0, 1.0);
             let gain = expected / self.pass(i + 2);
             if gain > best.1 {
                 best = (i + 1, gain);

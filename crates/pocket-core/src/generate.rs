@@ -11,7 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::constraint::{Constraint, Masker};
 use crate::sampling::{Distribution, Sampler, SamplingConfig, TokenLogprob, token_logprob};
-use crate::spec::{Batch, Draft, Drafter, MAX_DRAFT, SpecStats, Verdict, verify_greedy, verify_sampled};
+use crate::spec::{
+    Batch, Draft, Drafter, MAX_DRAFT, Path, SpecStats, Verdict, verify_greedy, verify_sampled,
+    verify_tree_greedy,
+};
 use crate::stop::{StopConfig, StopReason, TextStream};
 use crate::{Error, LayerPlan, Logits, ModelInfo, PassStats, Result, Rows, Session, Token, Tokenizer};
 
@@ -201,6 +204,8 @@ pub fn generate_guided(
         stats: SpecStats::default(),
         draft: Draft::new(),
         batch: Batch::new(),
+        parents: Path::new(),
+        path: Path::new(),
         p: Distribution::new(),
         residual: Distribution::new(),
         pending_lp: None,
@@ -271,6 +276,11 @@ struct Steps<'a, 'd, 'c> {
     stats: SpecStats,
     draft: Draft,
     batch: Batch,
+    /// Where the draft branched: each token's parent in the verification pass (empty for a
+    /// path).
+    parents: Path,
+    /// The path verification walked through a tree.
+    path: Path,
     p: Distribution,
     residual: Distribution,
     /// The log-probabilities of the pending token and of the draft tokens accepted after it.
@@ -290,7 +300,14 @@ impl Steps<'_, '_, '_> {
         if !self.out.tokenizer.is_end(next) {
             self.masker.advance(next)?;
         }
+        // A tree of drafts is verified by the greedy pick alone: without a constraint, whose
+        // checks and masks follow one path, and without log-probabilities to report.
+        let trees = self.session.decodes_trees()
+            && self.sampler.config().is_greedy()
+            && !self.masker.is_some()
+            && self.logprobs.is_none();
         if let Some(d) = self.drafter.as_deref_mut() {
+            d.allow_trees(trees);
             d.prefill(self.session.tokens())?;
         }
         Ok(next)
@@ -364,6 +381,12 @@ impl Steps<'_, '_, '_> {
             self.context.pop();
             drafted?;
             self.draft.truncate(max);
+            self.parents.clear();
+            if let Some(tree) = d.tree() {
+                // Cut like the draft: a tree's tokens come after their parents.
+                self.parents.push(0).ok();
+                self.parents.extend(tree.iter().copied().take(self.draft.len()));
+            }
             if self.session.len() != base {
                 self.session.truncate(base)?;
             }
@@ -382,6 +405,9 @@ impl Steps<'_, '_, '_> {
         self.batch.push(next).ok();
         self.batch.extend_from_slice(&self.draft).ok();
         let t0 = Instant::now();
+        if self.parents.len() == self.batch.len() && self.batch.len() > 1 {
+            return self.verify_tree(t0);
+        }
         let rows = if self.batch.len() == 1 { Rows::Last } else { Rows::Tail(self.batch.len()) };
         let logits = self.session.decode(&self.batch, &self.plan, rows)?;
         check_rows(&logits, self.batch.len(), self.info)?;
@@ -405,6 +431,31 @@ impl Steps<'_, '_, '_> {
             );
             self.pending_lp = Some(token_logprob(logits.row(verdict.accepted), verdict.next, n));
         }
+        Ok((verdict, sampled_at))
+    }
+
+    /// [`Steps::verify`] of a draft that branched: the tree in one pass, the path the greedy
+    /// picks walk through it kept in the session, and the draft rewritten as the tokens on
+    /// that path (then the first rejected one, where the tree went on), as a path's
+    /// verification would leave it.
+    fn verify_tree(&mut self, t0: Instant) -> Result<(Verdict, Instant)> {
+        let base = self.session.len();
+        let logits = self.session.decode_tree(&self.batch, &self.parents, &self.plan)?;
+        check_rows(&logits, self.batch.len(), self.info)?;
+        let (sampler, h, masker) = (&mut self.sampler, &mut self.out.history, &mut self.masker);
+        let verdict =
+            verify_tree_greedy(sampler, &logits, &self.batch, &self.parents, h, masker, &mut self.path)?;
+        self.session.keep_path(base, &self.path)?;
+        let sampled_at = Instant::now();
+        self.stats.verify_seconds += sampled_at.duration_since(t0).as_secs_f64();
+        self.stats.passes += 1;
+        self.stats.trees += 1;
+        self.stats.tree_tokens += self.draft.len();
+        let stop = usize::from(*self.path.last().unwrap_or(&0));
+        let rejected = (stop + 1..self.batch.len()).find(|&c| usize::from(self.parents[c]) == stop);
+        self.draft.clear();
+        let walked = self.path[1..].iter().map(|&i| usize::from(i)).chain(rejected);
+        self.draft.extend(walked.map(|i| self.batch[i]));
         Ok((verdict, sampled_at))
     }
 
@@ -829,6 +880,82 @@ mod tests {
                 assert_eq!(d.prefills, [prompt.to_vec()], "{what}: one prefill, with the prompt");
             }
         }
+    }
+
+    /// Drafts a tree whose first branch is wrong and whose second goes right for three tokens,
+    /// then branches again (wrong, right); a path of the right ones where trees are not allowed.
+    #[derive(Default)]
+    struct TreeDrafter {
+        allowed: Option<bool>,
+        verdicts: Vec<(Vec<Token>, usize)>,
+    }
+
+    impl Drafter for TreeDrafter {
+        fn name(&self) -> &str {
+            "tree"
+        }
+
+        fn draft(
+            &mut self,
+            _: &mut dyn Session,
+            context: &[Token],
+            max: usize,
+            out: &mut Draft,
+        ) -> Result<()> {
+            let t = *context.last().unwrap();
+            let next = |k: Token| (t + k) % V as Token;
+            out.clear();
+            if self.allowed == Some(true) {
+                out.extend([next(3), next(1), next(2), next(5), next(3)]);
+            } else {
+                out.extend([next(1), next(2), next(3)]);
+            }
+            out.truncate(max);
+            Ok(())
+        }
+
+        fn feedback(&mut self, drafted: &[Token], accepted: usize) {
+            self.verdicts.push((drafted.to_vec(), accepted));
+        }
+
+        fn allow_trees(&mut self, allowed: bool) {
+            self.allowed = Some(allowed);
+        }
+
+        fn tree(&self) -> Option<&[u8]> {
+            (self.allowed == Some(true)).then_some(&[0, 0, 2, 2, 3][..])
+        }
+    }
+
+    #[test]
+    fn trees_of_drafts_give_plain_output_where_the_session_decodes_them() {
+        let t = FakeTokenizer::default();
+        for (trees, max_tokens) in [(true, 100), (false, 100), (true, 3), (true, 4)] {
+            let r = request(&[0], max_tokens, &[]);
+            let mut plain = FakeSession::new(64);
+            let g = generate(&info(), &mut plain, &t, &r, &mut |_| ControlFlow::Continue(())).unwrap();
+            let mut spec = if trees { FakeSession::with_trees(64) } else { FakeSession::new(64) };
+            let mut d = TreeDrafter::default();
+            let s = generate_speculative(&info(), &mut spec, &t, &r, Some(&mut d), &mut |_| {
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+            let what = format!("trees {trees}, max {max_tokens}");
+            assert_eq!((&s.tokens, s.stop), (&g.tokens, g.stop), "{what}");
+            assert_eq!(spec.tokens, plain.tokens, "{what}: the session after");
+            assert_eq!(d.allowed, Some(trees), "{what}");
+            assert_eq!(s.spec.trees > 0, trees, "{what}: {:?}", s.spec);
+            assert_eq!(spec.tree_calls.is_empty(), !trees, "{what}");
+        }
+        // Prompt 0, first token 1: the tree after 1 holds 2 (on the second branch), 3, 4; the
+        // walk stops at a leaf, so nothing is counted rejected, and the pass yields 5.
+        let mut spec = FakeSession::with_trees(64);
+        let mut d = TreeDrafter::default();
+        let r = request(&[0], 100, &[]);
+        generate_speculative(&info(), &mut spec, &t, &r, Some(&mut d), &mut |_| ControlFlow::Continue(()))
+            .unwrap();
+        assert_eq!(spec.tree_calls[0], (vec![1, 4, 2, 3, 6, 4], vec![0, 0, 0, 2, 2, 3]));
+        assert_eq!(d.verdicts[0], (vec![2, 3, 4], 3));
     }
 
     #[test]

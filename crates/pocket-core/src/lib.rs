@@ -46,7 +46,7 @@ pub use layer_plan::{LayerPlan, MAX_LAYERS};
 pub use model::{
     CacheKey, DEFAULT_MAX_ROWS, ExactPasses, Footprint, KvElement, KvType, LayerPlacement, Logits, Model,
     ModelInfo, ModelKind, PassRecord, PassStats, Rows, SavedState, Session, SessionConfig, SharedPasses,
-    check_decode, check_restore, default_threads, next_pass, passes,
+    check_decode, check_path, check_restore, check_tree, default_threads, next_pass, passes, tree_depths,
 };
 pub use sampling::{Distribution, Sampler, SamplingConfig, argmax};
 pub use stop::{Chunk, StopConfig, StopReason, TextStream};

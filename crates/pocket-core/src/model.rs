@@ -408,6 +408,48 @@ pub fn check_decode(tokens: &[Token], n_vocab: usize, held: usize, n_ctx: usize)
     Ok(())
 }
 
+/// What every engine's [`Session::decode_tree`] checks: what [`check_decode`] checks, a
+/// parent given for every token, and each parent before its child.
+pub fn check_tree(tokens: &[Token], parents: &[u8], n_vocab: usize, held: usize, n_ctx: usize) -> Result<()> {
+    check_decode(tokens, n_vocab, held, n_ctx)?;
+    if parents.len() != tokens.len() {
+        return Err(Error::invalid(format!(
+            "a tree of {} tokens needs as many parents, not {}",
+            tokens.len(),
+            parents.len()
+        )));
+    }
+    if let Some(i) = (1..parents.len()).find(|&i| parents[i] as usize >= i) {
+        return Err(Error::invalid(format!(
+            "token {i} of a tree has parent {}; a parent comes before its child",
+            parents[i]
+        )));
+    }
+    Ok(())
+}
+
+/// What every engine's [`Session::keep_path`] checks of `path` in the tree of `parents`: it
+/// starts at the first token and each of its tokens is the parent of the next.
+pub fn check_path(path: &[u8], parents: &[u8]) -> Result<()> {
+    let follows = path.windows(2).all(|w| parents.get(w[1] as usize) == Some(&w[0]) && w[0] < w[1]);
+    if path.first() != Some(&0) || !follows {
+        return Err(Error::invalid(format!(
+            "{path:?} is no path from the first token of the tree {parents:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The depth of each token of the tree of `parents` (see [`Session::decode_tree`]): 0 for
+/// the first, one more than its parent's for the others.
+pub fn tree_depths(parents: &[u8], out: &mut Vec<usize>) {
+    out.clear();
+    for (i, &p) in parents.iter().enumerate() {
+        let d = if i == 0 { 0 } else { out[p as usize] + 1 };
+        out.push(d);
+    }
+}
+
 /// What every engine's [`Session::restore`] checks before it changes anything: the session is
 /// empty (`held` 0), the state is in the session's KV type `kv`, `len` is within the saved
 /// tokens, and those are inside the vocabulary and the context. `Ok(false)`: nothing to
@@ -632,6 +674,29 @@ pub trait Session: Send {
 
     /// Drop every token from position `len` on.
     fn truncate(&mut self, len: usize) -> Result<()>;
+
+    /// Whether [`Session::decode_tree`] works here: each row of a pass over a tree of drafts
+    /// is then bitwise what decoding the path to it would give.
+    fn decodes_trees(&self) -> bool {
+        false
+    }
+
+    /// Append `tokens` as a tree (every layer): token 0 follows what the session holds, token
+    /// `i > 0` follows token `parents[i]` (`parents[i] < i`; `parents[0]` is not read). Each
+    /// token sits at the position its depth gives and attends to what the session held and
+    /// to the tokens on its path; the logits of every row come back. Until
+    /// [`Session::keep_path`] the session holds the tokens in the order given, which is no
+    /// sequence: call it next.
+    fn decode_tree(&mut self, _tokens: &[Token], _parents: &[u8], _plan: &LayerPlan) -> Result<Logits<'_>> {
+        Err(Error::Unsupported("this engine decodes drafts as paths, not trees".into()))
+    }
+
+    /// After [`Session::decode_tree`] at length `base`: keep the tokens `path` of that tree
+    /// (increasing indices into its tokens, each the parent of the next, starting at 0), so
+    /// that the session holds `base + path.len()` tokens, that path in order.
+    fn keep_path(&mut self, _base: usize, _path: &[u8]) -> Result<()> {
+        Err(Error::Unsupported("this engine decodes drafts as paths, not trees".into()))
+    }
 
     /// Bytes this session holds now (KV cache, compute and logits buffers).
     fn memory(&self) -> u64;

@@ -32,6 +32,10 @@ pub struct FakeSession {
     pub bias: Vec<(Token, f32)>,
     /// Every decode, in order.
     pub calls: Vec<Call>,
+    /// Whether it decodes trees of drafts ([`Session::decodes_trees`]).
+    pub trees: bool,
+    /// The trees it decoded: each one's tokens and parents.
+    pub tree_calls: Vec<(Vec<Token>, Vec<u8>)>,
 }
 
 impl FakeSession {
@@ -40,9 +44,34 @@ impl FakeSession {
         Self::with_config(SessionConfig { n_ctx, ..SessionConfig::default() })
     }
 
+    /// An empty session with a context of `n_ctx` tokens that decodes trees of drafts.
+    pub fn with_trees(n_ctx: usize) -> Self {
+        FakeSession { trees: true, ..Self::new(n_ctx) }
+    }
+
     /// An empty session configured as `config` says.
     pub fn with_config(config: SessionConfig) -> Self {
-        FakeSession { config, tokens: Vec::new(), logits: vec![0.0; V], bias: Vec::new(), calls: Vec::new() }
+        FakeSession {
+            config,
+            tokens: Vec::new(),
+            logits: vec![0.0; V],
+            bias: Vec::new(),
+            calls: Vec::new(),
+            trees: false,
+            tree_calls: Vec::new(),
+        }
+    }
+
+    /// Each row's logits: the argmax after token t is (t + 1) % V, then the bias.
+    fn fill_rows(&mut self, tokens: &[Token]) {
+        self.logits.clear();
+        self.logits.resize(tokens.len() * V, 0.0);
+        for (row, &t) in self.logits.chunks_mut(V).zip(tokens) {
+            row[(t as usize + 1) % V] = 1.0;
+            for &(t, b) in &self.bias {
+                row[t as usize] += b;
+            }
+        }
     }
 }
 
@@ -64,15 +93,29 @@ impl Session for FakeSession {
         self.calls.push((self.tokens.len(), tokens.to_vec(), rows, plan.is_full()));
         self.tokens.extend_from_slice(tokens);
         let n = rows.count(tokens.len())?;
-        self.logits.clear();
-        self.logits.resize(n * V, 0.0);
-        for (row, &t) in self.logits.chunks_mut(V).zip(&tokens[tokens.len() - n..]) {
-            row[(t as usize + 1) % V] = 1.0;
-            for &(t, b) in &self.bias {
-                row[t as usize] += b;
-            }
-        }
+        self.fill_rows(&tokens[tokens.len() - n..]);
         Ok(Logits::new(&self.logits, V))
+    }
+
+    fn decodes_trees(&self) -> bool {
+        self.trees
+    }
+
+    fn decode_tree(&mut self, tokens: &[Token], parents: &[u8], _plan: &LayerPlan) -> Result<Logits<'_>> {
+        assert!(self.trees, "a tree decoded where the session said it decodes none");
+        crate::check_tree(tokens, parents, V, self.tokens.len(), self.config.n_ctx)?;
+        self.tree_calls.push((tokens.to_vec(), parents.to_vec()));
+        self.tokens.extend_from_slice(tokens);
+        self.fill_rows(tokens);
+        Ok(Logits::new(&self.logits, V))
+    }
+
+    fn keep_path(&mut self, base: usize, path: &[u8]) -> Result<()> {
+        let tree = self.tokens.split_off(base);
+        let parents = &self.tree_calls.last().expect("a tree decoded before").1;
+        crate::check_path(path, parents)?;
+        self.tokens.extend(path.iter().map(|&i| tree[i as usize]));
+        Ok(())
     }
 
     fn truncate(&mut self, len: usize) -> Result<()> {

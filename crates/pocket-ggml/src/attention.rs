@@ -151,6 +151,8 @@ struct Scratch {
     p: Vec<f32>,
     /// Weighted sums of V: `BATCH × head_dim`.
     out: Vec<f32>,
+    /// A row's visible scores packed together (a tree's row, see [`holes_from`]).
+    packed: Vec<f32>,
 }
 
 thread_local! {
@@ -347,7 +349,11 @@ unsafe fn attend_batch<const F16C: bool>(
         // Softmax weights (unnormalised) and their sum.
         let mut sums = [0f32; BATCH];
         for (b, query) in batch.iter().enumerate() {
-            sums[b] = softmax_weights(&mut s.p[b * n_kv..b * n_kv + query.limit]);
+            let scores = &mut s.p[b * n_kv..b * n_kv + query.limit];
+            sums[b] = match holes_from(mask, query) {
+                None => softmax_weights(scores),
+                Some(h) => softmax_weights_around_holes(scores, h, &mut s.packed),
+            };
         }
         // Weighted sums of V rows, in position order, 16 channels at a time in registers.
         for c in (0..longest).step_by(LANES) {
@@ -381,6 +387,48 @@ unsafe fn attend_batch<const F16C: bool>(
             }
         }
     }
+}
+
+/// Most positions before a row's limit where a tree of drafts can mask rows out: a tree is one
+/// pass of at most this many tokens (the pending one and a draft).
+const TREE_SPAN: usize = 32;
+
+/// Where masked positions interrupt `query`'s visible ones, if they do: the first such
+/// position. Only a tree of drafts leaves such holes (its rows see their own path, not the
+/// other branches), and only among its own rows, the last [`TREE_SPAN`] before the limit;
+/// a sequence's row sees one run of positions (from the start, or a sliding window's).
+///
+/// # Safety
+/// `mask` is an allocated f16 tensor with a row `query.t` of at least `query.limit` values.
+#[inline(always)]
+unsafe fn holes_from(mask: &sys::ggml_tensor, query: &Query) -> Option<usize> {
+    // SAFETY: by the caller.
+    let row = unsafe {
+        std::slice::from_raw_parts(
+            mask.data.cast::<u8>().add(query.t * mask.nb[1]).cast::<u16>(),
+            query.limit,
+        )
+    };
+    let tail = query.limit.saturating_sub(TREE_SPAN);
+    let first_visible = tail + row[tail..].iter().position(|&m| m != F16_NEG_INF)?;
+    row[first_visible..].iter().position(|&m| m == F16_NEG_INF).map(|h| first_visible + h)
+}
+
+/// [`softmax_weights`] of a row whose positions from `hole` on are partly masked (a tree's
+/// row): its visible scores are packed together first, so that each lands in the lane it
+/// holds in the row of the same path decoded as a sequence, and the sum is bitwise that
+/// row's; then the weights go back to their positions, 0 at the masked ones.
+fn softmax_weights_around_holes(scores: &mut [f32], hole: usize, packed: &mut Vec<f32>) -> f32 {
+    packed.clear();
+    packed.extend_from_slice(&scores[..hole]);
+    packed.extend(scores[hole..].iter().copied().filter(|&x| x != f32::NEG_INFINITY));
+    let sum = softmax_weights(packed);
+    scores[..hole].copy_from_slice(&packed[..hole]);
+    let mut visible = packed[hole..].iter();
+    for x in &mut scores[hole..] {
+        *x = if *x == f32::NEG_INFINITY { 0.0 } else { visible.next().copied().unwrap_or(0.0) };
+    }
+    sum
 }
 
 /// The mask's value for token `t` at position `c`: 0 nearly always, so converted only when not.

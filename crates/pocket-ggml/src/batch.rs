@@ -71,6 +71,8 @@ pub(crate) struct Job {
     pub(crate) tokens: Vec<Token>,
     pub(crate) pos0: usize,
     pub(crate) shape: PassShape,
+    /// For a tree of drafts, each token's parent in the pass (empty for a sequence).
+    pub(crate) parents: Vec<u8>,
     /// The session's logits buffer: the pass's rows go from row `row_off` on.
     pub(crate) logits: Vec<f32>,
     pub(crate) row_off: usize,
@@ -401,7 +403,12 @@ fn shared_pass(
         let (g, sched) = compute.graph(model, &plan, &segments)?;
         let data: Vec<SegmentData<'_>> = jobs
             .iter()
-            .map(|(_, j)| SegmentData { tokens: &j.tokens, pos0: j.pos0, shape: j.shape })
+            .map(|(_, j)| SegmentData {
+                tokens: &j.tokens,
+                pos0: j.pos0,
+                shape: j.shape,
+                parents: &j.parents,
+            })
             .collect();
         inputs::set(g, &model.hp, &data, scratch)?;
         let t0 = Instant::now();

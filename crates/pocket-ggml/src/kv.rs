@@ -473,6 +473,19 @@ impl KvCache {
         Ok(())
     }
 
+    /// Copy position `from`'s K and V to position `to` in every layer (keeping one path of a
+    /// tree of drafts: its rows move down to follow one another).
+    pub(crate) fn move_row(&self, from: usize, to: usize) -> Result<()> {
+        let mut row = vec![0u8; self.k_row_bytes.max(self.v_row_bytes)];
+        for il in 0..self.n_layer {
+            for (t, n) in [(self.k[il], self.k_row_bytes), (self.v[il], self.v_row_bytes)] {
+                t.read_at(from * n, &mut row[..n])?;
+                t.write_at(to * n, &row[..n])?;
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes committed to the cache now.
     pub(crate) fn bytes(&self) -> usize {
         self.bytes_for(self.committed)

@@ -44,6 +44,8 @@ pub struct GgmlSession {
     scratch: inputs::Scratch,
     /// A pass's tokens, handed to a shared pass (kept for the next).
     job_tokens: Vec<Token>,
+    /// The parents of the tree of drafts decoded last, until its path is kept.
+    tree: Vec<u8>,
     /// The passes run so far: their threads, splits and time.
     pass_stats: PassStats,
 }
@@ -94,6 +96,7 @@ impl GgmlSession {
             logits_reservation,
             scratch: inputs::Scratch::default(),
             job_tokens: Vec::new(),
+            tree: Vec::new(),
             pass_stats: PassStats::default(),
         })
     }
@@ -160,7 +163,9 @@ impl GgmlSession {
 
     /// Run one pass over `self.tokens[pos0..pos0 + n_tokens]`, writing the last `n_out` rows of
     /// logits into `self.logits[row_off * n_vocab..]`: with the passes of other sessions of
-    /// the model where it shares them, else alone.
+    /// the model where it shares them, else alone. With `tree`, the tokens are the tree of
+    /// drafts whose parents `self.tree` holds.
+    #[allow(clippy::too_many_arguments)]
     fn pass(
         &mut self,
         plan: &LayerPlan,
@@ -169,11 +174,12 @@ impl GgmlSession {
         n_out: usize,
         row_off: usize,
         rest: usize,
+        tree: bool,
     ) -> Result<()> {
         let shape = PassShape::new(pos0, n_tokens, n_out, &self.kv, &self.model.hp, self.model.attention);
         let model = Arc::clone(&self.model);
         let Some(batch) = &model.batch else {
-            return self.own_pass(plan, pos0, shape, row_off);
+            return self.own_pass(plan, pos0, shape, row_off, tree);
         };
         let mut tokens = std::mem::take(&mut self.job_tokens);
         tokens.clear();
@@ -186,6 +192,7 @@ impl GgmlSession {
             tokens,
             pos0,
             shape,
+            parents: if tree { self.tree.clone() } else { Vec::new() },
             logits: std::mem::take(&mut self.logits),
             row_off,
             rest,
@@ -193,7 +200,7 @@ impl GgmlSession {
         match batch.enter(&model, job) {
             Turn::Alone(job, _lead) => {
                 (self.job_tokens, self.logits) = (job.tokens, job.logits);
-                self.own_pass(plan, pos0, shape, row_off)
+                self.own_pass(plan, pos0, shape, row_off, tree)
             }
             Turn::Shared(job, record) => {
                 (self.job_tokens, self.logits) = (job.tokens, job.logits);
@@ -207,7 +214,14 @@ impl GgmlSession {
     }
 
     /// [`GgmlSession::pass`] on this session's own machinery.
-    fn own_pass(&mut self, plan: &LayerPlan, pos0: usize, shape: PassShape, row_off: usize) -> Result<()> {
+    fn own_pass(
+        &mut self,
+        plan: &LayerPlan,
+        pos0: usize,
+        shape: PassShape,
+        row_off: usize,
+        tree: bool,
+    ) -> Result<()> {
         let started = Instant::now();
         let (n_vocab, n_tokens, n_out) = (self.model.hp.n_vocab, shape.n_tokens, shape.n_out);
         // A decode step computed as several rows where the probe found that exact (`exact`).
@@ -224,7 +238,8 @@ impl GgmlSession {
         };
         let segment = Segment { kv: &self.kv, shape };
         let (g, sched) = self.compute.graph(&self.model, plan, &[segment])?;
-        let data = SegmentData { tokens: &self.tokens[pos0..pos0 + n_tokens], pos0, shape };
+        let parents = if tree { &self.tree[..] } else { &[] };
+        let data = SegmentData { tokens: &self.tokens[pos0..pos0 + n_tokens], pos0, shape, parents };
         inputs::set(g, &self.model.hp, &[data], &mut self.scratch)?;
         let t0 = Instant::now();
         let threads = sched.compute(&g.ctx)?;
@@ -239,6 +254,9 @@ impl GgmlSession {
         Ok(())
     }
 }
+
+/// Most tokens of a tree of drafts: the pending token and a whole draft.
+const MAX_TREE: usize = pocket_core::spec::MAX_DRAFT + 1;
 
 /// The largest pass a session of `config` on `kv` runs, which its compute buffers are
 /// reserved for: a full batch at the end of the context, with the most rows.
@@ -315,8 +333,8 @@ impl Session for GgmlSession {
         while let Some((pass, n_out)) =
             pocket_core::next_pass(done, batch, n_rows, self.chunk(done, batch, n_rows), self.config.max_rows)
         {
-            if let Err(e) = self.pass(plan, start + pass.start, pass.len(), n_out, row_off, batch - pass.end)
-            {
+            let rest = batch - pass.end;
+            if let Err(e) = self.pass(plan, start + pass.start, pass.len(), n_out, row_off, rest, false) {
                 self.tokens.truncate(old_len);
                 return Err(self.peer_lost().unwrap_or(e).into());
             }
@@ -351,6 +369,93 @@ impl Session for GgmlSession {
         }
         self.kv.shrink_to(len);
         Ok(())
+    }
+
+    /// Rows of a tree are bitwise those of its paths where our attention reads a host cache
+    /// (it visits a row's positions in order and skips the masked ones; ggml's flash
+    /// attention sums by position in the cache) on this machine's CPU, whose multi-row
+    /// kernels compute each row as alone; a sliding window must hold a whole draft.
+    /// `POCKET_GGML_TREES=0` keeps drafts to paths, for comparing the two.
+    fn decodes_trees(&self) -> bool {
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *OFF.get_or_init(|| std::env::var_os("POCKET_GGML_TREES").is_some_and(|v| v == "0")) {
+            return false;
+        }
+        let hp = &self.model.hp;
+        let own = self.model.attention == crate::AttentionKernel::Auto
+            && crate::attention::applies(&self.kv, hp.head_dim);
+        let window_holds_a_draft = hp.swa.as_ref().is_none_or(|s| s.window > 2 * MAX_TREE);
+        own && self.model.info.exact_passes.is_none() && window_holds_a_draft
+    }
+
+    fn decode_tree(
+        &mut self,
+        tokens: &[Token],
+        parents: &[u8],
+        plan: &LayerPlan,
+    ) -> pocket_core::Result<Logits<'_>> {
+        let n_vocab = self.model.hp.n_vocab;
+        plan.check(self.model.hp.n_layer)?;
+        if !self.decodes_trees() {
+            return Err(CoreError::Unsupported(format!(
+                "{} decodes drafts as paths here, not trees",
+                self.model.info.name
+            )));
+        }
+        pocket_core::check_tree(tokens, parents, n_vocab, self.tokens.len(), self.config.n_ctx)?;
+        let n = tokens.len();
+        if !plan.is_full() || self.partial.is_some() || n > MAX_TREE.min(self.config.max_rows) {
+            return Err(CoreError::invalid(format!(
+                "a tree of {n} tokens: trees are decoded with every layer, after tokens that have \
+                 all of theirs, in one pass of at most {} rows",
+                MAX_TREE.min(self.config.max_rows)
+            )));
+        }
+        let old_len = self.tokens.len();
+        if n * n_vocab > self.logits.capacity() {
+            self.logits_reservation.resize((n * n_vocab * size_of::<f32>()) as u64)?;
+        }
+        if let Err(e) = self.kv.grow_to(old_len + n) {
+            return Err(self.peer_lost().unwrap_or(e).into());
+        }
+        self.tokens.extend_from_slice(tokens);
+        self.tree.clear();
+        self.tree.extend_from_slice(parents);
+        self.logits.clear();
+        self.logits.reserve_exact(n * n_vocab);
+        self.logits.resize(n * n_vocab, 0.0);
+        if let Err(e) = self.pass(plan, old_len, n, n, 0, 0, true) {
+            self.tokens.truncate(old_len);
+            self.tree.clear();
+            return Err(self.peer_lost().unwrap_or(e).into());
+        }
+        self.complete_len = self.tokens.len();
+        Ok(Logits::new(&self.logits, n_vocab))
+    }
+
+    fn keep_path(&mut self, base: usize, path: &[u8]) -> pocket_core::Result<()> {
+        if self.tree.is_empty() || self.tokens.len() != base + self.tree.len() {
+            return Err(CoreError::invalid(format!(
+                "no tree of drafts was decoded at {base} to keep a path of (the session holds {} tokens)",
+                self.tokens.len()
+            )));
+        }
+        pocket_core::check_path(path, &self.tree)?;
+        // Each kept row moves down to follow the one before it; every row it passes over is
+        // one the path left out, so no row is overwritten before it is moved.
+        for (j, &i) in path.iter().enumerate() {
+            let i = usize::from(i);
+            if i != j {
+                if let Err(e) = self.kv.move_row(base + i, base + j) {
+                    self.tree.clear();
+                    self.truncate(base)?;
+                    return Err(e.into());
+                }
+                self.tokens[base + j] = self.tokens[base + i];
+            }
+        }
+        self.tree.clear();
+        self.truncate(base + path.len())
     }
 
     fn memory(&self) -> u64 {

@@ -8,12 +8,13 @@
 mod common;
 
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 use common::*;
 use pocket_core::cost::CostModel;
 use pocket_core::spec::{
-    AutoConfig, AutoDrafter, DraftModelDrafter, Drafter, LayerSkipConfig, LayerSkipDrafter, SearchConfig,
-    SkipSet, SuffixDrafter,
+    AutoConfig, AutoDrafter, DraftModelDrafter, Drafter, History, LayerSkipConfig, LayerSkipDrafter, Recall,
+    SearchConfig, SkipSet, SuffixDrafter,
 };
 use pocket_core::{
     GenerateRequest, Generation, KvType, Model, Rows, SamplingConfig, Session, StopConfig, Token,
@@ -235,6 +236,111 @@ fn every_drafter_matches_plain_decoding_on_smollm2() {
 fn every_drafter_matches_plain_decoding_on_qwen() {
     let _serial = serial();
     identical_for_every_drafter(&model(QWEN));
+}
+
+/// Each row of a pass over a tree of drafts is bitwise what decoding its path gives, and
+/// keeping one path leaves the session as decoding that path would: the next pass's logits
+/// are bitwise equal.
+fn tree_rows_equal_their_paths(model: &GgmlModel) {
+    let n_vocab = model.info().n_vocab;
+    // Token 0 is the pending one; the others branch at 0, 1 and 3 (depths up to 4).
+    let parents: [u8; 9] = [0, 0, 1, 1, 0, 2, 4, 3, 7];
+    let kept: [u8; 4] = [0, 1, 3, 7];
+    let path_to = |mut i: usize| {
+        let mut path = vec![i];
+        while i > 0 {
+            i = usize::from(parents[i]);
+            path.push(i);
+        }
+        path.reverse();
+        path
+    };
+    for prefix_len in [100, 250] {
+        let prefix = prose(model, prefix_len);
+        let tree = other_prose(model, parents.len());
+        let mut s = session(model, &config(512));
+        if !s.decodes_trees() {
+            eprintln!("{}: drafts are verified as paths here, not trees", model.info().name);
+            return;
+        }
+        s.decode(&prefix, &full(model), Rows::None).unwrap();
+        let rows = collect(&s.decode_tree(&tree, &parents, &full(model)).unwrap());
+        let mut one = session(model, &config(512));
+        one.decode(&prefix, &full(model), Rows::None).unwrap();
+        for i in 0..parents.len() {
+            let path: Vec<Token> = path_to(i).into_iter().map(|j| tree[j]).collect();
+            let want = collect(&one.decode(&path, &full(model), Rows::Last).unwrap());
+            one.truncate(prefix_len).unwrap();
+            let what = format!("{}: row {i} of a tree after {prefix_len}", model.info().name);
+            assert_bitwise(&what, &rows[i * n_vocab..(i + 1) * n_vocab], &want, n_vocab);
+        }
+        s.keep_path(prefix_len, &kept).unwrap();
+        let path: Vec<Token> = kept.iter().map(|&j| tree[usize::from(j)]).collect();
+        let mut held = prefix.clone();
+        held.extend(&path);
+        assert_eq!(s.tokens(), &held[..]);
+        one.decode(&path, &full(model), Rows::None).unwrap();
+        let probe = &tree[1..3];
+        let next = collect(&s.decode(probe, &full(model), Rows::Tail(2)).unwrap());
+        let want = collect(&one.decode(probe, &full(model), Rows::Tail(2)).unwrap());
+        let what =
+            format!("{}: the pass after keeping a path of a tree after {prefix_len}", model.info().name);
+        assert_bitwise(&what, &next, &want, n_vocab);
+    }
+}
+
+#[test]
+fn tree_rows_equal_their_paths_on_smollm2() {
+    let _serial = serial();
+    tree_rows_equal_their_paths(&smol());
+}
+
+#[test]
+fn tree_rows_equal_their_paths_on_qwen() {
+    let _serial = serial();
+    tree_rows_equal_their_paths(&model(QWEN));
+}
+
+/// Drafting trees from earlier answers that part ways gives plain decoding's tokens and
+/// leaves the session as plain decoding does.
+#[test]
+fn trees_from_earlier_answers_match_plain_decoding_on_smollm2() {
+    let _serial = serial();
+    let model = smol();
+    let greedy = SamplingConfig::default();
+    let mut trees = 0;
+    for (kind, text) in PROMPTS {
+        let prompt = chat(&model, text);
+        let (plain, mut plain_session) = run(&model, &prompt, &greedy, None);
+        let probe: Vec<Token> = plain.tokens.iter().rev().take(2).copied().collect();
+        let plain_next = collect(&plain_session.decode(&probe, &full(&model), Rows::Tail(2)).unwrap());
+        // Earlier answers: this one twice and, as often, one that parts from it at a third
+        // (a token swapped), so drafts branch there.
+        let a = &plain.tokens;
+        let mut swapped = a.clone();
+        swapped[a.len() / 3] = a[0];
+        let mut history = History::new();
+        for answer in [a, &swapped, a, &swapped] {
+            history.push(&prompt, answer);
+        }
+        let mut d = SuffixDrafter::with_cost(8, flat()).with_history(Arc::new(history), &Recall::default());
+        let (spec, mut session) = run(&model, &prompt, &greedy, Some(&mut d));
+        let what = format!("{} on {kind} with trees from earlier answers", model.info().name);
+        assert_eq!(spec.tokens, plain.tokens, "{what}: {:?} vs {:?}", spec.text, plain.text);
+        assert_eq!(session.tokens(), plain_session.tokens().split_at(plain_session.len() - 2).0, "{what}");
+        let next = collect(&session.decode(&probe, &full(&model), Rows::Tail(2)).unwrap());
+        assert_bitwise(
+            &format!("{what}: the pass after generation"),
+            &next,
+            &plain_next,
+            model.info().n_vocab,
+        );
+        eprintln!("{what}: {:?}", spec.spec);
+        trees += spec.spec.trees;
+    }
+    if session(&model, &config(64)).decodes_trees() {
+        assert!(trees > 0, "no draft branched");
+    }
 }
 
 #[test]

@@ -258,6 +258,14 @@ impl Drafter for AutoDrafter {
         }
     }
 
+    fn allow_trees(&mut self, allowed: bool) {
+        self.suffix.allow_trees(allowed);
+    }
+
+    fn tree(&self) -> Option<&[u8]> {
+        if self.last == Choice::Suffix { self.suffix.tree() } else { None }
+    }
+
     fn feedback(&mut self, drafted: &[Token], accepted: usize) {
         // A model drafter that stopped short of the planned length (layer skipping below its
         // confidence threshold) paid for the pass that found the token it did not trust: that

@@ -145,6 +145,86 @@ impl History {
     }
 }
 
+/// Most continuations of one token a tree offers: the most frequent.
+const TREE_FANOUT: usize = 4;
+
+/// Tokens offered for a tree and not yet taken, at most: each taken token offers
+/// [`TREE_FANOUT`] and removes itself.
+const FRONTIER: usize = TREE_FANOUT * (super::MAX_DRAFT + 1);
+
+/// A token offered for a tree: its reach, its parent's index in the pass, its state, itself.
+type Offer = (f64, u8, u32, Token);
+
+impl History {
+    /// Writes a tree of what followed the cursor's suffix in earlier answers into `tokens`,
+    /// `parents` and `reach` (up to the shortest's length), best first: a token's reach is
+    /// its parent's (1 for the cursor) times `alpha` times the share of its parent's
+    /// occurrences it continued, and the token of highest reach not yet taken comes next (of
+    /// equals, the one offered first). So every token comes after its parent and reaches no
+    /// higher, and each prefix of the tree is the best tree of that size this scoring knows.
+    /// `parents[i]` is the index of token i's parent in a verification pass: 0 for the
+    /// pending token (the cursor), `j + 1` for `tokens[j]`. Returns how many were written.
+    pub fn tree(
+        &self,
+        cursor: Cursor,
+        alpha: f64,
+        tokens: &mut [Token],
+        parents: &mut [u8],
+        reach: &mut [f64],
+    ) -> usize {
+        if cursor.is_empty() {
+            return 0;
+        }
+        let max = tokens.len().min(parents.len()).min(reach.len()).min(super::MAX_DRAFT);
+        let mut frontier = heapless::Vec::<Offer, FRONTIER>::new();
+        self.offer(cursor.state(), 0, 1.0, alpha, &mut frontier);
+        let mut n = 0;
+        while n < max {
+            let best = (0..frontier.len()).fold(None, |best: Option<usize>, i| match best {
+                Some(b) if frontier[b].0 >= frontier[i].0 => Some(b),
+                _ => Some(i),
+            });
+            let Some(i) = best else { break };
+            let (r, parent, state, token) = frontier.remove(i);
+            (tokens[n], parents[n], reach[n]) = (token, parent, r);
+            n += 1;
+            self.offer(state, n as u8, r, alpha, &mut frontier);
+        }
+        n
+    }
+
+    /// Offers the [`TREE_FANOUT`] most frequent continuations of `state` (of equals, the one
+    /// listed first, as [`History::continuation`] takes), which follow the pass's token
+    /// `parent`, reached with probability `reach`.
+    fn offer(
+        &self,
+        state: u32,
+        parent: u8,
+        reach: f64,
+        alpha: f64,
+        frontier: &mut heapless::Vec<Offer, FRONTIER>,
+    ) {
+        let total = self.counts.get(state as usize).copied().unwrap_or(0);
+        if total == 0 {
+            return;
+        }
+        let mut top = heapless::Vec::<(Token, u32, u32), TREE_FANOUT>::new();
+        for (t, s) in self.sam.children(state).filter(|&(t, _)| t != SEPARATOR) {
+            let c = self.counts.get(s as usize).copied().unwrap_or(0);
+            let at = top.iter().position(|o| o.2 < c).unwrap_or(top.len());
+            if at < TREE_FANOUT {
+                if top.is_full() {
+                    top.pop();
+                }
+                top.insert(at, (t, s, c)).ok();
+            }
+        }
+        for (t, s, c) in top {
+            frontier.push((reach * alpha * f64::from(c) / f64::from(total), parent, s, t)).ok();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,6 +274,29 @@ mod tests {
         assert_eq!(share[..2], [1.0, 1.0]);
         assert!((share[2] - 2.0 / 3.0).abs() < 1e-12, "{share:?}");
         assert_eq!(share[3], 1.0);
+    }
+
+    #[test]
+    fn a_tree_takes_the_likeliest_tokens_first_and_branches_where_answers_did() {
+        let mut h = History::new();
+        h.push(&[50], &[60, 61, 70, 71]);
+        h.push(&[50], &[60, 61, 80, 81]);
+        h.push(&[50], &[60, 61, 80, 81]);
+        let (mut tokens, mut parents, mut reach) = ([0; 16], [0u8; 16], [0.0; 16]);
+        let n = h.tree(cursor(&h, &[50]), 1.0, &mut tokens, &mut parents, &mut reach);
+        // 60 61 then the branch: 80 (2 of 3) and 81 after it before 70 (1 of 3), then 71.
+        assert_eq!(tokens[..n], [60, 61, 80, 81, 70, 71]);
+        assert_eq!(parents[..n], [0, 1, 2, 3, 2, 5]);
+        let want = [1.0, 1.0, 2.0 / 3.0, 2.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0];
+        for (r, w) in reach[..n].iter().zip(want) {
+            assert!((r - w).abs() < 1e-12, "{:?}", &reach[..n]);
+        }
+        // Its first path is what the continuation drafts; a lower alpha reorders nothing
+        // here, and the room given bounds it.
+        assert_eq!(draft(&h, &[50], 8).0, [60, 61, 80, 81]);
+        let n = h.tree(cursor(&h, &[50]), 0.5, &mut tokens[..3], &mut parents, &mut reach);
+        assert_eq!((n, &tokens[..3]), (3, &[60, 61, 80][..]));
+        assert_eq!(h.tree(Cursor::default(), 1.0, &mut tokens, &mut parents, &mut reach), 0);
     }
 
     #[test]

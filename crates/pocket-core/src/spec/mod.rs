@@ -55,7 +55,7 @@ pub use report::DrafterReport;
 pub use search::{SearchConfig, SkipSearch};
 pub use suffix::{Cursor, Match, SuffixAutomaton};
 pub use suffix_drafter::{Recall, SuffixDrafter};
-pub use verify::{Verdict, verify_greedy, verify_sampled};
+pub use verify::{Verdict, verify_greedy, verify_sampled, verify_tree_greedy};
 
 use crate::{Result, Session, Token};
 
@@ -68,6 +68,9 @@ pub type Draft = heapless::Vec<Token, MAX_DRAFT>;
 
 /// A verification pass's batch: the pending token and the draft.
 pub type Batch = heapless::Vec<Token, { MAX_DRAFT + 1 }>;
+
+/// Indices into a verification pass: a tree's parents, or the path a verifier walked.
+pub type Path = heapless::Vec<u8, { MAX_DRAFT + 1 }>;
 
 /// Proposes tokens for the target model to verify.
 ///
@@ -93,7 +96,23 @@ pub trait Drafter: Send {
     ) -> Result<()>;
 
     /// The verifier's verdict on the last draft: `accepted` of `drafted` tokens were kept.
+    /// After a tree, `drafted` is the path the verifier walked: the accepted tokens, then
+    /// the first of the rejected ones where the tree went on.
     fn feedback(&mut self, drafted: &[Token], accepted: usize);
+
+    /// Whether drafts may branch from here on ([`Drafter::tree`]): the loop says so before a
+    /// request's first draft, where its session decodes trees and nothing but the target's
+    /// greedy pick is asked of a row. By default drafts stay paths.
+    fn allow_trees(&mut self, allowed: bool) {
+        let _ = allowed;
+    }
+
+    /// Where the last draft branched: the parent of each of its tokens, as an index into the
+    /// verification pass (0 the pending token, `j + 1` the draft's token `j`). `None`: the
+    /// draft is a path, each token after the one before it.
+    fn tree(&self) -> Option<&[u8]> {
+        None
+    }
 
     /// Called once the target has decoded the prompt, before its first token is sampled,
     /// with every token the target holds: a drafter with state of its own (a draft model's
@@ -199,6 +218,14 @@ pub struct SpecStats {
     /// Seconds spent on the constraint: masks, advancing it, checking drafts, forced tokens.
     #[serde(default)]
     pub constraint_seconds: f64,
+    /// Drafts that branched (verified as trees). `drafted` counts a tree's tokens along the
+    /// path verification walked (the accepted ones and the first rejected), so acceptance
+    /// reads as for paths; `tree_tokens` counts all that its passes verified.
+    #[serde(default)]
+    pub trees: usize,
+    /// Tokens of the drafts that branched.
+    #[serde(default)]
+    pub tree_tokens: usize,
 }
 
 impl SpecStats {

@@ -98,6 +98,12 @@ pub struct SuffixDrafter {
     /// Drafts taken from the history, and their tokens.
     recalled_drafts: usize,
     recalled_tokens: usize,
+    /// Whether drafts from the history may branch ([`Drafter::allow_trees`]).
+    trees: bool,
+    /// For a tree from the history planned last: each token's parent in the pass.
+    recalled_parents: [u8; MAX_DRAFT],
+    /// Whether the last draft branched (its parents are `recalled_parents[..its length]`).
+    branched: Option<usize>,
 }
 
 impl SuffixDrafter {
@@ -120,6 +126,9 @@ impl SuffixDrafter {
             recalled_share: [0.0; MAX_DRAFT],
             recalled_drafts: 0,
             recalled_tokens: 0,
+            trees: false,
+            recalled_parents: [0; MAX_DRAFT],
+            branched: None,
         }
     }
 
@@ -208,14 +217,24 @@ impl SuffixDrafter {
         self.recalled.clear();
         if let Some(h) = self.history.as_ref().filter(|_| !self.cursor.is_empty()) {
             let room = max.min(self.recalled.capacity());
-            let n = h.continuation(self.cursor, room, &mut self.recalled, &mut self.recalled_share);
             let b = bucket(self.cursor.len());
             let alpha = self.recalled_acceptance[b].alpha();
-            let mut p = [0.0; MAX_DRAFT];
-            for (p, share) in p.iter_mut().zip(&self.recalled_share[..n]) {
-                *p = alpha * share;
-            }
-            let (k, gain) = self.cost.best_path(&p[..n]);
+            let (k, gain) = if self.trees {
+                // Scored as a path is: a token's reach is alpha times its share, times its
+                // parent's.
+                let mut tokens = [0; MAX_DRAFT];
+                let reach = &mut self.recalled_share;
+                let n = h.tree(self.cursor, alpha, &mut tokens[..room], &mut self.recalled_parents, reach);
+                self.recalled.extend_from_slice(&tokens[..n]).ok();
+                self.cost.best_tree(&reach[..n])
+            } else {
+                let n = h.continuation(self.cursor, room, &mut self.recalled, &mut self.recalled_share);
+                let mut p = [0.0; MAX_DRAFT];
+                for (p, share) in p.iter_mut().zip(&self.recalled_share[..n]) {
+                    *p = alpha * share;
+                }
+                self.cost.best_path(&p[..n])
+            };
             if k > 0 && gain > best.1 {
                 best = (k, gain);
                 self.last = (Origin::History, b);
@@ -238,6 +257,7 @@ impl Drafter for SuffixDrafter {
         out: &mut Draft,
     ) -> Result<()> {
         out.clear();
+        self.branched = None;
         let (k, _) = self.plan_step(context, max);
         let k = k.min(out.capacity());
         if k > 0 {
@@ -254,10 +274,23 @@ impl Drafter for SuffixDrafter {
                     out.extend_from_slice(&self.recalled[..k]).ok();
                     self.recalled_drafts += 1;
                     self.recalled_tokens += k;
+                    // A tree whose every token follows the one before it is a path.
+                    let path = (0..k).all(|i| usize::from(self.recalled_parents[i]) == i);
+                    if self.trees && !path {
+                        self.branched = Some(k);
+                    }
                 }
             }
         }
         Ok(())
+    }
+
+    fn allow_trees(&mut self, allowed: bool) {
+        self.trees = allowed;
+    }
+
+    fn tree(&self) -> Option<&[u8]> {
+        self.branched.map(|k| &self.recalled_parents[..k])
     }
 
     fn feedback(&mut self, drafted: &[Token], accepted: usize) {
@@ -373,6 +406,32 @@ mod tests {
         // Without the source nothing of it is known.
         let mut plain = SuffixDrafter::with_cost(4, CostModel::linear(0.0));
         assert_eq!(draft(&mut plain, &[0, 100, 101, 102], 4), Vec::<Token>::new());
+    }
+
+    #[test]
+    fn where_earlier_answers_part_the_draft_branches_if_trees_are_allowed() {
+        // After "… 50" earlier answers went 200 201 then 202 203 204 (twice) or 210 211 212.
+        let mut history = History::new();
+        for answer in [&[200, 201, 202, 203, 204][..], &[200, 201, 210, 211, 212], &[200, 201, 202, 203, 204]]
+        {
+            history.push(&[1, 2, 50], answer);
+        }
+        let history = Arc::new(history);
+        let mut d =
+            SuffixDrafter::with_cost(8, CostModel::linear(0.0)).with_history(history, &Recall::default());
+        let context = [7, 2, 50, 200];
+        // Paths unless allowed: the likelier continuation only.
+        assert_eq!(draft(&mut d, &context, 8), [201, 202, 203, 204]);
+        assert_eq!(d.tree(), None);
+        d.allow_trees(true);
+        let tokens = draft(&mut d, &context, 8);
+        // 210's branch (1 of 3) comes in once the likelier one's reach, alpha times more at
+        // each token, falls below it.
+        assert_eq!(tokens, [201, 202, 210, 203, 211, 204, 212]);
+        assert_eq!(d.tree(), Some(&[0, 1, 1, 2, 3, 4, 5][..]));
+        // A draft with nothing to branch on is a path again.
+        assert_eq!(draft(&mut d, &[7, 2, 50, 200, 201, 202], 8), [203, 204]);
+        assert_eq!(d.tree(), None);
     }
 
     #[test]

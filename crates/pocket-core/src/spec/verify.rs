@@ -53,6 +53,42 @@ pub fn verify_greedy(
     Ok(Verdict { accepted, next })
 }
 
+/// Greedy verification of a tree of drafts (SpecInfer; SuffixDecoding): `pass` holds the
+/// pending token then the drafted ones, `parents[i]` the index in `pass` of token `i`'s
+/// parent. From the pending token's row, follow the child whose token is the sampler's pick
+/// while there is one, then take the pick of the row where the walk stopped: exactly what
+/// plain decoding gives, as [`verify_greedy`] is along a path. `path` receives the indices
+/// walked, from 0; the verdict counts the accepted tokens after the pending one.
+pub fn verify_tree_greedy(
+    sampler: &mut Sampler,
+    logits: &Logits<'_>,
+    pass: &[Token],
+    parents: &[u8],
+    history: &mut Vec<Token>,
+    masker: &mut Masker<'_>,
+    path: &mut super::Path,
+) -> Result<Verdict> {
+    let base = history.len();
+    path.clear();
+    path.push(0).ok();
+    let mut node = 0;
+    let next = loop {
+        let pick = sampler.sample(masker.row(logits.row(node))?, history);
+        let child = (node + 1..pass.len()).find(|&c| usize::from(parents[c]) == node && pass[c] == pick);
+        match child {
+            Some(c) => {
+                history.push(pick);
+                masker.advance(pick)?;
+                path.push(c as u8).ok();
+                node = c;
+            }
+            None => break pick,
+        }
+    };
+    history.truncate(base);
+    Ok(Verdict { accepted: path.len() - 1, next })
+}
+
 /// Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): accept drafted token `d`
 /// with probability min(1, p(d) / q(d)), where p is the target's distribution for its row and
 /// q the draft's; at the first rejection draw from norm(max(0, p − q)); when all are accepted
@@ -156,6 +192,45 @@ mod tests {
         // No draft: plain decoding.
         let v = verify_greedy(&mut greedy(), &logits, &[], &mut vec![0], &mut Masker::none()).unwrap();
         assert_eq!(v, Verdict { accepted: 0, next: 1 });
+    }
+
+    #[test]
+    fn a_tree_is_walked_along_the_picks() {
+        // Pass: pending 0, then 1 (after 0), 3 (after 0), 2 (after 1), 5 (after 1), 6 (after
+        // 2). The picks after each row's token t are t + 1, so the walk takes 1 then 2 then 3,
+        // which no child of 2 offers.
+        let pass = [0, 1, 3, 2, 5, 6];
+        let parents = [0, 0, 0, 1, 1, 3];
+        let picks: Vec<Token> = pass.iter().map(|t| t + 1).collect();
+        let data = rows(&picks);
+        let logits = Logits::new(&data, 8);
+        let mut path = crate::spec::Path::new();
+        let mut h = vec![0];
+        let v = verify_tree_greedy(
+            &mut greedy(),
+            &logits,
+            &pass,
+            &parents,
+            &mut h,
+            &mut Masker::none(),
+            &mut path,
+        )
+        .unwrap();
+        assert_eq!(v, Verdict { accepted: 2, next: 3 });
+        assert_eq!(path[..], [0, 1, 3]);
+        assert_eq!(h, vec![0]);
+        // A pick no child offers: nothing accepted.
+        let v = verify_tree_greedy(
+            &mut greedy(),
+            &logits,
+            &[0, 4],
+            &[0, 0],
+            &mut h,
+            &mut Masker::none(),
+            &mut path,
+        )
+        .unwrap();
+        assert_eq!((v, &path[..]), (Verdict { accepted: 0, next: 1 }, &[0u8][..]));
     }
 
     #[test]

@@ -14,6 +14,9 @@ pub(crate) struct SegmentData<'a> {
     pub(crate) tokens: &'a [Token],
     pub(crate) pos0: usize,
     pub(crate) shape: PassShape,
+    /// For a tree of drafts ([`pocket_core::Session::decode_tree`]): each token's parent in
+    /// the segment. Empty for a sequence.
+    pub(crate) parents: &'a [u8],
 }
 
 /// Buffers the inputs are made in, kept between passes.
@@ -22,6 +25,8 @@ pub(crate) struct Scratch {
     mask: Vec<u16>,
     i32s: Vec<i32>,
     i64s: Vec<i64>,
+    /// A tree's depths.
+    depths: Vec<usize>,
     /// Hadamard matrices by size, made when first needed.
     rotations: Vec<(usize, Vec<f32>)>,
 }
@@ -49,7 +54,15 @@ pub(crate) fn set(g: &Graph, hp: &Hparams, segments: &[SegmentData<'_>], s: &mut
     s.i32s.extend(segments.iter().flat_map(|d| rows(d).map(|(t, _)| t as i32)));
     inp.tokens.set_data(&s.i32s)?;
     s.i32s.clear();
-    s.i32s.extend(segments.iter().flat_map(|d| rows(d).map(|(_, p)| p as i32)));
+    for d in segments {
+        if d.parents.is_empty() {
+            s.i32s.extend(rows(d).map(|(_, p)| p as i32));
+        } else {
+            // A tree's token sits at its depth's position, in the cache row of its index.
+            pocket_core::tree_depths(d.parents, &mut s.depths);
+            s.i32s.extend(rows(d).map(|(_, row)| (d.pos0 + s.depths[row - d.pos0]) as i32));
+        }
+    }
     inp.pos.set_data(&s.i32s)?;
     for (d, si) in segments.iter().zip(&inp.segments) {
         let (n_tokens, pos0, shape) = (d.tokens.len(), d.pos0, d.shape);
@@ -60,11 +73,11 @@ pub(crate) fn set(g: &Graph, hp: &Hparams, segments: &[SegmentData<'_>], s: &mut
         // before that layer's attention: the mask is then not in the graph, and not allocated
         // (nor is the sliding-window mask where no such layer runs).
         if si.mask.is_allocated() {
-            fill_mask(&mut s.mask, pos0, n_tokens, shape.q_rows, shape.n_kv, None);
+            fill_mask(&mut s.mask, pos0, n_tokens, shape.q_rows, shape.n_kv, None, d.parents);
             si.mask.set_data(&s.mask)?;
         }
         if let (Some(mask), Some(swa)) = (si.mask_swa.filter(|m| m.is_allocated()), &hp.swa) {
-            fill_mask(&mut s.mask, pos0, n_tokens, shape.q_rows, shape.n_kv, Some(swa.window));
+            fill_mask(&mut s.mask, pos0, n_tokens, shape.q_rows, shape.n_kv, Some(swa.window), d.parents);
             mask.set_data(&s.mask)?;
         }
     }
@@ -84,8 +97,8 @@ pub(crate) fn set(g: &Graph, hp: &Hparams, segments: &[SegmentData<'_>], s: &mut
     Ok(())
 }
 
-/// Each row of a segment: its token and position (also its cache row) — the tokens', then
-/// the last one's again for rows past them.
+/// Each row of a segment: its token and cache row (for a sequence also its position) — the
+/// tokens', then the last one's again for rows past them.
 fn rows<'a>(d: &SegmentData<'a>) -> impl Iterator<Item = (Token, usize)> + 'a {
     let (tokens, pos0) = (d.tokens, d.pos0);
     let last = tokens.len() - 1;

@@ -257,7 +257,8 @@ pub(crate) fn build(
 /// Fill the causal mask of a pass: query `i` (at `p = pos0 + i`) sees cache positions
 /// `0..=p` of the `n_kv` it reads — or, with a sliding `window`, only `p + 1 − window..=p`, as
 /// llama.cpp's `is_masked_swa` has it; the padding past them is masked. Query rows past the
-/// tokens (see [`LoneQuery::Duplicated`]) repeat the last token's row.
+/// tokens (see [`LoneQuery::Duplicated`]) repeat the last token's row. With `parents` (a tree
+/// of drafts) query `i` sees what precedes `pos0` and the rows of its path through the tree.
 pub(crate) fn fill_mask(
     mask: &mut Vec<u16>,
     pos0: usize,
@@ -265,15 +266,34 @@ pub(crate) fn fill_mask(
     n_rows: usize,
     n_kv: usize,
     window: Option<usize>,
+    parents: &[u8],
 ) {
     const ZERO: u16 = 0x0000;
     const NEG_INF: u16 = 0xFC00; // f16 −∞
     mask.clear();
     mask.resize(n_kv * n_rows, NEG_INF);
-    for i in 0..n_rows {
-        let visible = pos0 + i.min(n_tokens.saturating_sub(1)) + 1;
-        let first = window.map_or(0, |w| visible.saturating_sub(w));
-        mask[i * n_kv + first..i * n_kv + visible].fill(ZERO);
+    for (i, row) in mask.chunks_exact_mut(n_kv).enumerate() {
+        let t = i.min(n_tokens.saturating_sub(1));
+        if parents.is_empty() {
+            let visible = pos0 + t + 1;
+            let first = window.map_or(0, |w| visible.saturating_sub(w));
+            row[first..visible].fill(ZERO);
+            continue;
+        }
+        // A tree's token sees what the session held and the rows of its path: itself and
+        // its ancestors, one per position before its own (a window longer than a draft
+        // holds them all).
+        let (mut j, mut depth) = (t, 0);
+        loop {
+            row[pos0 + j] = ZERO;
+            if j == 0 {
+                break;
+            }
+            j = usize::from(parents[j]);
+            depth += 1;
+        }
+        let first = window.map_or(0, |w| (pos0 + depth + 1).saturating_sub(w));
+        row[first.min(pos0)..pos0].fill(ZERO);
     }
 }
 
