@@ -390,6 +390,17 @@ pub struct Timings {
     pub drafted: u64,
     /// Drafted tokens accepted.
     pub accepted: u64,
+    /// Drafts made (verification passes that carried one): `drafted / drafts` is the mean
+    /// draft's length.
+    #[serde(default)]
+    pub drafts: u64,
+    /// Of the drafts, those that branched (verified as trees); `drafted` counts a tree's
+    /// tokens along the path verification walked.
+    #[serde(default)]
+    pub trees: u64,
+    /// Tokens the trees held, all their branches.
+    #[serde(default)]
+    pub tree_tokens: u64,
     /// Of the drafted tokens, those drafted from earlier answers (to requests under the same
     /// `prompt_cache_key`).
     #[serde(default)]

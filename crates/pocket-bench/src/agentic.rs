@@ -60,6 +60,12 @@ pub struct AgenticRecord {
     pub drafted: u64,
     /// Drafted tokens accepted.
     pub accepted: u64,
+    /// Drafts made.
+    #[serde(default)]
+    pub drafts: u64,
+    /// Drafts that branched (trees).
+    #[serde(default)]
+    pub trees: u64,
     /// Drafted tokens that came from earlier answers.
     pub recalled: u64,
     /// What the drafter did, in a line.
@@ -86,6 +92,12 @@ pub struct AgenticPart {
     pub acceptance: f64,
     /// Drafted tokens per generated token.
     pub drafted_per_token: f64,
+    /// Drafted tokens per draft (a tree's counted along the path verification walked).
+    #[serde(default)]
+    pub draft_len: f64,
+    /// Of the drafts, the share that branched (trees).
+    #[serde(default)]
+    pub tree_share: f64,
     /// Of the drafted tokens, the share drafted from earlier answers.
     pub recalled_share: f64,
     /// Answers identical to the `off` mode's.
@@ -189,6 +201,8 @@ pub fn replay(config: &BenchConfig, requests: &[AgenticRequest]) -> Result<Agent
                     .then(|| (generated - 1) as f64 / s.decode_seconds),
                 drafted: s.timings.drafted,
                 accepted: s.timings.accepted,
+                drafts: s.timings.drafts,
+                trees: s.timings.trees,
                 recalled: s.timings.recalled,
                 drafter: s.timings.drafter.clone(),
                 output_sha256: sha256_tokens(&s.tokens),
@@ -230,6 +244,7 @@ pub fn summarize(records: &[AgenticRecord], mode: &str, n: usize) -> AgenticMode
         let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         let drafted: u64 = these.iter().map(|r| r.drafted).sum();
         let generated: usize = these.iter().map(|r| r.generated_tokens).sum();
+        let drafts: u64 = these.iter().map(|r| r.drafts).sum();
         AgenticPart {
             requests: these.len(),
             decode_tok_per_s: rate(&these),
@@ -237,6 +252,8 @@ pub fn summarize(records: &[AgenticRecord], mode: &str, n: usize) -> AgenticMode
             over_no_history: ratio(rate(&these), rate(&without)),
             acceptance: ratio(these.iter().map(|r| r.accepted).sum::<u64>() as f64, drafted as f64),
             drafted_per_token: ratio(drafted as f64, generated as f64),
+            draft_len: ratio(drafted as f64, drafts as f64),
+            tree_share: ratio(these.iter().map(|r| r.trees).sum::<u64>() as f64, drafts as f64),
             recalled_share: ratio(these.iter().map(|r| r.recalled).sum::<u64>() as f64, drafted as f64),
             identical: these.iter().filter(|r| r.identical_to_off).count(),
         }
@@ -259,6 +276,8 @@ mod tests {
             decode_tok_per_s: None,
             drafted,
             accepted: drafted / 2,
+            drafts: drafted / 4,
+            trees: drafted / 8,
             recalled: drafted / 4,
             drafter: None,
             output_sha256: String::new(),
@@ -282,6 +301,7 @@ mod tests {
         assert!((s.second_half.over_no_history - 2.0).abs() < 1e-12);
         assert!((s.all.decode_tok_per_s - 20.0 / 1.25).abs() < 1e-9);
         assert_eq!((s.all.acceptance, s.all.recalled_share), (0.5, 0.25));
+        assert_eq!((s.all.draft_len, s.all.tree_share), (4.0, 0.5));
         assert_eq!(summarize(&records, OFF, 2).second_half.speedup, 1.0);
     }
 }

@@ -232,20 +232,32 @@ fn agentic_table(out: &mut String, a: &crate::agentic::AgenticResults) {
     );
     let _ = writeln!(
         out,
-        "{:<10} {:<12} {:>9} {:>8} {:>8} {:>11} {:>9} {:>9} {:>10}",
-        "mode", "part", "requests", "tok/s", "vs off", "vs no-hist.", "accepted", "recalled", "identical"
+        "{:<10} {:<12} {:>9} {:>8} {:>8} {:>11} {:>9} {:>9} {:>9} {:>6} {:>10}",
+        "mode",
+        "part",
+        "requests",
+        "tok/s",
+        "vs off",
+        "vs no-hist.",
+        "accepted",
+        "recalled",
+        "draft len",
+        "trees",
+        "identical"
     );
     for (mode, s) in &a.summary {
         for (part, p) in [("first half", &s.first_half), ("second half", &s.second_half), ("all", &s.all)] {
             let _ = writeln!(
                 out,
-                "{mode:<10} {part:<12} {:>9} {:>8.1} {:>7.2}x {:>10.2}x {:>8.0}% {:>8.0}% {:>6}/{:<3}",
+                "{mode:<10} {part:<12} {:>9} {:>8.1} {:>7.2}x {:>10.2}x {:>8.0}% {:>8.0}% {:>9.1} {:>5.0}% {:>6}/{:<3}",
                 p.requests,
                 p.decode_tok_per_s,
                 p.speedup,
                 p.over_no_history,
                 p.acceptance * 100.0,
                 p.recalled_share * 100.0,
+                p.draft_len,
+                p.tree_share * 100.0,
                 p.identical,
                 p.requests
             );

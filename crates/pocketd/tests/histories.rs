@@ -1,6 +1,7 @@
 //! Earlier answers drafted into later ones (the answer histories), through a real pocketd on
 //! SmolLM2: drafted under their key only, greedy answers unchanged, shown in `/v1/status`,
-//! cleared over HTTP and D-Bus, and a cancelled answer never kept.
+//! cleared over HTTP and D-Bus, kept across a restart where the prompt cache has a directory,
+//! and a cancelled answer never kept.
 
 mod common;
 
@@ -79,6 +80,30 @@ fn earlier_answers_are_drafted_under_their_key_only_and_forgotten_when_cleared()
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("u "), "{out:?}");
     assert!(d.get("/v1/status")["histories"].as_array().is_none_or(Vec::is_empty));
+}
+
+#[test]
+fn earlier_answers_are_kept_across_a_restart_beside_the_prompt_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("prompts");
+    let setup = || Setup { extra: format!("prompt_cache_dir = {prompts:?}\n"), ..Setup::default() };
+    let histories = prompts.join("histories");
+    let files = || std::fs::read_dir(&histories).map_or(0, |d| d.count());
+    let mut d = Daemon::start(setup());
+    let (reference, _) = ask(&d, "app-a", "off", "Turn off the kitchen lights.");
+    assert!(d.terminate().success());
+    assert_eq!(files(), 1, "one history written to {}", histories.display());
+
+    let d = Daemon::start(setup());
+    let status = d.get("/v1/status");
+    assert_eq!(listed(&status, "app-a").len(), 1, "{status}");
+    let (again, recalled) = ask(&d, "app-a", "suffix", "Turn off the kitchen lights.");
+    assert_eq!(again, reference);
+    assert!(recalled > 0, "nothing drafted from the answer given before the restart:\n{}", d.log());
+    // Clearing forgets it on disk too.
+    let (code, body) = d.curl("POST", "/v1/cache/clear", Some(br#"{"prompt_cache_key": "app-a"}"#));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(files(), 0);
 }
 
 #[test]

@@ -204,8 +204,12 @@ fn parked_conversations_survive_a_restart_and_a_corrupt_file_is_skipped() {
     let mut d = Daemon::start(setup());
     let answers = converse(&d, &TURNS[..2], json!({}));
     assert!(d.terminate().success());
-    let files: Vec<_> = std::fs::read_dir(&prompts).unwrap().flatten().map(|e| e.path()).collect();
-    assert!(!files.is_empty(), "stopping wrote the parked conversation to {}", prompts.display());
+    // The parked conversations' files (earlier answers are kept in a directory beside them).
+    let parked = || {
+        let files = std::fs::read_dir(&prompts).unwrap().flatten().map(|e| e.path());
+        files.filter(|p| p.extension().is_some_and(|e| e == "pkv")).collect::<Vec<_>>()
+    };
+    assert!(!parked().is_empty(), "stopping wrote the parked conversation to {}", prompts.display());
 
     let mut messages = vec![json!({"role": "system", "content": SYSTEM})];
     for (turn, a) in TURNS.iter().zip(&answers) {
@@ -219,11 +223,11 @@ fn parked_conversations_survive_a_restart_and_a_corrupt_file_is_skipped() {
     assert!(after_restart.cached > 0, "the next turn continues from disk:\n{}", d.log());
     assert!(d.terminate().success());
 
-    for f in std::fs::read_dir(&prompts).unwrap().flatten() {
-        let mut bytes = std::fs::read(f.path()).unwrap();
+    for f in parked() {
+        let mut bytes = std::fs::read(&f).unwrap();
         let last = bytes.len() - 1;
         bytes[last] ^= 0x55;
-        std::fs::write(f.path(), bytes).unwrap();
+        std::fs::write(&f, bytes).unwrap();
     }
     let d = Daemon::start(setup());
     let corrupted = chat(&d, &messages, json!({}), false);

@@ -15,6 +15,15 @@ impl AcceptanceEstimate {
         AcceptanceEstimate { accepted: alpha * weight, rejected: (1.0 - alpha) * weight }
     }
 
+    /// The decayed accepted and rejected counts.
+    pub(super) fn counts(&self) -> [f64; 2] {
+        [self.accepted, self.rejected]
+    }
+
+    pub(super) fn from_counts(accepted: f64, rejected: f64) -> Self {
+        AcceptanceEstimate { accepted, rejected }
+    }
+
     pub(super) fn alpha(&self) -> f64 {
         self.accepted / (self.accepted + self.rejected).max(1e-9)
     }

@@ -80,6 +80,33 @@ impl History {
         true
     }
 
+    /// What the history holds, for writing it out ([`History::from_saved`] reads it back):
+    /// its tokens (each answer after its prompt's tail, then a separator), and how many of
+    /// them each answer takes, oldest first.
+    pub fn saved(&self) -> (&[Token], Vec<usize>) {
+        (self.sam.tokens(), self.entries.iter().copied().collect())
+    }
+
+    /// The history that [`History::saved`] gave `tokens` and `entries` of; `None` where they
+    /// are not such (the entries do not cut the tokens into answers, each ending in a
+    /// separator).
+    pub fn from_saved(tokens: &[Token], entries: &[usize]) -> Option<History> {
+        let mut end = 0;
+        for &n in entries {
+            end += n;
+            if n < 2 || end > tokens.len() || tokens[end - 1] != SEPARATOR {
+                return None;
+            }
+        }
+        if end != tokens.len() {
+            return None;
+        }
+        let mut sam = SuffixAutomaton::with_capacity(tokens.len());
+        sam.extend(tokens);
+        let counts = sam.occurrences();
+        Some(History { sam, counts, entries: entries.iter().copied().collect() })
+    }
+
     /// Answers held.
     pub fn answers(&self) -> usize {
         self.entries.len()
@@ -297,6 +324,22 @@ mod tests {
         let n = h.tree(cursor(&h, &[50]), 0.5, &mut tokens[..3], &mut parents, &mut reach);
         assert_eq!((n, &tokens[..3]), (3, &[60, 61, 80][..]));
         assert_eq!(h.tree(Cursor::default(), 1.0, &mut tokens, &mut parents, &mut reach), 0);
+    }
+
+    #[test]
+    fn a_saved_history_reads_back_as_it_was_and_a_damaged_one_does_not() {
+        let mut h = History::new();
+        h.push(&[50], &[60, 61, 70]);
+        h.push(&[51, 50], &[60, 61, 80]);
+        let (tokens, entries) = h.saved();
+        let back = History::from_saved(tokens, &entries).expect("reads back");
+        assert_eq!(back.saved(), (tokens, entries.clone()));
+        assert_eq!(draft(&back, &[50, 60], 8), draft(&h, &[50, 60], 8));
+        // Entries that do not cut the tokens into answers are refused.
+        assert!(History::from_saved(tokens, &entries[..1]).is_none());
+        assert!(History::from_saved(&tokens[1..], &entries).is_none());
+        assert!(History::from_saved(tokens, &[2, tokens.len() - 2]).is_none());
+        assert!(History::from_saved(&[], &[]).is_some());
     }
 
     #[test]

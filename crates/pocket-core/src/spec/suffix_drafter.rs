@@ -62,6 +62,24 @@ impl Default for Recall {
     }
 }
 
+impl Recall {
+    /// What it has counted, for writing it out: per match-length bucket, the (decayed)
+    /// accepted and rejected drafted tokens.
+    pub fn counts(&self) -> [[f64; 2]; 6] {
+        self.0.map(|e| e.counts())
+    }
+
+    /// The recall that [`Recall::counts`] gave `counts`; the default where they are not
+    /// counts (negative or not finite).
+    pub fn from_counts(counts: [[f64; 2]; 6]) -> Recall {
+        if counts.iter().flatten().all(|c| c.is_finite() && *c >= 0.0) {
+            Recall(counts.map(|[a, r]| AcceptanceEstimate::from_counts(a, r)))
+        } else {
+            Recall::default()
+        }
+    }
+}
+
 /// Where a draft comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Origin {

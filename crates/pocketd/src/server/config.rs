@@ -197,7 +197,8 @@ pub struct Config {
     /// of a chat — processes only what is new.
     pub prompt_cache: bool,
     /// Where kept conversations are written when their model unloads or the daemon stops, and
-    /// read back from when a request continues one (none: not kept across unloads).
+    /// read back from when a request continues one (none: not kept across unloads); earlier
+    /// answers, which later ones are drafted from, are kept in its `histories` directory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_cache_dir: Option<PathBuf>,
     /// The most the files in `prompt_cache_dir` may take (`"1GiB"`); the least recently used

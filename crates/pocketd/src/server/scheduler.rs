@@ -100,7 +100,12 @@ impl Scheduler {
         } else {
             None
         };
-        let histories = Arc::new(Histories::new(&ledger, HistoryLimits::default()));
+        // Earlier answers are kept on disk with the prompt cache's files, where those are.
+        let mut histories = Histories::new(&ledger, HistoryLimits::default());
+        if let Some(dir) = &config.prompt_cache_dir {
+            histories = histories.with_dir(dir.join("histories"));
+        }
+        let histories = Arc::new(histories);
         let registry = Registry::new(
             config.models_dir.clone(),
             ledger.clone(),

@@ -11,10 +11,14 @@
 //! ([`Limits::bytes`]), paid for in the budget in a ledger of their own drawn from it, and
 //! they are the first thing given up when a request or a model needs the memory
 //! ([`Histories::shrink`]): the oldest answers of the least recently used history first.
-//! Answers enter when their request ends, never a cancelled one's. They live in memory
-//! only: a restarted daemon starts with none.
+//! Answers enter when their request ends, never a cancelled one's. Given a directory
+//! ([`Histories::with_dir`], beside the prompt cache's files) each history is also written
+//! there, checksummed, and read back when the daemon starts (`disk`).
+
+mod disk;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pocket_core::Token;
@@ -78,6 +82,8 @@ pub struct Histories {
     ledger: Ledger,
     limits: Limits,
     inner: Mutex<Inner>,
+    /// Where they are written, if anywhere.
+    disk: Option<disk::HistoryDir>,
 }
 
 impl std::fmt::Debug for Histories {
@@ -99,7 +105,43 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Histories {
     /// Histories paid for in `budget` (in a ledger of their own drawn from it).
     pub fn new(budget: &Ledger, limits: Limits) -> Histories {
-        Histories { ledger: budget.sub(), limits, inner: Mutex::new(Inner::default()) }
+        Histories { ledger: budget.sub(), limits, inner: Mutex::new(Inner::default()), disk: None }
+    }
+
+    /// These histories, also written to `dir` (made if missing) as answers are added, and
+    /// holding what was written there before: the most recently written first, each within
+    /// the limits, as many as the budget has room for.
+    pub fn with_dir(mut self, dir: PathBuf) -> Histories {
+        self.disk = disk::HistoryDir::open(dir);
+        let loaded = self.disk.as_ref().map(disk::HistoryDir::read_all).unwrap_or_default();
+        let mut inner = lock(&self.inner);
+        let (mut histories, mut answers) = (0, 0);
+        for l in loaded {
+            let mut history = l.history;
+            history.keep_newest(self.limits.tokens);
+            let bytes = history.bytes();
+            if history.answers() == 0 || held(&inner.slots) + bytes > self.limits.bytes {
+                continue;
+            }
+            let Ok(reservation) = self.ledger.reserve(bytes, "earlier answers for drafting") else {
+                continue;
+            };
+            inner.clock += 1;
+            answers += history.answers();
+            histories += 1;
+            let slot = Slot {
+                history: Arc::new(history),
+                learned: l.learned,
+                reservation: Some(reservation),
+                last_used: inner.clock,
+            };
+            inner.slots.insert(Key { model: l.model, hint: l.hint }, slot);
+        }
+        if histories > 0 {
+            tracing::info!(histories, answers, "earlier answers read back for drafting");
+        }
+        drop(inner);
+        self
     }
 
     /// The history of `model`'s answers under `hint`, and what drafting from it learned;
@@ -168,7 +210,12 @@ impl Histories {
                 return; // nothing of it fits
             }
         }
+        let written = (slot.history.clone(), slot.learned);
         inner.slots.insert(key, slot);
+        drop(inner);
+        if let Some(disk) = &self.disk {
+            disk.write(model, hint, &written.0, &written.1);
+        }
     }
 
     /// Halves the least recently used history (drops it when it holds one answer); whether
@@ -197,14 +244,17 @@ impl Histories {
         Self::shrink_lru(&mut lock(&self.inner).slots)
     }
 
-    /// Forgets the answers given under `hint` (every model's), or all of them; how many
-    /// histories were dropped.
+    /// Forgets the answers given under `hint` (every model's), or all of them, also on disk;
+    /// how many histories were dropped from memory.
     pub fn clear(&self, hint: Option<&str>) -> usize {
         let mut inner = lock(&self.inner);
         let before = inner.slots.len();
         match hint {
             Some(h) => inner.slots.retain(|k, _| k.hint.as_deref() != Some(h)),
             None => inner.slots.clear(),
+        }
+        if let Some(disk) = &self.disk {
+            disk.remove(hint);
         }
         before - inner.slots.len()
     }
@@ -279,6 +329,47 @@ mod tests {
             assert!(h.bytes() <= limits.bytes, "{} after {i}", h.bytes());
         }
         assert!(!h.list().is_empty());
+    }
+
+    #[test]
+    fn histories_written_to_a_directory_are_read_back_and_cleared_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let learned = Recall::from_counts([[3.0, 1.0]; 6]);
+        {
+            let h = Histories::new(&Ledger::unlimited(), Limits::default()).with_dir(dir.path().into());
+            h.add("m", Some("app-a"), &[1, 2], &answer(1, 10), Some(learned));
+            h.add("m", Some("app-a"), &[1, 2], &answer(2, 10), None);
+            h.add("m", None, &[1, 2], &answer(3, 10), None);
+            h.add("other", Some("app-b"), &[1, 2], &answer(4, 10), None);
+        }
+        let budget = Ledger::new(1 << 30);
+        let h = Histories::new(&budget, Limits::default()).with_dir(dir.path().into());
+        let (a, recall) = h.get("m", Some("app-a")).expect("read back");
+        assert_eq!(a.answers(), 2);
+        assert_eq!(recall.counts(), learned.counts());
+        assert_eq!((h.list().len(), budget.used()), (3, h.bytes()));
+        assert!(h.bytes() > 0);
+        // A damaged file is skipped; the others still read.
+        let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(files.len(), 3);
+        let mut bytes = std::fs::read(&files[0]).unwrap();
+        let at = bytes.len() - 100;
+        bytes[at] ^= 0x01;
+        std::fs::write(&files[0], bytes).unwrap();
+        let again = Histories::new(&Ledger::unlimited(), Limits::default()).with_dir(dir.path().into());
+        assert_eq!(again.list().len(), 2);
+        // Clearing a hint deletes its file, whether or not the history is in memory.
+        again.clear(Some("app-b"));
+        h.clear(Some("app-a"));
+        let left = Histories::new(&Ledger::unlimited(), Limits::default()).with_dir(dir.path().into());
+        assert!(left.list().iter().all(|i| i.hint.is_none()), "{:?}", left.list());
+        left.clear(None);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        // A budget with no room reads nothing back, and loses nothing.
+        h.add("m", None, &[1, 2], &answer(5, 10), None);
+        let none = Histories::new(&Ledger::new(100), Limits::default()).with_dir(dir.path().into());
+        assert!(none.list().is_empty());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]
