@@ -306,6 +306,7 @@ impl Session for GgmlSession {
         let n_vocab = hp.n_vocab;
         plan.check(hp.n_layer)?;
         pocket_core::check_decode(tokens, n_vocab, self.tokens.len(), self.config.n_ctx)?;
+        self.tree.clear();
         let old_len = self.tokens.len();
         let new_len = old_len + tokens.len();
         // Positions decoded with another plan are recomputed with this one, in this pass.
@@ -363,6 +364,8 @@ impl Session for GgmlSession {
             )));
         }
         self.tokens.truncate(len);
+        // A tree decoded last is no longer there to keep a path of.
+        self.tree.clear();
         self.complete_len = self.complete_len.min(len);
         if self.complete_len == len {
             self.partial = None;
@@ -440,7 +443,11 @@ impl Session for GgmlSession {
                 self.tokens.len()
             )));
         }
-        pocket_core::check_path(path, &self.tree)?;
+        // A path that is not one leaves the session as it was before the tree.
+        if let Err(e) = pocket_core::check_path(path, &self.tree) {
+            self.truncate(base)?;
+            return Err(e);
+        }
         // Each kept row moves down to follow the one before it; every row it passes over is
         // one the path left out, so no row is overwritten before it is moved.
         for (j, &i) in path.iter().enumerate() {

@@ -286,6 +286,13 @@ fn tree_rows_equal_their_paths(model: &GgmlModel) {
         let what =
             format!("{}: the pass after keeping a path of a tree after {prefix_len}", model.info().name);
         assert_bitwise(&what, &next, &want, n_vocab);
+        // A path the tree does not have is refused, and the session holds what it held
+        // before the tree.
+        let held = s.len();
+        s.decode_tree(&tree, &parents, &full(model)).unwrap();
+        let err = s.keep_path(held, &[0, 2, 1]).unwrap_err().to_string();
+        assert!(err.contains("no path"), "{err}");
+        assert_eq!(s.len(), held);
     }
 }
 
