@@ -149,17 +149,8 @@ impl History {
         let mut n = 0;
         while n < max {
             let total = self.counts.get(state as usize).copied().unwrap_or(0);
-            // The most frequent continuation; of equals, the one seen first in the list (the
-            // latest added), so that a newer habit wins a tie.
-            let best = self
-                .sam
-                .children(state)
-                .map(|(t, s)| (t, s, self.counts.get(s as usize).copied().unwrap_or(0)))
-                .fold(None, |best: Option<(Token, u32, u32)>, c| match best {
-                    Some(b) if b.2 >= c.2 => Some(b),
-                    _ => Some(c),
-                });
-            let Some((token, next, count)) = best else { break };
+            // The end of an answer competes: where it is likeliest, the draft stops.
+            let Some(&(token, next, count)) = self.ranked::<1>(state, |_| true).first() else { break };
             if token == SEPARATOR || total == 0 {
                 break;
             }
@@ -220,8 +211,8 @@ impl History {
         n
     }
 
-    /// Offers the [`TREE_FANOUT`] most frequent continuations of `state` (of equals, the one
-    /// listed first, as [`History::continuation`] takes), which follow the pass's token
+    /// Offers the [`TREE_FANOUT`] most frequent continuations of `state` but the end of an
+    /// answer ([`History::ranked`]), which follow the pass's token
     /// `parent`, reached with probability `reach`.
     fn offer(
         &self,
@@ -235,20 +226,31 @@ impl History {
         if total == 0 {
             return;
         }
-        let mut top = heapless::Vec::<(Token, u32, u32), TREE_FANOUT>::new();
-        for (t, s) in self.sam.children(state).filter(|&(t, _)| t != SEPARATOR) {
+        for (t, s, c) in self.ranked::<TREE_FANOUT>(state, |t| t != SEPARATOR) {
+            frontier.push((reach * alpha * f64::from(c) / f64::from(total), parent, s, t)).ok();
+        }
+    }
+
+    /// The `N` most frequent continuations of `state` whose token `keep` takes, most frequent
+    /// first, each with its state and count; of equals, the one listed first (the latest
+    /// added), so that a newer habit wins a tie.
+    fn ranked<const N: usize>(
+        &self,
+        state: u32,
+        keep: impl Fn(Token) -> bool,
+    ) -> heapless::Vec<(Token, u32, u32), N> {
+        let mut top = heapless::Vec::<(Token, u32, u32), N>::new();
+        for (t, s) in self.sam.children(state).filter(|&(t, _)| keep(t)) {
             let c = self.counts.get(s as usize).copied().unwrap_or(0);
             let at = top.iter().position(|o| o.2 < c).unwrap_or(top.len());
-            if at < TREE_FANOUT {
+            if at < N {
                 if top.is_full() {
                     top.pop();
                 }
                 top.insert(at, (t, s, c)).ok();
             }
         }
-        for (t, s, c) in top {
-            frontier.push((reach * alpha * f64::from(c) / f64::from(total), parent, s, t)).ok();
-        }
+        top
     }
 }
 
