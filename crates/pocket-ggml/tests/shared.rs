@@ -173,3 +173,64 @@ fn speculating_sessions_give_plain_decodings_tokens() {
     assert!(together.iter().any(|g| g.spec.accepted > 0), "the drafter drafted nothing accepted");
     assert!(after.shared > before.shared, "no pass was shared");
 }
+
+/// Trees of drafts verified in shared passes: each session's tree rows, and the pass after it
+/// keeps a path, are bitwise what they are alone (the parents travel with each session's job).
+#[test]
+fn trees_in_shared_passes_give_their_rows_alone() {
+    let _serial = serial();
+    let model = smol();
+    let n_vocab = model.info().n_vocab;
+    // Token 0 is pending; branches at 0 and 1 (the shape the suffix drafter makes).
+    let parents: [u8; 6] = [0, 0, 1, 1, 0, 4];
+    let kept: [u8; 3] = [0, 1, 3];
+    const ROUNDS: usize = 4;
+    // Per session: its prefix and the trees it verifies, one per round.
+    let text = other_prose(&model, parents.len() * 3 * ROUNDS);
+    let mut pieces = text.chunks(parents.len()).map(<[Token]>::to_vec);
+    let sessions: Vec<(Vec<Token>, Vec<Vec<Token>>)> =
+        PROMPTS[..3].iter().map(|p| (chat(&model, p), pieces.by_ref().take(ROUNDS).collect())).collect();
+    let plan = full(&model);
+    // Every tree's rows, then the rows of a pass after its kept path, as one vector.
+    let run = |prefix: &[Token], trees: &[Vec<Token>], start: Option<&Barrier>| -> Option<Vec<f32>> {
+        let mut s = session(&model, &config_of(KvType::F16));
+        if !s.decodes_trees() {
+            return None;
+        }
+        s.decode(prefix, &plan, Rows::None).expect("prefix");
+        if let Some(start) = start {
+            start.wait();
+        }
+        let mut rows = Vec::new();
+        for tree in trees {
+            let held = s.len();
+            rows.extend(collect(&s.decode_tree(tree, &parents, &plan).expect("tree")));
+            s.keep_path(held, &kept).expect("keep a path");
+        }
+        rows.extend(collect(&s.decode(&trees[0][..2], &plan, Rows::Tail(2)).expect("after")));
+        Some(rows)
+    };
+    let alone: Vec<_> = sessions.iter().map(|(p, t)| run(p, t, None)).collect();
+    if alone.iter().any(Option::is_none) {
+        eprintln!("drafts are verified as paths here, not trees");
+        return;
+    }
+    let before = model.shared_passes().unwrap();
+    let start = Barrier::new(sessions.len());
+    let together: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = sessions
+            .iter()
+            .map(|(p, t)| {
+                let (start, run) = (&start, &run);
+                scope.spawn(move || run(p, t, Some(start)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a session's thread")).collect()
+    });
+    let after = model.shared_passes().unwrap();
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        let (a, t) = (a.as_ref().unwrap(), t.as_ref().unwrap());
+        assert_bitwise(&format!("session {i}: tree rows together vs alone"), t, a, n_vocab);
+    }
+    assert!(after.shared > before.shared, "no pass was shared: {before:?} -> {after:?}");
+}
