@@ -144,6 +144,15 @@ pub(crate) unsafe fn f16(x: u16) -> f32 {
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(x)))) }
 }
 
+/// Every f16 as f32, indexed by its bits: a kernel that reads a block's scale with one
+/// broadcast load from here leaves the vector pipes to the products, where [`f16`] takes a
+/// move and a conversion on them. The values are ggml's conversion's, so the same bits.
+pub(crate) fn f16_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Box<[f32]>> = std::sync::OnceLock::new();
+    // SAFETY: a pure function of 16 bits.
+    TABLE.get_or_init(|| (0..=u16::MAX).map(|h| unsafe { llama_cpp_sys_2::ggml_fp16_to_fp32(h) }).collect())
+}
+
 /// The sum of 8 lanes in ggml's order (`hsum_float_8`): halves, then pairs, then the last two.
 ///
 /// # Safety

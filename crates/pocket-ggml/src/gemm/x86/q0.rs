@@ -21,7 +21,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Avx2, Avx512Vnni, AvxVnni, Dot, LANES, f16, hsum, nibbles};
+use super::{Avx2, Avx512Vnni, AvxVnni, Dot, LANES, f16, f16_table, hsum, nibbles};
 pub(crate) use crate::gemm::blocks::{BlockQ4_0, BlockQ5_0, BlockQ8_0};
 use crate::gemm::{Isa, Rows, Work, balanced_tiles, blocks};
 
@@ -298,6 +298,7 @@ unsafe fn tile<B: Block, D: Dot, const N: usize>(
     // tile's columns, scales LANES floats per block, out every (c, r) written).
     unsafe {
         let row = w.get_unchecked(r * nb..(r + 1) * nb);
+        let f16s = f16_table();
         let mut acc = [_mm256_setzero_ps(); N];
         for (chunk, blocks) in row.chunks(CHUNK).enumerate() {
             // A chunk of blocks unpacked, and their scales d_x·d_y formed, before the loop
@@ -310,7 +311,7 @@ unsafe fn tile<B: Block, D: Dot, const N: usize>(
                 let yd = _mm256_loadu_ps(scales.as_ptr().add((chunk * CHUNK + i) * LANES));
                 _mm256_storeu_ps(
                     dxdy.as_mut_ptr().add(i * LANES),
-                    _mm256_mul_ps(_mm256_set1_ps(f16(b.d())), yd),
+                    _mm256_mul_ps(_mm256_broadcast_ss(f16s.get_unchecked(usize::from(b.d()))), yd),
                 );
                 *unpacked.get_unchecked_mut(i) = if D::EXACT { signed::<B, D>(b) } else { b.unpack() };
             }

@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Avx2, AvxVnni, Dot, f16, hsum};
+use super::{Avx2, AvxVnni, Dot, f16, f16_table, hsum};
 use crate::gemm::blocks::{BlockQ4_1, BlockQ8_1};
 use crate::gemm::{Isa, Rows, Work, balanced_tiles, blocks};
 
@@ -93,8 +93,10 @@ entry!(gemm_avx2, "avx2,fma,f16c", Avx2);
 unsafe fn unpack_q4(x: &BlockQ4_1) -> __m256i {
     // SAFETY: by the caller; 16 bytes of the block are read.
     unsafe {
-        let tmp = _mm_loadu_si128(x.qs.as_ptr().cast());
-        let bytes = _mm256_insertf128_si256::<1>(_mm256_castsi128_si256(tmp), _mm_srli_epi16::<4>(tmp));
+        // The 16 bytes in both halves (one broadcast load), the upper half shifted down by a
+        // nibble: the same bytes as ggml's shift and insert, one instruction fewer.
+        let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.qs.as_ptr().cast()));
+        let bytes = _mm256_srlv_epi32(both, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0));
         _mm256_and_si256(_mm256_set1_epi8(0xF), bytes)
     }
 }
@@ -138,13 +140,14 @@ unsafe fn gemm_body<D: Dot>(
                 }
             }
         }
+        let f16s = f16_table();
         // SAFETY: by the caller; the columns c0..c0 + nc exist.
         unsafe {
             match nc {
-                4 => tile::<D, 4>(w, y, scales, nb, c0, rows.clone(), out, ld),
-                3 => tile::<D, 3>(w, y, scales, nb, c0, rows.clone(), out, ld),
-                2 => tile::<D, 2>(w, y, scales, nb, c0, rows.clone(), out, ld),
-                _ => tile::<D, 1>(w, y, scales, nb, c0, rows.clone(), out, ld),
+                4 => tile::<D, 4>(w, y, scales, f16s, nb, c0, rows.clone(), out, ld),
+                3 => tile::<D, 3>(w, y, scales, f16s, nb, c0, rows.clone(), out, ld),
+                2 => tile::<D, 2>(w, y, scales, f16s, nb, c0, rows.clone(), out, ld),
+                _ => tile::<D, 1>(w, y, scales, f16s, nb, c0, rows.clone(), out, ld),
             }
         }
     }
@@ -161,6 +164,7 @@ unsafe fn tile<D: Dot, const N: usize>(
     w: &[BlockQ4_1],
     y: &[BlockQ8_1],
     scales: &[f32],
+    f16s: &[f32],
     nb: usize,
     c0: usize,
     rows: std::ops::Range<usize>,
@@ -170,12 +174,12 @@ unsafe fn tile<D: Dot, const N: usize>(
     let mut r = rows.start;
     while r + 2 <= rows.end {
         // SAFETY: as for the caller.
-        unsafe { tile_rows::<D, 2, N>(w, y, scales, nb, c0, r, out, ld) };
+        unsafe { tile_rows::<D, 2, N>(w, y, scales, f16s, nb, c0, r, out, ld) };
         r += 2;
     }
     if r < rows.end {
         // SAFETY: as for the caller.
-        unsafe { tile_rows::<D, 1, N>(w, y, scales, nb, c0, r, out, ld) };
+        unsafe { tile_rows::<D, 1, N>(w, y, scales, f16s, nb, c0, r, out, ld) };
     }
 }
 
@@ -192,6 +196,7 @@ unsafe fn tile_rows<D: Dot, const RM: usize, const N: usize>(
     w: &[BlockQ4_1],
     y: &[BlockQ8_1],
     scales: &[f32],
+    f16s: &[f32],
     nb: usize,
     c0: usize,
     r0: usize,
@@ -200,7 +205,8 @@ unsafe fn tile_rows<D: Dot, const RM: usize, const N: usize>(
 ) {
     // SAFETY: the caller's CPU has the instructions used (AVX2, FMA, F16C and D's); every
     // index is in range by the caller's checks (w holds r0 + RM rows of nb blocks, y the
-    // tile's columns, scales 2·COLS floats per block, out every (c, r) written).
+    // tile's columns, scales 2·COLS floats per block, f16s all 65536 f16 values, out every
+    // (c, r) written).
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); N]; RM];
         let mut summs = [_mm256_setzero_ps(); RM];
@@ -211,10 +217,12 @@ unsafe fn tile_rows<D: Dot, const RM: usize, const N: usize>(
             let mut d0d1 = [_mm256_setzero_ps(); RM];
             for rr in 0..RM {
                 let x = w.get_unchecked((r0 + rr) * nb + ib);
+                let m = _mm256_broadcast_ss(f16s.get_unchecked(usize::from(x.m)));
+                let d = _mm256_broadcast_ss(f16s.get_unchecked(usize::from(x.d)));
                 // m·s of two f16 values is exact in f32, so this sum per lane is ggml's
                 // scalar `summs` whether or not either side fuses the multiply-add.
-                summs[rr] = _mm256_add_ps(summs[rr], _mm256_mul_ps(_mm256_set1_ps(f16(x.m)), ys));
-                d0d1[rr] = _mm256_mul_ps(_mm256_set1_ps(f16(x.d)), yd);
+                summs[rr] = _mm256_fmadd_ps(m, ys, summs[rr]);
+                d0d1[rr] = _mm256_mul_ps(d, yd);
                 qx[rr] = unpack_q4(x);
             }
             for c in 0..N {
