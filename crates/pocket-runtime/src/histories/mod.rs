@@ -13,7 +13,7 @@
 //! ([`Histories::shrink`]): the oldest answers of the least recently used history first.
 //! Answers enter when their request ends, never a cancelled one's. Given a directory
 //! ([`Histories::with_dir`], beside the prompt cache's files) each history is also written
-//! there, checksummed, and read back when the daemon starts (`disk`).
+//! there by a thread of its own, checksummed, and read back when the daemon starts (`disk`).
 
 mod disk;
 
@@ -210,12 +210,11 @@ impl Histories {
                 return; // nothing of it fits
             }
         }
-        let written = (slot.history.clone(), slot.learned);
-        inner.slots.insert(key, slot);
-        drop(inner);
+        // Handed to the writer under the lock, so that a clear after this add finds it.
         if let Some(disk) = &self.disk {
-            disk.write(model, hint, &written.0, &written.1);
+            disk.write(model, hint, slot.history.clone(), slot.learned);
         }
+        inner.slots.insert(key, slot);
     }
 
     /// Halves the least recently used history (drops it when it holds one answer); whether
@@ -274,6 +273,14 @@ impl Histories {
                 bytes: s.reservation.as_ref().map_or(0, Reservation::bytes),
             })
             .collect()
+    }
+
+    /// Waits until every history is written to the directory (where there is one): for
+    /// the daemon stopping.
+    pub fn flush(&self) {
+        if let Some(disk) = &self.disk {
+            disk.flush();
+        }
     }
 
     /// Bytes held in the budget.
@@ -367,9 +374,40 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         // A budget with no room reads nothing back, and loses nothing.
         h.add("m", None, &[1, 2], &answer(5, 10), None);
+        h.flush();
         let none = Histories::new(&Ledger::new(100), Limits::default()).with_dir(dir.path().into());
         assert!(none.list().is_empty());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn the_latest_version_is_written_and_a_clear_leaves_no_file_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = || std::fs::read_dir(dir.path()).unwrap().count();
+        let h = Histories::new(&Ledger::unlimited(), Limits::default()).with_dir(dir.path().into());
+        // A burst of answers: the writer may skip versions, never the last.
+        for i in 0..50 {
+            h.add("m", Some("app"), &[1, 2], &answer(i, 30), None);
+        }
+        h.flush();
+        let again = Histories::new(&Ledger::unlimited(), Limits::default()).with_dir(dir.path().into());
+        assert_eq!(again.get("m", Some("app")).unwrap().0.answers(), 50);
+        assert_eq!(files(), 1);
+        // Cleared while its versions wait to be written: none of them is.
+        for i in 0..50 {
+            h.add("m", Some("app"), &[1, 2], &answer(i, 30), None);
+            h.add("m", Some("other"), &[1, 2], &answer(i, 30), None);
+        }
+        h.clear(Some("app"));
+        h.flush();
+        let left = Histories::new(&Ledger::unlimited(), Limits::default()).with_dir(dir.path().into());
+        assert_eq!(left.list().len(), 1, "{:?}", left.list());
+        assert_eq!(left.list()[0].hint.as_deref(), Some("other"));
+        assert_eq!(files(), 1);
+        // Dropped with answers waiting: they are written first.
+        h.add("m", None, &[1, 2], &answer(99, 30), None);
+        drop(h);
+        assert_eq!(files(), 2);
     }
 
     #[test]

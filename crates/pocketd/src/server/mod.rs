@@ -154,6 +154,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     // is still parked after (a model something else held) is written too.
     scheduler.registry.clear();
     scheduler.flush_prompt_cache();
+    // Earlier answers still waiting for their writer.
+    scheduler.histories().flush();
     if let Some(path) = socket.bound_path {
         let _ = std::fs::remove_file(path);
     }
