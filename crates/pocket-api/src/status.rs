@@ -229,6 +229,11 @@ pub struct LoadedModel {
     /// plainly and the daemon learns it while idle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tuned: Option<bool>,
+    /// What a verification pass of `n` tokens costs on this device for the daemon's settings
+    /// (`n`, median `seconds`, and `relative`: over a pass of one), where it is known: what
+    /// speculation sizes its drafts by.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cost_curve: Vec<pocket_core::cost::CostPoint>,
     /// Its passes so far, where its sessions share them (requests decoding at the same time
     /// in one pass); absent where each session's passes are its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]

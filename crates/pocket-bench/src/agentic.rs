@@ -14,15 +14,23 @@
 //! requests learn only from that mode's earlier answers of the same app, never from the
 //! other mode's answer to the same request, nor from another app's. The figures that matter
 //! are over the stream's second half, once earlier answers are there.
+//!
+//! Beside them, the bound that no drafter copying earlier text can beat on this device
+//! ([`crate::copying_bound`]), from the `off` answers, the prompts' tokens and the cost curve
+//! pocketd drafts with: what the `default` mode reached is best read against it.
 
 use std::collections::BTreeMap;
 
 use pocket_api::client::Client;
-use pocket_api::{ChatCompletionRequest, GenerationOptions, StreamOptions};
+use pocket_api::{
+    ChatCompletionRequest, GenerationOptions, StreamOptions, TokenizeRequest, TokenizeResponse, Tokens,
+};
+use pocket_core::cost::CostModel;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
 use crate::config::{BenchConfig, DAEMON_SETTLE_MAX};
+use crate::copying_bound::{CopyingBound, Runs, longest_runs};
 use crate::machine::{sha256_tokens, wait_for_quiet};
 use crate::modes::{self, SocketRunner};
 use crate::workload::AgenticRequest;
@@ -141,6 +149,10 @@ pub struct AgenticResults {
     pub summary: BTreeMap<String, AgenticModeSummary>,
     /// Earlier answers pocketd held after the stream (every key, this run's and others').
     pub store: StoreSize,
+    /// What an oracle that copies earlier text could reach on this device, from the `off`
+    /// answers (absent in results written before it was measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound: Option<CopyingBound>,
 }
 
 /// Replay `requests` in order through the pocketd at `config.socket`, each in [`MODES`].
@@ -157,6 +169,9 @@ pub fn replay(config: &BenchConfig, requests: &[AgenticRequest]) -> Result<Agent
     let run_id = crate::conversation::run_id();
     let mut apps: Vec<String> = Vec::new();
     let mut records = Vec::with_capacity(requests.len() * MODES.len());
+    // Per app, its `off` answers so far; per request, the runs a copying drafter could see.
+    let mut earlier: BTreeMap<&str, Vec<Vec<u32>>> = BTreeMap::new();
+    let mut runs: Vec<Runs> = Vec::with_capacity(requests.len());
     for (index, request) in requests.iter().enumerate() {
         if !apps.contains(&request.app) {
             apps.push(request.app.clone());
@@ -209,23 +224,77 @@ pub fn replay(config: &BenchConfig, requests: &[AgenticRequest]) -> Result<Agent
                 identical_to_off: identical,
             });
         }
+        let answer = reference.unwrap_or_default();
+        let prompt = prompt_tokens(&runtime, &client, config, request)?;
+        let app = earlier.entry(request.app.as_str()).or_default();
+        runs.push(longest_runs(&answer, &prompt, app));
+        app.push(answer);
     }
-    let store = store_size(&runtime, &client)?;
+    let status = status(&runtime, &client)?;
+    let store = store_size(&status);
+    let bound = Some(CopyingBound::of(&runs, cost_curve(&status, &config.model_name)));
     let summary = MODES.iter().map(|&m| (m.to_owned(), summarize(&records, m, requests.len()))).collect();
-    Ok(AgenticResults { modes: MODES.map(String::from).to_vec(), apps, requests: records, summary, store })
+    Ok(AgenticResults {
+        modes: MODES.map(String::from).to_vec(),
+        apps,
+        requests: records,
+        summary,
+        store,
+        bound,
+    })
 }
 
-/// What pocketd holds of earlier answers now.
-fn store_size(runtime: &tokio::runtime::Runtime, client: &Client) -> Result<StoreSize, Error> {
-    let status = runtime
+/// `request`'s prompt as the model sees it (its chat template applied), from pocketd.
+fn prompt_tokens(
+    runtime: &tokio::runtime::Runtime,
+    client: &Client,
+    config: &BenchConfig,
+    request: &AgenticRequest,
+) -> Result<Vec<u32>, Error> {
+    let body = TokenizeRequest {
+        model: Some(config.model_name.clone()),
+        messages: Some(request.messages.clone()),
+        ..TokenizeRequest::default()
+    };
+    let tokenized = runtime
+        .block_on(client.post::<TokenizeResponse>("/tokenize", &body))
+        .map_err(|e| Error::Invalid(format!("cannot tokenize {}'s prompt: {e}", request.id)))?;
+    Ok(match tokenized.tokens {
+        Tokens::Ids(ids) => ids,
+        Tokens::Pieces(pieces) => pieces.into_iter().map(|p| p.id).collect(),
+    })
+}
+
+/// Steps for passes of 1, 2, ... tokens (up to [`FLAT_WIDTH`](crate::copying_bound::FLAT_WIDTH)),
+/// from the cost curve pocketd drafts `model` with, between its measured widths linear; empty
+/// where pocketd lists none.
+fn cost_curve(status: &pocket_api::Status, model: &str) -> Vec<f64> {
+    let loaded = match status.loaded.iter().find(|m| m.name == model) {
+        Some(m) => Some(m),
+        None if status.loaded.len() == 1 => status.loaded.first(),
+        None => None,
+    };
+    let points = loaded.map_or(&[][..], |m| m.cost_curve.as_slice());
+    let Some(widest) = points.iter().map(|p| p.n).max() else { return Vec::new() };
+    let model = CostModel::from_curve(points);
+    (1..=widest.min(crate::copying_bound::FLAT_WIDTH)).map(|n| model.pass(n)).collect()
+}
+
+/// pocketd's `/v1/status`.
+fn status(runtime: &tokio::runtime::Runtime, client: &Client) -> Result<pocket_api::Status, Error> {
+    runtime
         .block_on(client.get::<pocket_api::Status>("/v1/status"))
-        .map_err(|e| Error::Invalid(format!("cannot read pocketd's status: {e}")))?;
-    Ok(StoreSize {
+        .map_err(|e| Error::Invalid(format!("cannot read pocketd's status: {e}")))
+}
+
+/// What pocketd holds of earlier answers, from its status.
+fn store_size(status: &pocket_api::Status) -> StoreSize {
+    StoreSize {
         histories: status.histories.len(),
         answers: status.histories.iter().map(|h| h.answers).sum(),
         tokens: status.histories.iter().map(|h| h.tokens).sum(),
         bytes: status.histories.iter().map(|h| h.bytes).sum(),
-    })
+    }
 }
 
 /// `mode` over the first half, the second half and all of a stream of `n` requests.

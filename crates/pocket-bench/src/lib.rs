@@ -38,6 +38,7 @@ pub mod compare;
 pub mod concurrency;
 mod config;
 pub mod conversation;
+pub mod copying_bound;
 pub mod embeddings;
 mod machine;
 mod median;

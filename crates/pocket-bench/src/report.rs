@@ -263,6 +263,69 @@ fn agentic_table(out: &mut String, a: &crate::agentic::AgenticResults) {
             );
         }
     }
+    if let Some(b) = &a.bound {
+        bound_table(out, b, a.summary.get(crate::agentic::DEFAULT));
+    }
+}
+
+/// What an oracle copying earlier text could reach, per part, against what `default` did.
+fn bound_table(
+    out: &mut String,
+    b: &crate::copying_bound::CopyingBound,
+    default: Option<&crate::agentic::AgenticModeSummary>,
+) {
+    let _ = writeln!(
+        out,
+        "\nwhat no drafter copying earlier text can beat here (an oracle drafting every run of the `off` \
+         answers' tokens held by the app's earlier answers, the prompt or the answer so far, found after \
+         the same {} tokens or anywhere, its passes sized to {}; flat: a pass of up to {} tokens costs one step)",
+        b.context,
+        if b.cost.is_empty() {
+            "no curve: pocketd lists none for the model, run `pocket tune`".to_owned()
+        } else {
+            format!(
+                "pocketd's cost curve {}",
+                b.cost.iter().map(|c| format!("{c:.2}")).collect::<Vec<_>>().join(" ")
+            )
+        },
+        crate::copying_bound::FLAT_WIDTH
+    );
+    let _ = writeln!(
+        out,
+        "{:<12} {:>7} {:>9} {:>10} {:>9} {:>15} {:>9} {:>17}",
+        "part",
+        "tokens",
+        "mean run",
+        "after ctx",
+        "anywhere",
+        "flat: after ctx",
+        "anywhere",
+        "default/after ctx"
+    );
+    let x = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}x"));
+    let parts = [("first half", &b.first_half), ("second half", &b.second_half), ("all", &b.all)];
+    for (name, p) in parts {
+        let reached = default
+            .map(|d| match name {
+                "first half" => d.first_half.speedup,
+                "second half" => d.second_half.speedup,
+                _ => d.all.speedup,
+            })
+            .zip(p.after_context)
+            .filter(|(_, bound)| *bound > 0.0)
+            .map_or("-".to_owned(), |(speedup, bound)| format!("{:.0}%", speedup / bound * 100.0));
+        let _ = writeln!(
+            out,
+            "{name:<12} {:>7} {:>9.2} {:>10} {:>9} {:>15} {:>9} {:>17}",
+            p.tokens,
+            p.mean_run,
+            x(p.after_context),
+            x(p.anywhere),
+            x(Some(p.flat_after_context)),
+            x(Some(p.flat_anywhere)),
+            reached
+        );
+    }
 }
 
 /// The replayed conversations: a row per turn and mode (prompt and cached tokens, time to

@@ -863,6 +863,10 @@ fn the_daemon_learns_while_idle_gives_way_to_requests_and_auto_uses_what_it_lear
     // Nothing is known on a fresh daemon: auto decodes plainly, with no drafter at all.
     let first = ask();
     assert_eq!(first["timings"]["drafter"], "auto (plain: not measured on this device yet)");
+    assert!(
+        d.get("/v1/status")["loaded"][0].get("cost_curve").is_none(),
+        "no curve is listed before one is measured"
+    );
     // Idle, it learns; a request that comes meanwhile stops the learning and is answered.
     let start = Instant::now();
     let mut interrupted = false;
@@ -885,6 +889,12 @@ fn the_daemon_learns_while_idle_gives_way_to_requests_and_auto_uses_what_it_lear
     }
     assert!(interrupted, "the learner was never seen at work:\n{}", d.log());
     assert!(d.log().contains("learned while idle"), "{}", d.log());
+    // The status lists the curve learned, a pass of one token first.
+    let status = d.get("/v1/status");
+    let curve =
+        status["loaded"][0]["cost_curve"].as_array().unwrap_or_else(|| panic!("no cost curve: {status}"));
+    assert!(curve.len() >= 2 && curve[0]["n"] == 1 && curve[0]["relative"] == 1.0, "{status}");
+    assert!(curve.iter().all(|p| p["seconds"].as_f64().is_some_and(|s| s > 0.0)), "{status}");
     // What was learned is used: auto now decides per step from this device's cost curve.
     let after = ask();
     let drafter = after["timings"]["drafter"].as_str().unwrap();
@@ -934,4 +944,68 @@ fn pocket_bench_replays_a_conversation_with_and_without_the_prompt_cache() {
     assert_eq!(turn("cache", 2)["output_sha256"], turn("no-cache", 2)["output_sha256"]);
     assert!(turns.iter().all(|t| t["identical_to_vanilla"] == true), "{c}");
     assert!(bench["runs"].as_array().unwrap().is_empty(), "nothing ran in process");
+}
+
+#[test]
+fn pocket_bench_replays_an_agentic_stream_and_bounds_what_copying_could_reach() {
+    let d = Daemon::start(Setup::default());
+    let (cache, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let workload = work.path().join("agentic.jsonl");
+    let lines: String =
+        [("a", "Say hello."), ("b", "Count to three."), ("a", "Say hello again."), ("b", "Count to four.")]
+            .iter()
+            .enumerate()
+            .map(|(i, (app, ask))| {
+                let line = json!({"id": format!("r{i}"), "kind": "agentic", "app": app,
+                              "messages": [{"role": "user", "content": ask}], "max_tokens": 12});
+                format!("{line}\n")
+            })
+            .collect();
+    std::fs::write(&workload, lines).unwrap();
+    let served = d.dir.path().join("models/smollm2.gguf");
+    let results = work.path().join("bench.json");
+    let o = pocket(
+        cache.path(),
+        &[
+            "bench",
+            "-m",
+            served.to_str().unwrap(),
+            "--socket",
+            d.socket.to_str().unwrap(),
+            "--prompts",
+            workload.to_str().unwrap(),
+            "--json",
+            results.to_str().unwrap(),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("agentic stream of 4 requests") && stdout.contains("no drafter copying"),
+        "{o:?}"
+    );
+    let bench: Value = serde_json::from_slice(&std::fs::read(&results).unwrap()).unwrap();
+    let a = &bench["agentic"];
+    assert_eq!(a["requests"].as_array().unwrap().len(), 12, "{a}");
+    assert!(a["requests"].as_array().unwrap().iter().all(|r| r["identical_to_off"] == true), "{a}");
+    // The bound covers every `off` answer's tokens after its first; a fresh daemon has no
+    // cost curve to list, so only the flat figures are there, and copying never loses.
+    let bound = &a["bound"];
+    let generated: u64 = a["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["mode"] == "off")
+        .map(|r| r["generated_tokens"].as_u64().unwrap().saturating_sub(1))
+        .sum();
+    assert_eq!(bound["all"]["tokens"], generated, "{bound}");
+    assert_eq!(bound["context"], 2);
+    assert!(
+        bound["cost"].as_array().unwrap().is_empty() && bound["all"]["after_context"].is_null(),
+        "{bound}"
+    );
+    let flat = |k: &str| bound["all"][k].as_f64().unwrap();
+    assert!(
+        flat("flat_anywhere") >= flat("flat_after_context") && flat("flat_after_context") >= 1.0,
+        "{bound}"
+    );
 }

@@ -292,6 +292,7 @@ impl Registry {
                 idle_seconds: idle.as_secs_f64(),
                 keep_alive_seconds: keep_alive,
                 tuned: Some(!learn::needs_tuning(&m.model, settings)),
+                cost_curve: m.model.knowledge().cost_curve(settings.threads, settings.kv).unwrap_or_default(),
                 shared_passes: m.model.model().shared_passes(),
                 device: Some(m.model.device().to_string()),
                 exact_passes: m.model.model().info().exact_passes.clone(),
