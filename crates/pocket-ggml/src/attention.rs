@@ -355,26 +355,19 @@ unsafe fn attend_batch<const F16C: bool>(
                 Some(h) => softmax_weights_around_holes(scores, h, &mut s.packed),
             };
         }
-        // Weighted sums of V rows, in position order, 16 channels at a time in registers.
+        // Weighted sums of V rows, in position order, in registers: 64 channels at a time
+        // where the head has a multiple of 64 (eight independent chains of multiply-adds per
+        // position; with 16, two chains waited on the multiply-add's latency), else 16.
         for c in (0..longest).step_by(LANES) {
             let n = LANES.min(longest - c);
             convert(v, c, n, &mut s.block);
             for (b, query) in batch.iter().enumerate() {
                 let p = &s.p[b * n_kv + c..b * n_kv + c + n.min(query.limit.saturating_sub(c))];
-                for (i, out) in s.out[b * hd..(b + 1) * hd].chunks_exact_mut(LANES).enumerate() {
-                    let mut acc = [0f32; LANES];
-                    acc.copy_from_slice(out);
-                    for (j, &pj) in p.iter().enumerate() {
-                        // A weight of 0 (a masked position) adds nothing: skipping it keeps
-                        // whatever the row holds from mattering.
-                        if pj != 0.0 {
-                            let x = &s.block[j * hd + i * LANES..j * hd + (i + 1) * LANES];
-                            for l in 0..LANES {
-                                acc[l] = pj.mul_add(x[l], acc[l]);
-                            }
-                        }
-                    }
-                    out.copy_from_slice(&acc);
+                let out = &mut s.out[b * hd..(b + 1) * hd];
+                if hd.is_multiple_of(WIDE) {
+                    weighted_sum::<WIDE>(out, p, &s.block, hd);
+                } else {
+                    weighted_sum::<LANES>(out, p, &s.block, hd);
                 }
             }
         }
@@ -454,6 +447,31 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     tree_sum(acc)
+}
+
+/// Channels of V summed at once by [`weighted_sum`] where the head has a multiple of them.
+const WIDE: usize = 4 * LANES;
+
+/// `out[ch] += p[j] · block[j][ch]` over the positions `j` in order, for every channel `ch` of
+/// `out` (rows of `hd` channels in `block`), `W` channels at a time held in registers. Each
+/// channel's sum is the same chain of fused multiply-adds whatever `W` is.
+#[inline(always)]
+fn weighted_sum<const W: usize>(out: &mut [f32], p: &[f32], block: &[f32], hd: usize) {
+    for (i, out) in out.chunks_exact_mut(W).enumerate() {
+        let mut acc = [0f32; W];
+        acc.copy_from_slice(out);
+        for (j, &pj) in p.iter().enumerate() {
+            // A weight of 0 (a masked position) adds nothing: skipping it keeps whatever the
+            // row holds from mattering.
+            if pj != 0.0 {
+                let x = &block[j * hd + i * W..j * hd + (i + 1) * W];
+                for l in 0..W {
+                    acc[l] = pj.mul_add(x[l], acc[l]);
+                }
+            }
+        }
+        out.copy_from_slice(&acc);
+    }
 }
 
 /// The sum of 16 lanes, halving: the same order wherever it runs.
