@@ -736,6 +736,24 @@ fn pocket(cache: &Path, args: &[&str]) -> Output {
     o
 }
 
+/// `pocket bench` of `workload` on the daemon's model through its socket, results in `results`.
+fn bench_through(d: &Daemon, cache: &Path, workload: &Path, results: &Path) -> Output {
+    let served = d.dir.path().join("models/smollm2.gguf");
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
+    let args = [
+        "bench".to_owned(),
+        "-m".to_owned(),
+        path(&served),
+        "--socket".to_owned(),
+        path(&d.socket),
+        "--prompts".to_owned(),
+        path(workload),
+        "--json".to_owned(),
+        path(results),
+    ];
+    pocket(cache, &args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
 /// sha256 of token ids as little-endian u32s, hex (as the benchmark's results write it).
 fn sha256_tokens(tokens: &[u64]) -> String {
     use sha2::Digest;
@@ -912,22 +930,8 @@ fn pocket_bench_replays_a_conversation_with_and_without_the_prompt_cache() {
     let line = json!({"id": "two-turns", "kind": "conversation", "system": "You are brief.",
                       "turns": ["Name a colour.", "Name another one."], "max_tokens": 8});
     std::fs::write(&workload, format!("{line}\n")).unwrap();
-    let served = d.dir.path().join("models/smollm2.gguf");
     let results = work.path().join("bench.json");
-    let o = pocket(
-        cache.path(),
-        &[
-            "bench",
-            "-m",
-            served.to_str().unwrap(),
-            "--socket",
-            d.socket.to_str().unwrap(),
-            "--prompts",
-            workload.to_str().unwrap(),
-            "--json",
-            results.to_str().unwrap(),
-        ],
-    );
+    let o = bench_through(&d, cache.path(), &workload, &results);
     assert!(String::from_utf8_lossy(&o.stdout).contains("conversations replayed"), "{o:?}");
     let bench: Value = serde_json::from_slice(&std::fs::read(&results).unwrap()).unwrap();
     let c = &bench["conversations"];
@@ -962,22 +966,8 @@ fn pocket_bench_replays_an_agentic_stream_and_bounds_what_copying_could_reach() 
             })
             .collect();
     std::fs::write(&workload, lines).unwrap();
-    let served = d.dir.path().join("models/smollm2.gguf");
     let results = work.path().join("bench.json");
-    let o = pocket(
-        cache.path(),
-        &[
-            "bench",
-            "-m",
-            served.to_str().unwrap(),
-            "--socket",
-            d.socket.to_str().unwrap(),
-            "--prompts",
-            workload.to_str().unwrap(),
-            "--json",
-            results.to_str().unwrap(),
-        ],
-    );
+    let o = bench_through(&d, cache.path(), &workload, &results);
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(
         stdout.contains("agentic stream of 4 requests") && stdout.contains("no drafter copying"),
