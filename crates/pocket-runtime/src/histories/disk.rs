@@ -54,11 +54,20 @@ pub(super) struct Loaded {
 /// A history's model and hint.
 type Key = (String, Option<String>);
 
+/// A history as it is to be written: its tokens, each answer's count of them, and what
+/// drafting from it learned. A copy (some 64 kB for a full history), so that the writer holds
+/// no reference to the history itself, which the next answer would then have to copy whole.
+struct Snapshot {
+    tokens: Vec<Token>,
+    entries: Vec<usize>,
+    learned: Recall,
+}
+
 /// What waits for the writer.
 #[derive(Default)]
 struct Pending {
     /// The latest version of each history not yet written.
-    latest: HashMap<Key, (Arc<History>, Recall)>,
+    latest: HashMap<Key, Snapshot>,
     /// Whether the writer is writing a batch it took.
     writing: bool,
     /// Whether the writer should stop once nothing waits.
@@ -130,9 +139,11 @@ impl HistoryDir {
 
     /// Has `model`'s `history` under `hint`, with what drafting from it `learned`, written in
     /// place of what was written of it before, soon, by the writer; a failure is a warning.
-    pub(super) fn write(&self, model: &str, hint: Option<&str>, history: Arc<History>, learned: Recall) {
+    pub(super) fn write(&self, model: &str, hint: Option<&str>, history: &History, learned: Recall) {
+        let (tokens, entries) = history.saved();
+        let snapshot = Snapshot { tokens: tokens.to_vec(), entries, learned };
         let mut pending = lock(&self.shared.pending);
-        pending.latest.insert((model.to_owned(), hint.map(str::to_owned)), (history, learned));
+        pending.latest.insert((model.to_owned(), hint.map(str::to_owned)), snapshot);
         self.shared.wake.notify_one();
     }
 
@@ -216,8 +227,8 @@ impl Shared {
                 // Taken under `io`, so that a clear in between has removed its own.
                 let _io = lock(&self.io);
                 let batch = std::mem::take(&mut lock(&self.pending).latest);
-                for ((model, hint), (history, learned)) in batch {
-                    self.write_file(&model, hint.as_deref(), &history, &learned);
+                for ((model, hint), snapshot) in batch {
+                    self.write_file(&model, hint.as_deref(), snapshot);
                 }
             }
             let mut pending = lock(&self.pending);
@@ -240,19 +251,19 @@ impl Shared {
         self.dir.join(format!("{name}.{EXTENSION}"))
     }
 
-    /// Writes `model`'s `history` under `hint` with what drafting from it `learned`,
-    /// replacing what was written of it before; a failure is a warning.
-    fn write_file(&self, model: &str, hint: Option<&str>, history: &History, learned: &Recall) {
-        let (tokens, entries) = history.saved();
+    /// Writes `model`'s history under `hint`, replacing what was written of it before; a
+    /// failure is a warning.
+    fn write_file(&self, model: &str, hint: Option<&str>, snapshot: Snapshot) {
+        let Snapshot { tokens, entries, learned } = snapshot;
         let learned = learned.counts();
         let saved = Saved {
             version: VERSION,
             model: model.to_owned(),
             hint: hint.map(str::to_owned),
             learned,
-            sha256: checksum(model, hint, &learned, &entries, tokens),
+            sha256: checksum(model, hint, &learned, &entries, &tokens),
             entries,
-            tokens: tokens.to_vec(),
+            tokens,
         };
         let path = self.path(model, hint);
         let n = self.writes.fetch_add(1, Ordering::Relaxed);

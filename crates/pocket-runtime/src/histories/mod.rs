@@ -212,7 +212,7 @@ impl Histories {
         }
         // Handed to the writer under the lock, so that a clear after this add finds it.
         if let Some(disk) = &self.disk {
-            disk.write(model, hint, slot.history.clone(), slot.learned);
+            disk.write(model, hint, &slot.history, slot.learned);
         }
         inner.slots.insert(key, slot);
     }
