@@ -303,14 +303,13 @@ fn bound_table(
         "default/after ctx"
     );
     let x = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}x"));
-    let parts = [("first half", &b.first_half), ("second half", &b.second_half), ("all", &b.all)];
-    for (name, p) in parts {
-        let reached = default
-            .map(|d| match name {
-                "first half" => d.first_half.speedup,
-                "second half" => d.second_half.speedup,
-                _ => d.all.speedup,
-            })
+    let parts = [
+        ("first half", &b.first_half, default.map(|d| d.first_half.speedup)),
+        ("second half", &b.second_half, default.map(|d| d.second_half.speedup)),
+        ("all", &b.all, default.map(|d| d.all.speedup)),
+    ];
+    for (name, p, speedup) in parts {
+        let reached = speedup
             .zip(p.after_context)
             .filter(|(_, bound)| *bound > 0.0)
             .map_or("-".to_owned(), |(speedup, bound)| format!("{:.0}%", speedup / bound * 100.0));
