@@ -172,7 +172,7 @@ pub(super) struct Admitted {
 pub(super) fn check(job: &Job, config: &Config, registry: &Registry) -> Result<Admitted, ServeError> {
     let model_name = job.model.clone().unwrap_or_else(|| config.default_model.clone());
     let found = registry.find(&model_name)?;
-    let engine = Engine::for_path(&found.path);
+    let engine = registry.engine(&found.path);
     let spec = spec_for(job.options.spec, config.spec, engine);
     let max_tokens = job.options.max_tokens.unwrap_or(config.max_tokens).min(config.max_tokens) as usize;
     let settings = Settings {

@@ -23,14 +23,13 @@ use pocket_api::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
     ModelAction, ModelList, ModelObject, OnePrompt, TokenPiece, TokenizeRequest, TokenizeResponse, Tokens,
 };
-use pocket_runtime::Engine;
 use serde::de::DeserializeOwned;
 
 use super::connections::Connections;
 use super::error::ServeError;
 use super::job::{Finished, Input, Job, JobOptions};
 use super::openai::choices;
-use super::registry::{Available, now_seconds};
+use super::registry::{Available, Registry, now_seconds};
 use super::scheduler::Scheduler;
 use super::stream::{Shape, include_usage, sse};
 
@@ -289,18 +288,18 @@ fn add_usage(a: pocket_api::Usage, b: pocket_api::Usage) -> pocket_api::Usage {
 async fn models(State(s): Shared) -> Result<axum::Json<ModelList>, ServeError> {
     let mut available = s.registry.available()?;
     available.extend(s.registry.aliases()?);
-    let data = available.into_iter().map(model_object).collect();
+    let data = available.into_iter().map(|a| model_object(&s.registry, a)).collect();
     Ok(axum::Json(ModelList { object: "list".into(), data }))
 }
 
 /// `GET /v1/models/{id}`: one model as the list has it, or `model_not_found`.
 async fn model(State(s): Shared, Path(name): Path<String>) -> Result<axum::Json<ModelObject>, ServeError> {
-    Ok(axum::Json(model_object(s.registry.find(&name)?)))
+    Ok(axum::Json(model_object(&s.registry, s.registry.find(&name)?)))
 }
 
-fn model_object(a: Available) -> ModelObject {
+fn model_object(registry: &Registry, a: Available) -> ModelObject {
     ModelObject {
-        engine: Some(Engine::for_path(&a.path).name().to_owned()),
+        engine: Some(registry.engine(&a.path).name().to_owned()),
         id: a.name,
         object: "model".into(),
         created: a.created,

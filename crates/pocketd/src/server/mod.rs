@@ -13,6 +13,7 @@ pub mod config;
 pub mod connections;
 pub mod dbus;
 pub mod embeddings;
+mod engines;
 pub mod error;
 #[cfg(test)]
 mod fuzzing;

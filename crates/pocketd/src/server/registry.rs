@@ -19,6 +19,7 @@ use pocket_runtime::learn::{self, TuneSettings};
 use pocket_runtime::rpc::{RemoteLayers, SplitOptions};
 use pocket_runtime::{DeviceChoice, Histories, LoadedModel, OpenOptions, PromptCache};
 
+use super::engines::Engines;
 use super::error::ServeError;
 
 /// A model the daemon could serve.
@@ -75,6 +76,8 @@ pub struct Registry {
     /// Other names for models (the configuration's `model_aliases`).
     aliases: BTreeMap<String, String>,
     loaded: Mutex<Vec<Slot>>,
+    /// The engine of each model file, read once while the file is unchanged.
+    engines: Engines,
     /// One load at a time: two requests for the same model wait for one load, and loads
     /// never race each other for the budget.
     loading: tokio::sync::Mutex<()>,
@@ -127,6 +130,7 @@ impl Registry {
             keep_alive,
             aliases: BTreeMap::new(),
             loaded: Mutex::new(Vec::new()),
+            engines: Engines::default(),
             loading: tokio::sync::Mutex::new(()),
             loaded_notify: tokio::sync::Notify::new(),
             changes: tokio::sync::watch::Sender::new(()),
@@ -187,6 +191,11 @@ impl Registry {
     fn unloaded(&self) {
         pocket_runtime::process::release_free_heap();
         self.changed();
+    }
+
+    /// The engine that runs the model at `path`, decided once while its file is unchanged.
+    pub fn engine(&self, path: &Path) -> pocket_runtime::Engine {
+        self.engines.of(path)
     }
 
     /// The models directory.
