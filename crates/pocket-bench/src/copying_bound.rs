@@ -14,7 +14,9 @@
 //! Runs are looked for anywhere, and after the same few tokens of context as the answer has
 //! there (nearer to what a suffix drafter matches on). Each is priced by the device's cost curve
 //! and by a flat one (a pass of up to [`FLAT_WIDTH`] tokens costs one step, about what a GPU
-//! gives).
+//! gives). The same bound without the earlier answers (after context, in the prompt and the
+//! answer so far only) says how much of it the earlier answers could add at most: what the
+//! `default` mode may gain over `no-history`.
 
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +33,9 @@ pub struct Runs {
     pub anywhere: Vec<usize>,
     /// The same, only runs that follow the [`CONTEXT`] tokens the answer has before `t`.
     pub after_context: Vec<usize>,
+    /// The same as `after_context`, only runs in the prompt and the answer so far: what a
+    /// drafter without earlier answers could see.
+    pub own_text: Vec<usize>,
 }
 
 /// The longest runs of `answer` a copying drafter could have seen: at each position `t`, in the
@@ -41,18 +46,23 @@ pub fn longest_runs(answer: &[u32], prompt: &[u32], earlier: &[Vec<u32>]) -> Run
     for t in 0..answer.len() {
         let next = &answer[t..];
         let context = known.len().checked_sub(CONTEXT).map(|from| &known[from..]);
-        let (mut anywhere, mut after) = (0, 0);
-        for seq in earlier.iter().map(Vec::as_slice).chain([known.as_slice()]) {
+        let (mut anywhere, mut after, mut own) = (0, 0, 0);
+        let own_index = earlier.len();
+        for (i, seq) in earlier.iter().map(Vec::as_slice).chain([known.as_slice()]).enumerate() {
             for s in 0..seq.len() {
                 let n = seq[s..].iter().zip(next).take_while(|(a, b)| a == b).count();
                 anywhere = anywhere.max(n);
-                if n > after && context.is_some_and(|c| s >= CONTEXT && seq[s - CONTEXT..s] == *c) {
-                    after = n;
+                if n > after.min(own) && context.is_some_and(|c| s >= CONTEXT && seq[s - CONTEXT..s] == *c) {
+                    after = after.max(n);
+                    if i == own_index {
+                        own = own.max(n);
+                    }
                 }
             }
         }
         runs.anywhere.push(anywhere);
         runs.after_context.push(after);
+        runs.own_text.push(own);
         known.push(answer[t]);
     }
     runs
@@ -88,6 +98,10 @@ pub struct BoundPart {
     pub flat_anywhere: f64,
     /// The bound with a flat cost curve, runs found after context.
     pub flat_after_context: f64,
+    /// The bound with the device's cost curve, runs found after context in the prompt and the
+    /// answer so far only (without the earlier answers).
+    #[serde(default)]
+    pub own_text: Option<f64>,
 }
 
 impl BoundPart {
@@ -106,6 +120,9 @@ impl BoundPart {
         fn after(r: &Runs) -> &[usize] {
             decoded(&r.after_context)
         }
+        fn own(r: &Runs) -> &[usize] {
+            decoded(&r.own_text)
+        }
         let tokens: usize = runs.iter().map(|r| anywhere(r).len()).sum();
         let speedup = |pick: fn(&Runs) -> &[usize], curve: &[f64]| {
             let steps: f64 = runs.iter().map(|r| schedule_steps(pick(r), curve)).sum();
@@ -120,6 +137,7 @@ impl BoundPart {
             after_context: cost.map(|c| speedup(after, c)),
             flat_anywhere: speedup(anywhere, &flat),
             flat_after_context: speedup(after, &flat),
+            own_text: cost.map(|c| speedup(own, c)),
         }
     }
 }
@@ -171,6 +189,8 @@ mod tests {
         let runs = longest_runs(&answer, &prompt, &earlier);
         assert_eq!(runs.anywhere, [0, 0, 3, 2, 1, 4, 3, 2, 1, 0]);
         assert_eq!(runs.after_context, [0, 0, 0, 0, 1, 0, 0, 2, 1, 0]);
+        // Without the earlier answer: only the prompt's 20 21 after 3 4 (12 after 11 was there).
+        assert_eq!(runs.own_text, [0, 0, 0, 0, 0, 0, 0, 2, 1, 0]);
     }
 
     #[test]
@@ -192,8 +212,12 @@ mod tests {
     #[test]
     fn the_bound_is_taken_per_half_over_the_tokens_after_the_first() {
         // Each answer's first token (the prompt pass's) is left out: its run is never used.
-        let copy = Runs { anywhere: vec![9, 3, 2, 1, 0], after_context: vec![9, 1, 0, 1, 0] };
-        let none = Runs { anywhere: vec![0; 5], after_context: vec![0; 5] };
+        let copy = Runs {
+            anywhere: vec![9, 3, 2, 1, 0],
+            after_context: vec![9, 1, 0, 1, 0],
+            own_text: vec![9, 0, 0, 1, 0],
+        };
+        let none = Runs { anywhere: vec![0; 5], after_context: vec![0; 5], own_text: vec![0; 5] };
         let b = CopyingBound::of(&[none.clone(), copy.clone()], vec![1.0, 1.5]);
         assert_eq!(b.first_half.flat_anywhere, 1.0);
         // Anywhere, flat: one pass of 4. After context: passes of 2, 2 (runs 1 at 0 and 2).
@@ -201,6 +225,8 @@ mod tests {
         assert_eq!(b.second_half.flat_after_context, 2.0);
         // A pass of 2 at 1.5 steps: 4 tokens in 3 steps either way.
         assert_eq!(b.second_half.after_context, Some(4.0 / 3.0));
+        // Without the earlier answers: one pass of 2 (at 2), 4 tokens in 3.5 steps.
+        assert_eq!(b.second_half.own_text, Some(4.0 / 3.5));
         assert_eq!(b.second_half.mean_run, 0.5);
         assert_eq!(b.all.tokens, 8);
         // Without a curve, only the flat figures.

@@ -278,7 +278,8 @@ fn bound_table(
         out,
         "\nwhat no drafter copying earlier text can beat here (an oracle drafting every run of the `off` \
          answers' tokens held by the app's earlier answers, the prompt or the answer so far, found after \
-         the same {} tokens or anywhere, its passes sized to {}; flat: a pass of up to {} tokens costs one step)",
+         the same {} tokens or anywhere, its passes sized to {}; flat: a pass of up to {} tokens costs one step; \
+         own text: after context in the prompt and the answer so far only, as `no-history` drafts)",
         b.context,
         if b.cost.is_empty() {
             "no curve: pocketd lists none for the model, run `pocket tune`".to_owned()
@@ -292,10 +293,11 @@ fn bound_table(
     );
     let _ = writeln!(
         out,
-        "{:<12} {:>7} {:>9} {:>10} {:>9} {:>15} {:>9} {:>17}",
+        "{:<12} {:>7} {:>9} {:>8} {:>10} {:>9} {:>15} {:>9} {:>17}",
         "part",
         "tokens",
         "mean run",
+        "own text",
         "after ctx",
         "anywhere",
         "flat: after ctx",
@@ -315,9 +317,10 @@ fn bound_table(
             .map_or("-".to_owned(), |(speedup, bound)| format!("{:.0}%", speedup / bound * 100.0));
         let _ = writeln!(
             out,
-            "{name:<12} {:>7} {:>9.2} {:>10} {:>9} {:>15} {:>9} {:>17}",
+            "{name:<12} {:>7} {:>9.2} {:>8} {:>10} {:>9} {:>15} {:>9} {:>17}",
             p.tokens,
             p.mean_run,
+            x(p.own_text),
             x(p.after_context),
             x(p.anywhere),
             x(Some(p.flat_after_context)),
