@@ -1,6 +1,7 @@
 """OpenAI's edges, through the `openai` package against a running pocketd: several choices
 (`n`), streamed log-probabilities chunk by chunk, prompt arrays, a model alias, a GBNF grammar,
-llama.cpp's /tokenize and /detokenize, tool calls cut by max_tokens, and litellm's mapping of an over-long prompt. Run by tests/openai_edges.rs; prints one line per
+llama.cpp's /tokenize and /detokenize, tool calls cut by max_tokens, litellm's mapping of an over-long prompt,
+and an app's earlier answers kept apart by the client's own `prompt_cache_key` (or `user`). Run by tests/openai_edges.rs; prints one line per
 check and exits non-zero at the first that fails.
 
     python3 openai_edges.py --socket PATH --alias NAME
@@ -184,6 +185,31 @@ def litellm_context_window(client: OpenAI, model: str) -> None:
     check(bool(r.choices[0].message.content), "litellm: and an answer otherwise")
 
 
+def earlier_answers_by_key(client: OpenAI, model: str) -> None:
+    """The client's own `prompt_cache_key` parameter (and `user`, where it is absent) names the
+    app whose earlier answers pocketd drafts from: drafted for the same key, never for another."""
+    home = [
+        {"role": "system", "content": "Turn the command into one JSON object with the keys action, device, room."},
+        {"role": "user", "content": "Turn off the kitchen lights."},
+    ]
+    run = os.urandom(4).hex()
+
+    def ask(**key: str):
+        r = client.chat.completions.create(
+            model=model, messages=home, max_tokens=32, temperature=0, extra_body={"spec": "suffix"}, **key
+        )
+        return r.choices[0].message.content, r.to_dict().get("timings", {}).get("recalled")
+
+    first, recalled = ask(prompt_cache_key=f"edges {run} a")
+    check(bool(first) and recalled == 0, f"prompt_cache_key: a first answer has nothing to draft from ({recalled})")
+    again, recalled = ask(prompt_cache_key=f"edges {run} a")
+    check(again == first and recalled > 0, f"prompt_cache_key: the app's earlier answer is drafted ({recalled})")
+    other, recalled = ask(prompt_cache_key=f"edges {run} b")
+    check(other == first and recalled == 0, f"prompt_cache_key: another app's is not ({recalled})")
+    by_user, recalled = ask(user=f"edges {run} a")
+    check(by_user == first and recalled > 0, f"user: keys the same answers where prompt_cache_key is absent ({recalled})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--socket", required=True)
@@ -200,6 +226,7 @@ def main() -> None:
     gbnf(client, model)
     cut_tool_calls(client, model)
     litellm_context_window(client, model)
+    earlier_answers_by_key(client, model)
     print("all passed")
 
 
