@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use crate::Error;
 use crate::config::{BenchConfig, DAEMON_SETTLE_MAX};
 use crate::copying_bound::{CopyingBound, Runs, longest_runs};
-use crate::machine::{sha256_tokens, wait_for_quiet};
+use crate::machine::{Load, sha256_tokens, wait_for_quiet};
 use crate::modes::{self, SocketRunner};
 use crate::workload::AgenticRequest;
 
@@ -172,14 +172,15 @@ pub fn replay(config: &BenchConfig, requests: &[AgenticRequest]) -> Result<Agent
     // Per app, its `off` answers so far; per request, the runs a copying drafter could see.
     let mut earlier: BTreeMap<&str, Vec<Vec<u32>>> = BTreeMap::new();
     let mut runs: Vec<Runs> = Vec::with_capacity(requests.len());
+    let (load, quiet) = Load::beside(config)?;
     for (index, request) in requests.iter().enumerate() {
         if !apps.contains(&request.app) {
             apps.push(request.app.clone());
         }
         let mut reference: Option<Vec<u32>> = None;
         for mode in MODES {
-            if !config.wait_quiet.is_zero() {
-                wait_for_quiet(config.wait_quiet);
+            if !quiet.is_zero() {
+                wait_for_quiet(quiet);
             }
             let max_tokens = config.max_tokens_cap.map_or(request.max_tokens, |c| request.max_tokens.min(c));
             let body = ChatCompletionRequest {
@@ -230,6 +231,7 @@ pub fn replay(config: &BenchConfig, requests: &[AgenticRequest]) -> Result<Agent
         runs.push(longest_runs(&answer, &prompt, app));
         app.push(answer);
     }
+    drop(load);
     let status = status(&runtime, &client)?;
     let store = store_size(&status);
     let bound = Some(CopyingBound::of(&runs, cost_curve(&status, &config.model_name)));

@@ -161,9 +161,64 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Busy processes beside the runs (`--load N`): each a shell loop that keeps a core busy,
+/// started before the measured runs and killed after them (also when the benchmark fails).
+pub(crate) struct Load(Vec<std::process::Child>);
+
+impl Load {
+    fn start(n: usize) -> Result<Load, Error> {
+        let mut children = Vec::with_capacity(n);
+        for _ in 0..n {
+            let child = std::process::Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .map_err(|e| Error::Invalid(format!("cannot start a busy process for --load: {e}")))?;
+            children.push(child);
+        }
+        Ok(Load(children))
+    }
+
+    /// `config.load` busy processes, started now, and how long to wait for a quiet machine
+    /// before each measured run. With other processes beside on purpose, waiting for quiet
+    /// would wait for ever: the wait (`--wait-quiet`) is once, before they start.
+    pub(crate) fn beside(config: &crate::config::BenchConfig) -> Result<(Load, Duration), Error> {
+        if config.load > 0 && !config.wait_quiet.is_zero() {
+            wait_for_quiet(config.wait_quiet);
+        }
+        let quiet = if config.load > 0 { Duration::ZERO } else { config.wait_quiet };
+        Ok((Load::start(config.load)?, quiet))
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn busy_processes_run_beside_until_dropped_and_no_run_waits_for_quiet_then() {
+        let mut config = crate::config::BenchConfig::new("m.gguf".into(), "m".into());
+        config.wait_quiet = Duration::from_millis(200);
+        let (none, quiet) = Load::beside(&config).unwrap();
+        assert!(none.0.is_empty() && quiet == config.wait_quiet);
+        config.load = 2;
+        let (mut load, quiet) = Load::beside(&config).unwrap();
+        assert_eq!((load.0.len(), quiet), (2, Duration::ZERO));
+        assert!(load.0.iter_mut().all(|c| c.try_wait().unwrap().is_none()), "a busy process ended early");
+        let pids: Vec<u32> = load.0.iter().map(std::process::Child::id).collect();
+        drop(load);
+        // Killed and reaped: no process is left under those ids.
+        assert!(pids.iter().all(|p| !Path::new(&format!("/proc/{p}")).exists()), "{pids:?}");
+    }
 
     #[test]
     fn token_hashes_are_of_little_endian_u32s() {

@@ -19,7 +19,7 @@ use pocket_runtime::{LoadedModel, OpenOptions};
 
 use super::concurrency::{self, ConcurrencyResults, ConcurrentRun};
 use super::config::{BenchConfig, DAEMON_SETTLE_MAX, Progress, Start};
-use super::machine::{cpu_name, model_bytes, settle, sha256_model, sha256_tokens, wait_for_quiet};
+use super::machine::{Load, cpu_name, model_bytes, settle, sha256_model, sha256_tokens, wait_for_quiet};
 use super::modes::{self, Mode, PromptRun, RunMode, RunOutput, Runner, RunnerContext};
 use super::results::{BenchModel, BenchResults, Machine, PassProfile, RunRecord, Settings};
 use super::summary::{compare_outputs, summarize};
@@ -432,13 +432,7 @@ fn measure_runs(
     total: usize,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<(Vec<RunRecord>, Option<ConcurrencyResults>), Error> {
-    // With other processes beside on purpose, waiting for a quiet machine would wait for ever:
-    // the wait is once, before they start.
-    if config.load > 0 && !config.wait_quiet.is_zero() {
-        wait_for_quiet(config.wait_quiet);
-    }
-    let load = Load::start(config.load)?;
-    let quiet = if config.load > 0 { Duration::ZERO } else { config.wait_quiet };
+    let (load, quiet) = Load::beside(config)?;
     let mut runs = Vec::with_capacity(total);
     let mut outputs = Vec::with_capacity(total);
     let mut concurrency = None;
@@ -711,34 +705,6 @@ fn run_concurrently(
     }
     let summary = concurrency::summarize(&together, &groups);
     Ok(ConcurrencyResults { requests: n, runs: together, groups, summary })
-}
-
-/// Busy processes beside the runs (`--load N`): each a shell loop that keeps a core busy,
-/// started before the measured runs and killed after them (also when the benchmark fails).
-struct Load(Vec<std::process::Child>);
-
-impl Load {
-    fn start(n: usize) -> Result<Load, Error> {
-        let mut children = Vec::with_capacity(n);
-        for _ in 0..n {
-            let child = std::process::Command::new("sh")
-                .args(["-c", "while :; do :; done"])
-                .stdin(std::process::Stdio::null())
-                .spawn()
-                .map_err(|e| Error::Invalid(format!("cannot start a busy process for --load: {e}")))?;
-            children.push(child);
-        }
-        Ok(Load(children))
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 fn run_one(runner: &mut dyn Runner, p: &Prepared<'_>, max_tokens: usize) -> Result<RunOutput, Error> {

@@ -29,7 +29,7 @@ use pocket_core::spec::SpecMode;
 
 use crate::Error;
 use crate::config::{BenchConfig, DAEMON_SETTLE_MAX, Progress, Start};
-use crate::machine::{sha256_tokens, wait_for_quiet};
+use crate::machine::{Load, sha256_tokens, wait_for_quiet};
 use crate::modes::{self, Mode, SocketRunner};
 use crate::results::{ConversationResults, TurnRecord};
 use crate::workload::Conversation;
@@ -78,6 +78,7 @@ pub fn replay(
     let total = config.rounds * modes.len() * conversations.iter().map(|c| c.turns.len()).sum::<usize>();
     let mut turns = Vec::with_capacity(total);
     let mut outputs = Vec::with_capacity(total);
+    let (load, quiet) = Load::beside(config)?;
     for round in 0..config.rounds {
         for conversation in conversations {
             let max_tokens =
@@ -90,8 +91,8 @@ pub fn replay(
             for (t, user) in conversation.turns.iter().enumerate() {
                 for (mode, history) in modes.iter().zip(&mut histories) {
                     history.push(ChatMessage::new(Role::User, user));
-                    if !config.wait_quiet.is_zero() {
-                        wait_for_quiet(config.wait_quiet);
+                    if !quiet.is_zero() {
+                        wait_for_quiet(quiet);
                     }
                     let key =
                         format!("pocket-bench {} {} {mode} round {round}", replayer.run_id, conversation.id);
@@ -123,6 +124,7 @@ pub fn replay(
             }
         }
     }
+    drop(load);
     summary::compare_turns(&mut turns, &outputs, NO_CACHE);
     let (by_conversation, summary) = summary::summarize(&turns, &modes);
     Ok(ConversationResults {
