@@ -47,15 +47,17 @@ pub fn longest_runs(answer: &[u32], prompt: &[u32], earlier: &[Vec<u32>]) -> Run
         let next = &answer[t..];
         let context = known.len().checked_sub(CONTEXT).map(|from| &known[from..]);
         let (mut anywhere, mut after, mut own) = (0, 0, 0);
-        let own_index = earlier.len();
         for (i, seq) in earlier.iter().map(Vec::as_slice).chain([known.as_slice()]).enumerate() {
+            // The last sequence is the request's own text: its runs count for `own` too.
+            let is_own = i == earlier.len();
             for s in 0..seq.len() {
                 let n = seq[s..].iter().zip(next).take_while(|(a, b)| a == b).count();
                 anywhere = anywhere.max(n);
-                if n > after.min(own) && context.is_some_and(|c| s >= CONTEXT && seq[s - CONTEXT..s] == *c) {
+                let longer = if is_own { n > own } else { n > after };
+                if longer && context.is_some_and(|c| s >= CONTEXT && seq[s - CONTEXT..s] == *c) {
                     after = after.max(n);
-                    if i == own_index {
-                        own = own.max(n);
+                    if is_own {
+                        own = n;
                     }
                 }
             }
