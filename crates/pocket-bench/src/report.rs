@@ -217,7 +217,7 @@ fn modes_table(out: &mut String, r: &BenchResults) {
 }
 
 /// The replayed agentic stream: per mode, its first half, second half and all of it.
-fn agentic_table(out: &mut String, a: &crate::agentic::AgenticResults) {
+fn agentic_table(out: &mut String, a: &crate::agentic::records::AgenticResults) {
     let n = a.requests.iter().map(|r| r.index + 1).max().unwrap_or(0);
     let _ = writeln!(
         out,
@@ -264,7 +264,7 @@ fn agentic_table(out: &mut String, a: &crate::agentic::AgenticResults) {
         }
     }
     if let Some(b) = &a.bound {
-        bound_table(out, b, a.summary.get(crate::agentic::DEFAULT));
+        bound_table(out, b, a.summary.get(crate::agentic::records::DEFAULT));
     }
 }
 
@@ -272,7 +272,7 @@ fn agentic_table(out: &mut String, a: &crate::agentic::AgenticResults) {
 fn bound_table(
     out: &mut String,
     b: &crate::copying_bound::CopyingBound,
-    default: Option<&crate::agentic::AgenticModeSummary>,
+    default: Option<&crate::agentic::records::AgenticModeSummary>,
 ) {
     let _ = writeln!(
         out,

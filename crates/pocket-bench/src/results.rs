@@ -40,7 +40,7 @@ pub struct BenchResults {
     /// The workload's agentic streams, replayed in order through pocketd with and without
     /// speculation; absent when the workload had none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agentic: Option<crate::agentic::AgenticResults>,
+    pub agentic: Option<crate::agentic::records::AgenticResults>,
 }
 
 impl BenchResults {

@@ -20,7 +20,7 @@ use pocket_core::memory::Ledger;
 use pocket_core::{ExactPasses, LayerPlan, Rows, Session, SessionConfig, Threads, Token};
 
 use crate::Result;
-use crate::graph::KV_PAD;
+use crate::kv::KV_PAD;
 use crate::loaded::Inner;
 use crate::session::GgmlSession;
 

@@ -9,7 +9,7 @@
 //! reserved in the session's memory ledger before it is written.
 //!
 //! On other devices (CUDA, Vulkan) device memory cannot be committed by the page, so the
-//! cache grows by reallocation: it holds [`graph::KV_PAD`] positions at first, and a pass that
+//! cache grows by reallocation: it holds [`KV_PAD`] positions at first, and a pass that
 //! needs more gets a cache of as many more blocks of that size as it needs, the positions held
 //! copied over within the device, paid for in the ledger before it is allocated (the old and
 //! the new for the moment of the copy). A new cache is a new layout (a new id), so the graphs
@@ -18,8 +18,6 @@
 //! A model split across machines ([`crate::split`]) keeps each layer's cache with the layer: a
 //! layer on a peer has its K and V in the peer's memory, the others here; such a cache grows as
 //! a device's does, and the ledger pays for this machine's layers only.
-//!
-//! [`graph::KV_PAD`]: crate::graph::KV_PAD
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -39,6 +37,11 @@ use llama_cpp_sys_2 as sys;
 
 /// The KV cache grows and shrinks in blocks of this many tokens.
 pub const KV_BLOCK_TOKENS: usize = 64;
+
+/// Attention reads the cache in lengths padded to this many positions (masked past the tokens
+/// held), as llama.cpp does: a decode step's graph then keeps its shape for this many steps and
+/// is reused instead of rebuilt.
+pub(crate) const KV_PAD: usize = 256;
 
 const PAGE: usize = 4096;
 
@@ -212,7 +215,7 @@ impl KvCache {
                 .collect();
             let d = DeviceCache { bufts, n_embd_kv: hp.n_embd_kv(), max: n_ctx };
             // A first block; passes that need more grow it (`grow_to`).
-            let rows = crate::graph::KV_PAD.min(n_ctx);
+            let rows = KV_PAD.min(n_ctx);
             if !buft_is_host(here) {
                 reservation.move_to(Place::Device)?;
             }
@@ -377,17 +380,16 @@ impl KvCache {
         Ok(())
     }
 
-    /// [`KvCache::grow_to`] on a device: a cache of enough more blocks of [`graph::KV_PAD`]
+    /// [`KvCache::grow_to`] on a device: a cache of enough more blocks of [`KV_PAD`]
     /// positions (attention reads lengths padded to them), the positions held copied over.
     ///
-    /// [`graph::KV_PAD`]: crate::graph::KV_PAD
     fn grow_device(&mut self, tokens: usize) -> Result<()> {
         let Some(d) = &self.device else { return Ok(()) };
         let held = self.layout.n_ctx;
         if tokens <= held {
             return Ok(());
         }
-        let rows = tokens.next_multiple_of(crate::graph::KV_PAD).min(d.max).max(tokens);
+        let rows = tokens.next_multiple_of(KV_PAD).min(d.max).max(tokens);
         // The old cache and the new are both held while the positions are copied.
         self.reservation.resize(self.bytes_for(held + rows) as u64)?;
         let grown = device_tensors(d, self.kv, rows).and_then(|t| {

@@ -14,8 +14,8 @@ use pocket_core::{
 use crate::batch::{Job, SHARED_CHUNK, Turn};
 use crate::compute::Compute;
 use crate::graph::inputs::{self, SegmentData};
-use crate::graph::{self, LoneQuery, PassShape, Segment};
-use crate::kv::KvCache;
+use crate::graph::{LoneQuery, PassShape, Segment};
+use crate::kv::{KV_PAD, KvCache};
 use crate::loaded::Inner;
 use crate::{Error, Result};
 
@@ -66,7 +66,7 @@ impl GgmlSession {
         // the same as llama.cpp's (which rounds its context likewise) whatever n_ctx is: ggml
         // splits long attention into per-thread chunks by that length, which shows in the last
         // bits. Only address space is reserved for the extra positions; the limit stays n_ctx.
-        let capacity = config.n_ctx.next_multiple_of(graph::KV_PAD);
+        let capacity = config.n_ctx.next_multiple_of(KV_PAD);
         let name = &model.info.name;
         let kv_reservation = ledger.reserve(0, &format!("the KV cache of {name}"))?;
         let mut kv =
@@ -105,7 +105,7 @@ impl GgmlSession {
     /// measured without allocating them.
     pub(crate) fn measure_compute(model: &Inner, config: &SessionConfig) -> Result<usize> {
         let config = Self::effective(model, config);
-        let capacity = config.n_ctx.next_multiple_of(graph::KV_PAD);
+        let capacity = config.n_ctx.next_multiple_of(KV_PAD);
         let none = Ledger::unlimited().reserve(0, "measuring")?;
         let mut kv = KvCache::new(&model.hp, &model.device, config.kv, config.n_ctx, capacity, none)?;
         // A device's cache starts small and grows: the largest pass is one at its full size.

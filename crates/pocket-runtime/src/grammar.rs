@@ -298,16 +298,10 @@ impl GrammarConstraint {
     }
 
     /// [`GrammarConstraint::close_within`] for an answer of tool calls ([`crate::tools`]):
-    /// each call's JSON (`body`, its schema) between its tags closes before `max_tokens` cuts
-    /// it; an answer that may be text (`text`) is closed only once it starts a call.
-    pub fn close_calls_within(&mut self, room: usize, body: Value, text: bool, more: bool) {
-        let markup = Markup {
-            open: crate::tools::CALL_OPEN,
-            close: crate::tools::CALL_CLOSE,
-            again: more.then_some(crate::tools::CALL_AGAIN),
-            text,
-            chosen: Some("name"),
-        };
+    /// each call's JSON (`body`, its schema) between the tags of `markup`
+    /// ([`crate::tools::call_markup`]) closes before `max_tokens` cuts it; an answer that may
+    /// be text is closed only once it starts a call.
+    pub(crate) fn close_calls_within(&mut self, room: usize, body: Value, markup: Markup) {
         if let Ok(env) = self.matcher.tok_env() {
             let schema = Arc::new(SchemaEnding::new(body));
             self.closing = Some(Closing::new(env, schema, markup, self.structural.clone(), room));

@@ -402,7 +402,8 @@ pub fn prepare(
     } else if let (Some(g), Some(body)) = (grammar.as_mut(), request.tools.call_schema()) {
         // A tool call's arguments close the same way; a cut call is then still a call.
         let text = request.tools.choice == ToolChoice::Auto;
-        g.close_calls_within(request.stop.max_tokens.min(context_room), body, text, request.tools.parallel);
+        let markup = crate::tools::call_markup(text, request.tools.parallel);
+        g.close_calls_within(request.stop.max_tokens.min(context_room), body, markup);
     }
     let mut config = SessionConfig { n_ctx, ..request.session.clone() };
     // The parked session sharing the longest prefix, in the KV type asked for.

@@ -11,6 +11,7 @@ use pocket_core::{FunctionCall, ToolCall};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::closing::Markup;
 use crate::grammar::Grammar;
 use crate::json_close::close_json;
 use crate::{Error, Result};
@@ -185,6 +186,19 @@ pub const CALL_OPEN: &str = "<tool_call>\n";
 pub const CALL_CLOSE: &str = "\n</tool_call>";
 /// What opens a call after another.
 pub const CALL_AGAIN: &str = "\n<tool_call>\n";
+
+/// How closing ([`crate::closing`]) reads an answer of calls: each call's JSON between
+/// [`CALL_OPEN`] and [`CALL_CLOSE`], the function's name the model's to choose; `text`: the
+/// answer may be text instead; `more`: another call may follow one.
+pub(crate) fn call_markup(text: bool, more: bool) -> Markup {
+    Markup {
+        open: CALL_OPEN,
+        close: CALL_CLOSE,
+        again: more.then_some(CALL_AGAIN),
+        text,
+        chosen: Some("name"),
+    }
+}
 
 fn function(tool: &Value) -> Option<&Value> {
     tool.get("function")

@@ -169,8 +169,10 @@ pub(crate) fn dev_memory(dev: sys::ggml_backend_dev_t) -> (u64, u64) {
 fn named_device(devices: &[sys::ggml_backend_dev_t], name: &str) -> Result<sys::ggml_backend_dev_t> {
     #[cfg(feature = "openvino")]
     if openvino_name(name).is_some() {
-        let selected =
-            devices.iter().copied().find(|&d| openvino_of(d).is_some_and(|(_, selected)| selected));
+        let selected = devices
+            .iter()
+            .copied()
+            .find(|&d| crate::ffi::openvino::of(d).is_some_and(|(_, selected)| selected));
         return selected.ok_or_else(|| Error::NoDevice {
             wanted: name.to_owned(),
             available: device_names().join(", "),
@@ -183,7 +185,7 @@ fn named_device(devices: &[sys::ggml_backend_dev_t], name: &str) -> Result<sys::
     // Another OpenVINO device than the backend's runs nothing (and ggml aborts when data is
     // placed there): it is asked for by OpenVINO's name before the backend starts.
     #[cfg(feature = "openvino")]
-    if let Some((ov, false)) = openvino_of(dev) {
+    if let Some((ov, false)) = crate::ffi::openvino::of(dev) {
         let current = crate::ffi::openvino::selected().unwrap_or_default();
         return Err(Error::NoDevice {
             wanted: name.to_owned(),
@@ -200,7 +202,7 @@ fn named_device(devices: &[sys::ggml_backend_dev_t], name: &str) -> Result<sys::
 /// it is asked for by, `openvino:CPU`, which says what computes.
 fn shown_name(dev: sys::ggml_backend_dev_t) -> String {
     #[cfg(feature = "openvino")]
-    if let Some((ov, _)) = openvino_of(dev) {
+    if let Some((ov, _)) = crate::ffi::openvino::of(dev) {
         return format!("{}:{ov}", crate::ffi::openvino::PREFIX);
     }
     dev_name(dev)
@@ -211,7 +213,7 @@ fn shown_name(dev: sys::ggml_backend_dev_t) -> String {
 /// on its CPU device), so an OpenVINO device is only used when asked for by name.
 fn auto_takes(_dev: sys::ggml_backend_dev_t) -> bool {
     #[cfg(feature = "openvino")]
-    if openvino_of(_dev).is_some() {
+    if crate::ffi::openvino::of(_dev).is_some() {
         return false;
     }
     true
@@ -226,26 +228,6 @@ fn openvino_name(name: &str) -> Option<&str> {
     }
     let (head, rest) = name.split_once(':')?;
     head.eq_ignore_ascii_case(prefix).then_some(rest)
-}
-
-/// OpenVINO's name for an OpenVINO device of the registry, and whether the backend computes
-/// on it.
-#[cfg(feature = "openvino")]
-fn openvino_of(dev: sys::ggml_backend_dev_t) -> Option<(String, bool)> {
-    // SAFETY: a registry device; its description is a NUL-terminated string it keeps.
-    let description = unsafe { CStr::from_ptr(sys::ggml_backend_dev_description(dev)) }.to_string_lossy();
-    let ov = crate::ffi::openvino::ov_name(&description)?.to_owned();
-    Some((ov, description.contains("(selected)")))
-}
-
-/// OpenVINO's name for the registry's device the OpenVINO backend computes on.
-#[cfg(feature = "openvino")]
-pub(crate) fn openvino_selected() -> Option<String> {
-    crate::ffi::init();
-    // SAFETY: registry queries with in-range indices.
-    let devices: Vec<_> =
-        unsafe { (0..sys::ggml_backend_dev_count()).map(|i| sys::ggml_backend_dev_get(i)).collect() };
-    devices.into_iter().find_map(|d| openvino_of(d).and_then(|(ov, selected)| selected.then_some(ov)))
 }
 
 pub(crate) fn dev_name(dev: sys::ggml_backend_dev_t) -> String {

@@ -12,6 +12,8 @@
 use std::ffi::{CStr, c_char};
 use std::sync::Mutex;
 
+use llama_cpp_sys_2 as sys;
+
 use crate::error::{Error, Result};
 
 /// How `--device` names an OpenVINO device: `openvino:NPU`, `openvino:GPU.1`, `openvino:CPU`;
@@ -135,7 +137,20 @@ pub(super) fn configure() {
 /// OpenVINO's name for the device the backend computes on, read from the ggml devices'
 /// descriptions (`GGML_OPENVINO_DEVICE=NPU (selected) - …`).
 pub(crate) fn selected() -> Option<String> {
-    super::device::openvino_selected()
+    crate::ffi::init();
+    // SAFETY: registry queries with in-range indices.
+    let devices: Vec<_> =
+        unsafe { (0..sys::ggml_backend_dev_count()).map(|i| sys::ggml_backend_dev_get(i)).collect() };
+    devices.into_iter().find_map(|d| of(d).and_then(|(ov, selected)| selected.then_some(ov)))
+}
+
+/// OpenVINO's name for a device of ggml's registry, if it is one of the backend's, and whether
+/// the backend computes on it.
+pub(crate) fn of(dev: sys::ggml_backend_dev_t) -> Option<(String, bool)> {
+    // SAFETY: a registry device; its description is a NUL-terminated string it keeps.
+    let description = unsafe { CStr::from_ptr(sys::ggml_backend_dev_description(dev)) }.to_string_lossy();
+    let ov = ov_name(&description)?.to_owned();
+    Some((ov, description.contains("(selected)")))
 }
 
 /// OpenVINO's name for a ggml device's description, if it is one of the backend's.

@@ -24,7 +24,7 @@ use crate::attention;
 use crate::attention::AttentionKernel;
 use crate::ffi::graph::{Ctx, Tensor};
 use crate::hparams::Hparams;
-use crate::kv::KvLayout;
+use crate::kv::{KV_PAD, KvLayout};
 use crate::weights::{LayerWeights, Weights};
 
 /// Nodes (and leaves) a graph of up to `segments` segments may hold: about 30 per layer, with
@@ -33,11 +33,6 @@ use crate::weights::{LayerWeights, Weights};
 pub(crate) fn graph_nodes(hp: &Hparams, segments: usize) -> usize {
     ((64 + 32 * segments.saturating_sub(1)) * hp.n_layer + 256).next_power_of_two()
 }
-
-/// Attention reads the cache in lengths padded to this many positions (masked past the tokens
-/// held), as llama.cpp does: a decode step's graph then keeps its shape for this many steps and
-/// is reused instead of rebuilt.
-pub(crate) const KV_PAD: usize = 256;
 
 /// The shape of one session's part of a forward pass: everything the graph's structure
 /// depends on. Positions are inputs, not part of the shape, so consecutive decode steps share

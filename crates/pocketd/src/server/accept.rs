@@ -25,9 +25,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::watch;
 use tower_service::Service;
 
+use super::body::Peer;
 use super::connections::{Activity, Admitted, Connections, PeerKey, Refusal};
 use super::error::ServeError;
-use super::http::Peer;
 
 /// A listener's connections, with who is on the other end.
 pub trait Accept: Send + 'static {

@@ -13,8 +13,8 @@ use pocket_api::{
 };
 use pocket_runtime::embed::{EmbedInput, Embedded};
 
+use super::body::parse;
 use super::error::ServeError;
-use super::http::parse;
 use super::scheduler::Scheduler;
 
 impl Scheduler {

@@ -125,11 +125,11 @@ proptest! {
     #[test]
     fn request_bodies_become_jobs_or_clear_400s(body in request_body()) {
         let bytes = Bytes::from(body.to_string());
-        match super::http::parse::<pocket_api::ChatCompletionRequest>(Ok(bytes.clone())) {
+        match super::body::parse::<pocket_api::ChatCompletionRequest>(Ok(bytes.clone())) {
             Ok(r) => if let Err(e) = map(&r.options, true) { prop_assert!(is_clear(&e), "{e:?}") },
             Err(e) => prop_assert!(is_clear(&e), "{e:?}"),
         }
-        match super::http::parse::<pocket_api::CompletionRequest>(Ok(bytes)) {
+        match super::body::parse::<pocket_api::CompletionRequest>(Ok(bytes)) {
             Ok(r) => if let Err(e) = map(&r.options, false) { prop_assert!(is_clear(&e), "{e:?}") },
             Err(e) => prop_assert!(is_clear(&e), "{e:?}"),
         }
@@ -138,7 +138,7 @@ proptest! {
     /// Bytes that are not JSON at all (or not UTF-8).
     #[test]
     fn any_bytes_are_a_clear_400(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
-        if let Err(e) = super::http::parse::<pocket_api::ChatCompletionRequest>(Ok(Bytes::from(bytes))) {
+        if let Err(e) = super::body::parse::<pocket_api::ChatCompletionRequest>(Ok(Bytes::from(bytes))) {
             prop_assert!(is_clear(&e), "{e:?}");
         }
     }
@@ -184,7 +184,7 @@ proptest! {
 fn the_generators_reach_accepted_requests_too() {
     // Not only refusals: a plain body of the generated shape maps to a job.
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5, "stop": ["\n"]});
-    let r: pocket_api::ChatCompletionRequest = super::http::parse(Ok(Bytes::from(body.to_string()))).unwrap();
+    let r: pocket_api::ChatCompletionRequest = super::body::parse(Ok(Bytes::from(body.to_string()))).unwrap();
     map(&r.options, true).unwrap();
     let dict: super::dbus::Options = HashMap::from([("max_tokens".to_owned(), variant(0, 5, ""))]);
     super::dbus::job("", "Hello", &dict, "test".into()).unwrap();

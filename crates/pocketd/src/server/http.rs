@@ -5,8 +5,7 @@
 //! `/tokenize` and `/detokenize`, pocketd's `/v1/status`, `/v1/models/{name}/load|unload`
 //! and `/metrics`.
 //!
-//! Bodies are parsed here rather than by axum's `Json` extractor so that every error,
-//! malformed JSON included, has OpenAI's shape (`{"error": {message, type, param, code}}`).
+//! Bodies are parsed by [`super::body`], so that every error has OpenAI's shape.
 
 use std::sync::Arc;
 
@@ -23,24 +22,15 @@ use pocket_api::{
     CompletionChoice, CompletionLogprobs, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
     ModelAction, ModelList, ModelObject, OnePrompt, TokenPiece, TokenizeRequest, TokenizeResponse, Tokens,
 };
-use serde::de::DeserializeOwned;
 
+use super::body::{MAX_BODY_BYTES, Peer, parse};
 use super::connections::Connections;
 use super::error::ServeError;
 use super::job::{Finished, Input, Job, JobOptions};
-use super::openai::choices;
+use super::openai::{choices, with_choice};
 use super::registry::{Available, Registry, now_seconds};
 use super::scheduler::Scheduler;
 use super::stream::{Shape, include_usage, sse};
-
-/// The largest request body accepted (a prompt larger than this could not fit any context
-/// these boards hold).
-pub const MAX_BODY_BYTES: usize = 4 << 20;
-
-/// Who is connected: the peer's credentials on the Unix socket, its address on TCP (put in
-/// each request's extensions by [`super::accept`]).
-#[derive(Debug, Clone)]
-pub struct Peer(pub String);
 
 impl IntoResponse for ServeError {
     fn into_response(self) -> Response {
@@ -89,21 +79,6 @@ async fn not_found(uri: axum::http::Uri) -> ServeError {
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
     let e = ServeError::bad_request(format!("{method} is not allowed on {}", uri.path()));
     (StatusCode::METHOD_NOT_ALLOWED, axum::Json(e.to_openai())).into_response()
-}
-
-pub(super) fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ServeError> {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ServeError::TooLarge(format!("the request body is larger than {} bytes", MAX_BODY_BYTES))
-        } else {
-            ServeError::bad_request(format!("cannot read the request body: {e}"))
-        }
-    })?;
-    if std::str::from_utf8(&body).is_err() {
-        return Err(ServeError::bad_request("the request body is not valid UTF-8; send JSON in UTF-8"));
-    }
-    serde_json::from_slice(&body)
-        .map_err(|e| ServeError::bad_request(format!("the request body is not valid: {e}")))
 }
 
 async fn chat_completions(
@@ -258,13 +233,6 @@ fn one_answers_extras(
 /// they generated summed.
 fn choices_usage(answers: &[Finished]) -> pocket_api::Usage {
     answers.iter().map(|f| f.usage).reduce(with_choice).unwrap_or_default()
-}
-
-/// `usage` with one more choice of the same prompt, which used `more`.
-pub(super) fn with_choice(mut usage: pocket_api::Usage, more: pocket_api::Usage) -> pocket_api::Usage {
-    usage.completion_tokens += more.completion_tokens;
-    usage.total_tokens += more.completion_tokens;
-    usage
 }
 
 /// The usage of two completions together.

@@ -19,8 +19,8 @@ use pocket_core::{ChatMessage, FunctionCall, Role, SamplingConfig, ToolCall};
 use pocket_runtime::tools::{ToolChoice, Tools};
 use serde_json::{Value, json};
 
+use super::body::{Peer, parse};
 use super::error::ServeError;
-use super::http::{Peer, parse};
 use super::job::{Finished, Input, Job, JobOptions, Piece, Running};
 use super::scheduler::Scheduler;
 use super::stream::{HeldText, sse_response};

@@ -8,6 +8,7 @@
 
 pub mod accept;
 pub mod admission;
+pub mod body;
 pub mod bus_callers;
 pub mod config;
 pub mod connections;

@@ -205,3 +205,10 @@ fn unsupported(field: &str) -> ServeError {
     };
     ServeError::invalid(field, format!("{field}: {why}"))
 }
+
+/// `usage` with one more choice of the same prompt, which used `more`.
+pub(super) fn with_choice(mut usage: pocket_api::Usage, more: pocket_api::Usage) -> pocket_api::Usage {
+    usage.completion_tokens += more.completion_tokens;
+    usage.total_tokens += more.completion_tokens;
+    usage
+}

@@ -22,8 +22,8 @@ use pocket_runtime::grammar::Grammar;
 use pocket_runtime::tools::{ToolChoice, Tools};
 use serde_json::{Value, json};
 
+use super::body::{Peer, parse};
 use super::error::ServeError;
-use super::http::{Peer, parse};
 use super::job::{Finished, Input, Job, JobOptions, Piece, Running};
 use super::registry::now_seconds;
 use super::scheduler::Scheduler;

@@ -15,8 +15,8 @@ use pocket_api::{
 };
 
 use super::error::ServeError;
-use super::http::with_choice;
 use super::job::{Finished, Job, Piece, Running};
+use super::openai::with_choice;
 use super::registry::now_seconds;
 use super::scheduler::Scheduler;
 
