@@ -408,7 +408,9 @@ pub struct Timings {
     /// What the drafter did, in a line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drafter: Option<String>,
-    /// Milliseconds the request waited in the queue before it started.
+    /// Milliseconds from admission until generation started: waiting for a turn and for
+    /// memory, loading the model if it was not loaded, and preparing the request (template,
+    /// tokens, plan, grammar).
     pub queued_ms: f64,
     /// The most bytes the request's session (and drafter) held in the memory budget.
     #[serde(default)]
