@@ -27,7 +27,7 @@ use super::body::{MAX_BODY_BYTES, Peer, parse};
 use super::connections::Connections;
 use super::error::ServeError;
 use super::job::{Finished, Input, Job, JobOptions};
-use super::openai::{choices, with_choice};
+use super::openai::{add_usage, choices, choices_usage};
 use super::registry::{Available, Registry, now_seconds};
 use super::scheduler::Scheduler;
 use super::stream::{Shape, include_usage, sse};
@@ -226,30 +226,6 @@ fn one_answers_extras(
     match answers.pop() {
         Some(f) if n == 1 => (Some(f.timings), f.tokens),
         _ => (None, None),
-    }
-}
-
-/// The usage of several choices of one prompt: the prompt counted once (as OpenAI's), what
-/// they generated summed.
-fn choices_usage(answers: &[Finished]) -> pocket_api::Usage {
-    answers.iter().map(|f| f.usage).reduce(with_choice).unwrap_or_default()
-}
-
-/// The usage of two completions together.
-fn add_usage(a: pocket_api::Usage, b: pocket_api::Usage) -> pocket_api::Usage {
-    let cached = |u: &pocket_api::Usage| u.prompt_tokens_details.map_or(0, |d| d.cached_tokens);
-    pocket_api::Usage {
-        prompt_tokens: a.prompt_tokens + b.prompt_tokens,
-        completion_tokens: a.completion_tokens + b.completion_tokens,
-        total_tokens: a.total_tokens + b.total_tokens,
-        prompt_tokens_details: (a.prompt_tokens_details.is_some() || b.prompt_tokens_details.is_some())
-            .then(|| pocket_api::PromptTokensDetails { cached_tokens: cached(&a) + cached(&b) }),
-        completion_tokens_details: match (a.completion_tokens_details, b.completion_tokens_details) {
-            (None, None) => None,
-            (x, y) => Some(pocket_api::CompletionTokensDetails {
-                reasoning_tokens: x.map_or(0, |d| d.reasoning_tokens) + y.map_or(0, |d| d.reasoning_tokens),
-            }),
-        },
     }
 }
 

@@ -8,7 +8,7 @@ use pocket_runtime::grammar::Grammar;
 use pocket_runtime::tools::{ToolChoice, Tools};
 
 use super::error::ServeError;
-use super::job::{JobOptions, check_priority, tool_choice};
+use super::job::{Finished, JobOptions, check_priority, tool_choice};
 
 /// The most alternatives `top_logprobs` (or a completion's `logprobs`) may ask for, as OpenAI.
 const MAX_TOP_LOGPROBS: u32 = 20;
@@ -211,4 +211,28 @@ pub(super) fn with_choice(mut usage: pocket_api::Usage, more: pocket_api::Usage)
     usage.completion_tokens += more.completion_tokens;
     usage.total_tokens += more.completion_tokens;
     usage
+}
+
+/// The usage of several choices of one prompt: the prompt counted once (as OpenAI's), what
+/// they generated summed.
+pub(super) fn choices_usage(answers: &[Finished]) -> pocket_api::Usage {
+    answers.iter().map(|f| f.usage).reduce(with_choice).unwrap_or_default()
+}
+
+/// The usage of two completions together.
+pub(super) fn add_usage(a: pocket_api::Usage, b: pocket_api::Usage) -> pocket_api::Usage {
+    let cached = |u: &pocket_api::Usage| u.prompt_tokens_details.map_or(0, |d| d.cached_tokens);
+    pocket_api::Usage {
+        prompt_tokens: a.prompt_tokens + b.prompt_tokens,
+        completion_tokens: a.completion_tokens + b.completion_tokens,
+        total_tokens: a.total_tokens + b.total_tokens,
+        prompt_tokens_details: (a.prompt_tokens_details.is_some() || b.prompt_tokens_details.is_some())
+            .then(|| pocket_api::PromptTokensDetails { cached_tokens: cached(&a) + cached(&b) }),
+        completion_tokens_details: match (a.completion_tokens_details, b.completion_tokens_details) {
+            (None, None) => None,
+            (x, y) => Some(pocket_api::CompletionTokensDetails {
+                reasoning_tokens: x.map_or(0, |d| d.reasoning_tokens) + y.map_or(0, |d| d.reasoning_tokens),
+            }),
+        },
+    }
 }
